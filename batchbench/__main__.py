@@ -1,0 +1,3 @@
+from batchbench.cli import main
+
+raise SystemExit(main())

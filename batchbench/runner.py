@@ -1,0 +1,101 @@
+"""One measured run: workload → load generator → engine → records → results file.
+
+The engine is already started (engines are expensive to start and are shared
+across runs); this module wires the load generator, the metrics scraper and
+the results writer together and guarantees that the results document is
+written however the run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adapters.base import Engine, ServerMetrics, now
+from batchbench import environment
+from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.metrics import Summary, summarize
+from batchbench.records import RequestRecord
+from batchbench.results import ResultsWriter
+from batchbench.scraper import Scraper
+from fixtures.workloads import Workload
+
+
+@dataclass
+class RunResult:
+    """Everything one run measured, as written to ``path``."""
+
+    path: Path
+    records: list[RequestRecord]
+    samples: list[ServerMetrics]
+    summary: Summary
+    engine_report: dict[str, Any]
+    duration_s: float
+    status: str
+
+
+def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str = "") -> Path:
+    """A unique, readable file name: engine, config, workload, tag, time."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    name = "_".join(p for p in (engine.name, engine.batching.label(), workload.name, tag, stamp) if p)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+    return Path(results_dir) / f"{name}-{uuid.uuid4().hex[:6]}.json"
+
+
+async def run(
+    engine: Engine,
+    workload: Workload,
+    *,
+    results_dir: Path,
+    tag: str = "",
+    load: LoadConfig | None = None,
+    scrape_interval_s: float = 0.25,
+    ttft_slo_s: float | None = None,
+    tpot_slo_s: float | None = None,
+    labels: dict[str, Any] | None = None,
+) -> RunResult:
+    """Replay ``workload`` against the running ``engine`` and write its results document."""
+    load = load or LoadConfig()
+    path = results_path(results_dir, engine, workload, tag)
+    writer = ResultsWriter(path)
+    writer.begin({
+        "run_id": path.stem,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "engine": engine.describe(),
+        "workload": workload.describe(),
+        "load": {"request_timeout_s": load.request_timeout_s, "max_in_flight": load.max_in_flight,
+                 "scrape_interval_s": scrape_interval_s},
+        "slo": {"ttft_s": ttft_slo_s, "tpot_s": tpot_slo_s},
+        "environment": environment.capture(),
+        "labels": labels or {},
+    })
+    engine.begin_run()
+    t0 = now()
+    generator = LoadGenerator(engine, workload, on_record=writer.record, config=load)
+    scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
+    status, error = "complete", None
+    try:
+        async with scraper:
+            await generator.run(t0)
+    except (Exception, asyncio.CancelledError) as exc:
+        status, error = "interrupted", f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        duration = now() - t0
+        summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
+        report = engine.report()
+        writer.finish({
+            "status": status,
+            "error": error,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "duration_s": duration,
+            "engine_report": report,
+            "scrape": {"failures": scraper.failures, "last_error": scraper.last_error},
+            "summary": summary.to_dict(),
+        })
+    return RunResult(path, generator.records, scraper.samples, summary, report, duration, status)

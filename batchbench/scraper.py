@@ -1,0 +1,70 @@
+"""Polls an engine's server-side metrics at a fixed interval during a run.
+
+The samples become the KV-usage, queue-depth and preemption time series of
+the report. A failed scrape is counted and remembered, never fatal: the
+engine may be dying, and the request records say more about that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+
+from adapters.base import Engine, EngineError, ServerMetrics, now
+
+
+class Scraper:
+    """Background task: ``async with Scraper(engine, ...)`` around the load."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        interval_s: float = 0.5,
+        t0: float,
+        on_sample: Callable[[ServerMetrics], None] = lambda sample: None,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"scrape interval must be > 0, not {interval_s}")
+        self.engine = engine
+        self.interval_s = interval_s
+        self.t0 = t0
+        self.on_sample = on_sample
+        self.samples: list[ServerMetrics] = []
+        self.failures = 0
+        self.last_error: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def scrape_once(self) -> None:
+        try:
+            sample = await self.engine.scrape()
+        except EngineError as exc:
+            self.failures += 1
+            self.last_error = str(exc)
+            return
+        if sample is None:
+            return
+        sample = dataclasses.replace(sample, t=sample.t - self.t0)
+        self.samples.append(sample)
+        self.on_sample(sample)
+
+    async def _loop(self) -> None:
+        next_at = now()
+        while True:
+            await self.scrape_once()
+            next_at += self.interval_s
+            await asyncio.sleep(max(0.0, next_at - now()))
+
+    async def __aenter__(self) -> Scraper:
+        self._task = asyncio.create_task(self._loop(), name=f"scrape-{self.engine.name}")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        await self.scrape_once()  # the state at the end of the run
