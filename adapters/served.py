@@ -10,6 +10,7 @@ their engine's server takes (:meth:`server_args`).
 
 from __future__ import annotations
 
+import asyncio
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -175,7 +176,13 @@ class ServedEngine(Engine):
         try:
             yield
         except (EngineUnreachable, StreamProtocolError) as exc:
-            dead = self.launch.dead() if self.launch is not None else None
+            if self.launch is None:
+                raise
+            # The kernel closes a dying process's sockets before its exit status can be read:
+            # give the status a moment to show.
+            deadline = now() + 1.0
+            while (dead := self.launch.dead()) is None and now() < deadline:
+                await asyncio.sleep(0.05)
             if dead is None:
                 raise
             raise EngineDied(self.name, f"server exited ({dead}) during the request", request_id=request_id) from exc

@@ -69,10 +69,12 @@ class VLLMEngine(ServedEngine):
         dtype: str = "bfloat16",
         block_size: int = 32,
         cpu_kv_cache_gib: float | None = None,
+        enforce_eager: bool = False,
         **served: Any,
     ) -> None:
         super().__init__(batching, **served)
         self.dtype = dtype
+        self.enforce_eager = enforce_eager
         self.block_size = block_size
         self.cpu_kv_cache_gib = cpu_kv_cache_gib
         cap, max_len = self.batching.kv_capacity_tokens, self.model.max_model_len
@@ -89,6 +91,8 @@ class VLLMEngine(ServedEngine):
             args += ["--served-model-name", self.model.served_name]
         if self.model.dummy_weights:
             args += ["--load-format", "dummy"]
+        if self.enforce_eager:
+            args.append("--enforce-eager")
         if self.model.max_model_len is not None:
             args += ["--max-model-len", str(self.model.max_model_len)]
         if batching.max_batch_size is not None:

