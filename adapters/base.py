@@ -66,7 +66,7 @@ class BatchingConfig:
 
     def label(self) -> str:
         """A short, stable id for test names and result files."""
-        parts = [self.mode]
+        parts: list[str] = [self.mode]
         if self.max_batch_size is not None:
             parts.append(f"bs{self.max_batch_size}")
         if self.max_batched_tokens is not None:
@@ -96,6 +96,8 @@ class Capabilities:
     reports_kv_capacity: bool = False
     #: Honours BatchingConfig.chunked_prefill.
     chunked_prefill: bool = False
+    #: Can be made to produce exactly max_tokens (ignore EOS); TGI cannot.
+    exact_output_length: bool = True
 
 
 @dataclass(frozen=True, slots=True)

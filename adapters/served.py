@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -57,12 +57,16 @@ class ModelRef:
 class Launch(Protocol):
     """How a server batchbench starts is started, watched and torn down."""
 
-    async def start(self, argv_for: Callable[[str, int], list[str]], env: dict[str, str]) -> str:
+    async def start(
+        self, argv_for: Callable[[str, int], list[str]], env: dict[str, str], files: Mapping[str, str] | None = None
+    ) -> str:
         """Start the server; return its base URL.
 
         ``argv_for(host, port)`` gives the engine's own arguments for the
         address the launch picked (a free loopback port, or the port inside
-        a container); the launch puts its program in front.
+        a container); the launch puts its program in front. ``files`` (path
+        relative to the server's working directory → content) are put where
+        the server can read them before it starts.
         """
 
     def dead(self) -> str | None:
@@ -113,6 +117,10 @@ class ServedEngine(Engine):
         """Environment variables the engine's server needs."""
         return {}
 
+    def server_files(self, batching: BatchingConfig) -> dict[str, str]:
+        """Files the engine's server reads at start (e.g. an options YAML), path → content."""
+        return {}
+
     @abstractmethod
     def normalize(self, samples: Samples) -> ServerMetrics:
         """Map this engine's Prometheus names onto :class:`ServerMetrics`."""
@@ -124,7 +132,9 @@ class ServedEngine(Engine):
                 self.server_argv = self.server_args(self.batching, host=host, port=port) + list(self.extra_args)
                 return self.server_argv
 
-            self.base_url = await self.launch.start(argv_for, self.server_env(self.batching))
+            self.base_url = await self.launch.start(
+                argv_for, self.server_env(self.batching), self.server_files(self.batching)
+            )
         assert self.base_url is not None
         self.client = make_client(self.base_url)
 
@@ -202,4 +212,5 @@ class ServedEngine(Engine):
             "url": self.base_url,
             "server_args": self.server_argv,
             "startup_s": self.startup_s,
+            "launch": describe() if (describe := getattr(self.launch, "describe", None)) else None,
         }

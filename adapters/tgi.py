@@ -107,6 +107,7 @@ class TGIEngine(ServedEngine):
         server_metrics=True,
         reports_kv_capacity=True,
         chunked_prefill=False,
+        exact_output_length=False,  # the router hard-codes ignore_eos_token: false
     )
 
     def __init__(

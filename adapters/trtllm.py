@@ -266,9 +266,10 @@ class TRTLLMEngine(ServedEngine):
     @staticmethod
     def count_tokens(choices: list[dict[str, Any]], usage: Any, completed: int) -> tuple[int, int]:
         """Output tokens in one chunk, and the running total the engine reported so far."""
-        token_ids = [c.get("token_ids") for c in choices if isinstance(c.get("token_ids"), list)]
-        if token_ids:
-            return sum(len(ids) for ids in token_ids), completed + sum(len(ids) for ids in token_ids)
+        with_ids: list[list[int]] = [c["token_ids"] for c in choices if isinstance(c.get("token_ids"), list)]
+        if with_ids:
+            n = sum(len(ids) for ids in with_ids)
+            return n, completed + n
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             total = usage["completion_tokens"]
             return total - completed, total

@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 _LIVE: set[subprocess.Popen[bytes]] = set()
@@ -52,12 +52,18 @@ class LocalProcess:
         self.log_path: Path | None = None
         self.argv: list[str] | None = None
 
-    async def start(self, argv_for: Callable[[str, int], list[str]], env: dict[str, str]) -> str:
+    async def start(
+        self, argv_for: Callable[[str, int], list[str]], env: dict[str, str], files: Mapping[str, str] | None = None
+    ) -> str:
         port = free_port()
         self.argv = self.program + argv_for("127.0.0.1", port)
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="batchbench-server-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"server-{port}.log"
+        workdir = Path(tempfile.mkdtemp(prefix="batchbench-cwd-"))
+        for rel, content in (files or {}).items():
+            (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / rel).write_text(content)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -65,6 +71,7 @@ class LocalProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **env},
+                cwd=workdir,
                 start_new_session=True,
             )
         _LIVE.add(self.proc)

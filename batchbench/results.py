@@ -94,8 +94,9 @@ def load(path: Path) -> dict[str, Any]:
         doc = fold(path.with_suffix(".jsonl"))
     else:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    if doc.get("schema") != SCHEMA:
-        raise ValueError(f"{path} is not a batchbench results document (schema {doc.get('schema')!r})")
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema != SCHEMA:
+        raise ValueError(f"{path} is not a batchbench results document (schema {schema!r})")
     if doc.get("schema_version", 0) > SCHEMA_VERSION:
         raise ValueError(f"{path} has schema version {doc['schema_version']}; this batchbench reads {SCHEMA_VERSION}")
     return doc

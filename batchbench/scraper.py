@@ -22,6 +22,7 @@ class Scraper:
         engine: Engine,
         *,
         interval_s: float = 0.5,
+        timeout_s: float = 10.0,
         t0: float,
         on_sample: Callable[[ServerMetrics], None] = lambda sample: None,
     ) -> None:
@@ -29,6 +30,7 @@ class Scraper:
             raise ValueError(f"scrape interval must be > 0, not {interval_s}")
         self.engine = engine
         self.interval_s = interval_s
+        self.timeout_s = timeout_s
         self.t0 = t0
         self.on_sample = on_sample
         self.samples: list[ServerMetrics] = []
@@ -38,10 +40,16 @@ class Scraper:
 
     async def scrape_once(self) -> None:
         try:
-            sample = await self.engine.scrape()
+            # An engine whose metrics endpoint hangs (trtllm-serve's long-polls) must not stall the series.
+            async with asyncio.timeout(self.timeout_s):
+                sample = await self.engine.scrape()
         except EngineError as exc:
             self.failures += 1
             self.last_error = str(exc)
+            return
+        except TimeoutError:
+            self.failures += 1
+            self.last_error = f"engine {self.engine.name!r}: metrics scrape took over {self.timeout_s:g}s"
             return
         if sample is None:
             return

@@ -8,6 +8,7 @@ version prefix, query, JSON body) so tests can check the exact requests:
     GET  /images/{name}/json                  inspect (404 "No such image")
     POST /images/create?fromImage=&tag=       pull: a chunked stream of JSON messages
     POST /containers/create?name=             body: Config + HostConfig
+    PUT  /containers/{id}/archive?path=       a tar, extracted into the container's file table
     POST /containers/{id}/start|stop|wait
     GET  /containers/{id}/json                inspect
     GET  /containers/{id}/logs                multiplexed stream (8-byte frame headers)
@@ -22,14 +23,17 @@ at a real local server to make the "engine" answer), ``log_lines``.
 
 from __future__ import annotations
 
+import io
 import json
+import posixpath
 import re
 import struct
+import tarfile
 import threading
 import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 API_VERSION = "1.43"
@@ -57,6 +61,7 @@ class DockerStub:
         self.start_error: str | None = None
         self.start_exit_code: int | None = None
         self.host_port: int | None = None
+        self.working_dir = "/app"
         self.log_lines: list[tuple[int, str]] = [(1, "INFO starting server"), (2, "WARNING stderr line")]
         self._next_port = 49153
         self._lock = threading.Lock()
@@ -67,7 +72,9 @@ class DockerStub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, name="docker-stub", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, name="docker-stub", daemon=True
+        )
 
     # ---- lifecycle
 
@@ -79,7 +86,7 @@ class DockerStub:
     def base_url(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
 
-    def start(self) -> DockerStub:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -87,7 +94,7 @@ class DockerStub:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> DockerStub:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -130,6 +137,7 @@ class DockerStub:
     def _new_container(self, cid: str, name: str, body: dict[str, Any], host_config: dict[str, Any]) -> dict[str, Any]:
         config = {k: v for k, v in body.items() if k != "HostConfig"}
         config.setdefault("Tty", False)
+        config.setdefault("WorkingDir", self.working_dir)  # the image's WORKDIR
         config.setdefault("Labels", {})
         return {
             "Id": cid,
@@ -140,10 +148,11 @@ class DockerStub:
             "State": {"Status": "created", "Running": False, "ExitCode": 0, "OOMKilled": False, "Error": ""},
             "NetworkSettings": {"Ports": {}},
             "logs": list(self.log_lines),
+            "files": {},
         }
 
     def _inspect(self, container: dict[str, Any]) -> dict[str, Any]:
-        doc = {k: v for k, v in container.items() if k != "logs"}
+        doc = {k: v for k, v in container.items() if k not in ("logs", "files")}
         if not container["State"]["Running"]:
             doc = {**doc, "NetworkSettings": {"Ports": {}}}
         return doc
@@ -152,8 +161,9 @@ class DockerStub:
 class _Handler(BaseHTTPRequestHandler):
     owner: DockerStub
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out as separate writes
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     # ---- responses
@@ -198,10 +208,13 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[0] if len(v) == 1 else v for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw.decode(errors="replace")
+        if path.endswith("/archive"):  # a tar (the SDK sends no Content-Type for it)
+            body: Any = raw
+        else:
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode(errors="replace")
         stub = self.owner
         with stub._lock:
             stub.calls.append(Call(method, path, query, body))
@@ -210,16 +223,19 @@ class _Handler(BaseHTTPRequestHandler):
         except BrokenPipeError:  # pragma: no cover - client went away
             pass
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._handle("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._handle("POST")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._handle("DELETE")
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_HEAD(self) -> None:
         self._handle("HEAD")
 
     def _route(self, method: str, path: str, query: dict[str, Any], body: Any) -> None:
@@ -246,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
             if container is None:
                 return self._error(404, f"No such container: {cid}")
-            return self._container(method, action, container, query)
+            return self._container(method, action, container, query, body)
         return self._error(404, "page not found")
 
     def _pull(self, query: dict[str, Any]) -> None:
@@ -281,7 +297,9 @@ class _Handler(BaseHTTPRequestHandler):
         stub.containers[cid] = stub._new_container(cid, name, body, body.get("HostConfig") or {})
         self._send(201, {"Id": cid, "Warnings": []})
 
-    def _container(self, method: str, action: str, container: dict[str, Any], query: dict[str, Any]) -> None:
+    def _container(
+        self, method: str, action: str, container: dict[str, Any], query: dict[str, Any], body: Any
+    ) -> None:
         stub = self.owner
         state = container["State"]
         if method == "GET" and action == "json":
@@ -309,6 +327,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(304)
             state.update(Status="exited", Running=False, ExitCode=0)
             return self._send(204)
+        if method == "PUT" and action == "archive":
+            # Extract the tar into the container's file table (path → bytes).
+            base = query.get("path", "/")
+            with tarfile.open(fileobj=io.BytesIO(body or b"")) as tar:
+                for member in tar.getmembers():
+                    if member.isfile():
+                        data = tar.extractfile(member).read()
+                        container["files"][posixpath.join(base, member.name)] = data
+            return self._send(200)
         if method == "POST" and action == "wait":
             return self._send(200, {"StatusCode": state["ExitCode"], "Error": None})
         if method == "GET" and action == "logs":

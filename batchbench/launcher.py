@@ -1,0 +1,892 @@
+"""Launching an engine server in a Docker container on a GPU host.
+
+:class:`DockerLaunch` is the :class:`adapters.served.Launch` for the
+containerised engines (vLLM, TGI, TensorRT-LLM). Images, ports and the other
+per-engine facts come from ``docker/images.toml`` (:func:`load_specs`), the one
+place image tags are pinned.
+
+Every container batchbench starts carries the labels ``batchbench.run=<run
+id>`` and ``batchbench.engine=<name>``; :func:`cleanup_leftovers` (also
+``python -m batchbench.launcher cleanup``) removes what a killed run left
+behind. Containers this process started are also torn down on SIGINT, SIGTERM
+and interpreter exit.
+
+The Hugging Face token (``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``) is passed
+into the container when the caller's environment has it, and redacted from
+everything this module reports: :meth:`DockerLaunch.describe`, ``repr``,
+exception messages and the captured logs.
+
+The docker SDK is synchronous; every call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import io
+import logging
+import os
+import posixpath
+import re
+import signal
+import sys
+import tarfile
+import threading
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from adapters.base import EngineDied, EngineError, EngineUnreachable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import docker
+
+log = logging.getLogger("batchbench.launcher")
+
+LABEL_RUN = "batchbench.run"
+LABEL_ENGINE = "batchbench.engine"
+
+#: Environment variables passed through from the caller when set. Both names
+#: are set in the container: TGI and huggingface_hub read HF_TOKEN, older
+#: stacks read HUGGING_FACE_HUB_TOKEN.
+TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+#: Names whose values are never shown.
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|AUTH", re.IGNORECASE)
+
+REDACTED = "***"
+
+DEFAULT_SPECS = Path(__file__).resolve().parent.parent / "docker" / "images.toml"
+
+
+class ImagePullError(EngineError):
+    """The engine's image is not on the Docker host and could not be pulled."""
+
+    kind = "image_pull"
+
+
+# --------------------------------------------------------------------------- specs
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """How one engine's image is run; one table of ``docker/images.toml``."""
+
+    engine: str
+    image: str
+    port: int
+    health_path: str = "/health"
+    #: Put in front of the engine's own arguments (the image's ENTRYPOINT stays).
+    program: tuple[str, ...] = ()
+    #: How the engine's arguments name the model (documentation for adapters).
+    model_arg: str = "positional"
+    shm_size: str | None = None
+    ipc_mode: str | None = None
+    ulimits: Mapping[str, int] = field(default_factory=dict)
+    hf_home: str = "/root/.cache/huggingface"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def port_key(self) -> str:
+        return f"{self.port}/tcp"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "image": self.image,
+            "port": self.port,
+            "health_path": self.health_path,
+            "program": list(self.program),
+            "model_arg": self.model_arg,
+            "shm_size": self.shm_size,
+            "ipc_mode": self.ipc_mode,
+            "ulimits": dict(self.ulimits),
+            "hf_home": self.hf_home,
+            "env": redact_env(self.env),
+        }
+
+
+_SPEC_KEYS = {
+    "image", "port", "health_path", "program", "model_arg", "shm_size", "ipc_mode", "ulimits", "hf_home", "env",
+}
+
+
+def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> ContainerSpec:
+    where = f"{source} [{engine}]"
+    unknown = set(table) - _SPEC_KEYS
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(_SPEC_KEYS)})")
+    for key in ("image", "port"):
+        if key not in table:
+            raise ValueError(f"{where}: missing {key!r}")
+    image = table["image"]
+    if not isinstance(image, str) or not image:
+        raise ValueError(f"{where}: image must be a non-empty string")
+    tail = image.rsplit("/", 1)[-1]
+    if ":" not in tail and "@" not in image:
+        raise ValueError(f"{where}: image {image!r} must carry an explicit tag")
+    if tail.endswith(":latest"):
+        raise ValueError(f"{where}: image {image!r}: pin a version, not 'latest'")
+    port = table["port"]
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"{where}: port must be an integer in 1..65535, not {port!r}")
+    program = table.get("program", [])
+    if not isinstance(program, list) or not all(isinstance(p, str) for p in program):
+        raise ValueError(f"{where}: program must be a list of strings")
+    ulimits = table.get("ulimits", {})
+    if not isinstance(ulimits, dict) or not all(isinstance(v, int) for v in ulimits.values()):
+        raise ValueError(f"{where}: ulimits must be a table of integers")
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ValueError(f"{where}: env must be a table of strings")
+    return ContainerSpec(
+        engine=engine,
+        image=image,
+        port=port,
+        health_path=str(table.get("health_path", "/health")),
+        program=tuple(program),
+        model_arg=str(table.get("model_arg", "positional")),
+        shm_size=table.get("shm_size") or None,
+        ipc_mode=table.get("ipc_mode") or None,
+        ulimits=dict(ulimits),
+        hf_home=str(table.get("hf_home", "/root/.cache/huggingface")),
+        env=dict(env),
+    )
+
+
+def specs_path() -> Path:
+    """``$BATCHBENCH_IMAGES``, else ``docker/images.toml`` of the source tree, else of the working directory."""
+    override = os.environ.get("BATCHBENCH_IMAGES")
+    if override:
+        return Path(override)
+    if DEFAULT_SPECS.exists():
+        return DEFAULT_SPECS
+    return Path.cwd() / "docker" / "images.toml"
+
+
+def load_specs(path: str | os.PathLike[str] | None = None) -> dict[str, ContainerSpec]:
+    """Read the per-engine container specs (``docker/images.toml`` by default)."""
+    source = Path(path) if path is not None else specs_path()
+    with open(source, "rb") as fh:
+        doc = tomllib.load(fh)
+    specs = {}
+    for engine, table in doc.items():
+        if not isinstance(table, dict):
+            raise TypeError(f"{source}: top-level {engine!r} must be a table")
+        specs[engine] = _spec_from_table(engine, table, source)
+    return specs
+
+
+# ----------------------------------------------------------------------- redaction
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment with secret-looking values replaced."""
+    return {k: (REDACTED if _SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret value replaced (longest first)."""
+    for secret in sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def token_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Hugging Face token from the caller's environment, under both names; {} when unset."""
+    environ = os.environ if environ is None else environ
+    token = next((environ[name] for name in TOKEN_VARS if environ.get(name)), None)
+    return {name: token for name in TOKEN_VARS} if token else {}
+
+
+# ------------------------------------------------------------------------ registry
+
+
+class _Registry:
+    """Containers this process started and has not removed yet.
+
+    On SIGINT/SIGTERM they are force-removed and the previous handler runs
+    (Python's KeyboardInterrupt for SIGINT; for a default SIGTERM the process
+    then dies of the signal as it would have). At interpreter exit they are
+    force-removed too. A SIGKILLed run leaves them: ``cleanup_leftovers``.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[str, tuple[Any, str]] = {}
+        self._lock = threading.Lock()
+        self._installed = False
+        self._previous: dict[int, Any] = {}
+
+    def add(self, client: Any, container_id: str, name: str) -> None:
+        with self._lock:
+            self._live[container_id] = (client, name)
+
+    def discard(self, container_id: str) -> None:
+        with self._lock:
+            self._live.pop(container_id, None)
+
+    def __contains__(self, container_id: str) -> bool:
+        return container_id in self._live
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def install(self) -> None:
+        """Register the exit hook and the signal handlers (once; signals only from the main thread)."""
+        if self._installed:
+            return
+        self._installed = True
+        atexit.register(self.teardown)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, self._on_signal)
+            except (ValueError, OSError):  # pragma: no cover - not the main interpreter
+                self._previous.pop(sig, None)
+
+    def uninstall(self) -> None:
+        """Put back the handlers :meth:`install` replaced (tests)."""
+        for sig, previous in self._previous.items():
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+        atexit.unregister(self.teardown)
+        self._installed = False
+
+    def teardown(self) -> list[str]:
+        """Force-remove every registered container; return their names."""
+        with self._lock:
+            live, self._live = self._live, {}
+        removed = []
+        for container_id, (client, name) in live.items():
+            try:
+                client.api.remove_container(container_id, force=True)
+                removed.append(name)
+            except Exception as exc:  # noqa: BLE001 - best effort while exiting
+                if "No such container" in str(exc) or getattr(exc, "status_code", None) == 404:
+                    removed.append(name)
+                else:
+                    print(f"batchbench: could not remove container {name}: {exc}", file=sys.stderr)
+        return removed
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._live:
+            names = self.teardown()
+            print(f"batchbench: {signal.Signals(signum).name}: removed containers {names}", file=sys.stderr)
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_IGN:
+            return
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+
+REGISTRY = _Registry()
+
+
+# -------------------------------------------------------------------------- client
+
+
+def _docker() -> Any:
+    try:
+        import docker
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError("the docker SDK is not installed: pip install 'batchbench[docker]'") from exc
+    return docker
+
+
+def docker_host(base_url: str | None = None) -> str:
+    """Where the Docker Engine is expected, for messages."""
+    return base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def make_client(
+    base_url: str | None = None, *, version: str | None = None, timeout: float = 120.0
+) -> docker.DockerClient:
+    """A DockerClient for ``base_url``, or from the environment (DOCKER_HOST, DOCKER_TLS_VERIFY, ...).
+
+    ``version=None`` negotiates the API version with the daemon. Raises the
+    SDK's exceptions; :class:`DockerLaunch` turns them into EngineUnreachable.
+    """
+    docker = _docker()
+    if base_url is None:
+        return docker.from_env(version=version or "auto", timeout=int(timeout))
+    return docker.DockerClient(base_url=base_url, version=version or "auto", timeout=int(timeout))
+
+
+def _connect(engine: str, base_url: str | None, version: str | None, timeout: float) -> docker.DockerClient:
+    """A client whose daemon answered a ping, or EngineUnreachable."""
+    try:
+        client = make_client(base_url, version=version, timeout=timeout)
+        client.ping()
+    except Exception as exc:
+        raise EngineUnreachable(engine, f"docker engine not reachable at {docker_host(base_url)}: {exc}") from exc
+    return client
+
+
+def cleanup_leftovers(client: docker.DockerClient, run_id: str | None = None) -> list[str]:
+    """Force-remove batchbench's containers (of one run, or all); return their names."""
+    label = f"{LABEL_RUN}={run_id}" if run_id else LABEL_RUN
+    removed = []
+    for summary in client.api.containers(all=True, filters={"label": label}):
+        labels = summary.get("Labels") or {}
+        if LABEL_RUN not in labels or (run_id is not None and labels[LABEL_RUN] != run_id):
+            continue  # trust, but check: never remove what is not ours
+        names = summary.get("Names") or [summary["Id"][:12]]
+        name = names[0].lstrip("/")
+        try:
+            client.api.remove_container(summary["Id"], force=True)
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 404:
+                raise
+        REGISTRY.discard(summary["Id"])
+        removed.append(name)
+    return removed
+
+
+def default_run_id() -> str:
+    """``$BATCHBENCH_RUN_ID``, else one id per process."""
+    return os.environ.get("BATCHBENCH_RUN_ID") or _PROCESS_RUN_ID
+
+
+_PROCESS_RUN_ID = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def parse_gpus(value: str | Iterable[str] | None) -> list[str] | None:
+    """"all" → None (every GPU), "none"/"" → [] (no GPU), "0,1" or a list → those device ids."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "all":
+            return None
+        if text in ("", "none"):
+            return []
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return [str(v) for v in value]
+
+
+# -------------------------------------------------------------------------- launch
+
+
+class DockerLaunch:
+    """Runs an engine's server in a container; a :class:`adapters.served.Launch`.
+
+    ``start()`` pulls the image if the Docker host lacks it, creates the
+    container (GPUs, /dev/shm, IPC, ulimits, the HF cache mounted, labels),
+    copies in the files the server needs (:attr:`files`, e.g. TensorRT-LLM's
+    options YAML), starts it, and returns
+    ``http://127.0.0.1:<ephemeral host port>``. ``stop()`` always removes
+    the container.
+    """
+
+    #: dead() asks the daemon at most this often; it never waits for the answer.
+    refresh_interval = 0.5
+
+    def __init__(
+        self,
+        engine: str,
+        spec: ContainerSpec | None = None,
+        *,
+        client: docker.DockerClient | None = None,
+        base_url: str | None = None,
+        api_version: str | None = None,
+        timeout: float = 120.0,
+        run_id: str | None = None,
+        gpus: str | Iterable[str] | None = None,
+        hf_cache: str | os.PathLike[str] | None = None,
+        mount_hf_cache: bool = True,
+        publish_ip: str = "127.0.0.1",
+        url_host: str | None = None,
+        image: str | None = None,
+        stop_timeout: int = 20,
+        pull: bool = True,
+        registry: _Registry | None = None,
+    ) -> None:
+        spec = spec if spec is not None else load_specs()[engine]
+        if image is not None:
+            spec = replace(spec, image=image)
+        self.engine = engine
+        self.spec = spec
+        self.base_url = base_url
+        self.api_version = api_version
+        self.timeout = timeout
+        self.run_id = run_id or default_run_id()
+        self.gpus = parse_gpus(gpus if gpus is not None else os.environ.get("BATCHBENCH_GPUS", "all"))
+        cache = hf_cache or os.environ.get("BATCHBENCH_HF_CACHE") or os.environ.get("HF_HOME")
+        self.hf_cache = str(Path(cache or "~/.cache/huggingface").expanduser()) if mount_hf_cache else None
+        self.publish_ip = publish_ip
+        self.url_host = url_host or ("127.0.0.1" if publish_ip in ("0.0.0.0", "") else publish_ip)
+        self.stop_timeout = stop_timeout
+        self.pull = pull
+        self.registry = registry if registry is not None else REGISTRY
+        self._client = client
+        self._own_client = client is None
+        self.name = f"batchbench-{engine}-{self.run_id}-{uuid.uuid4().hex[:6]}"
+        self.container_id: str | None = None
+        self.command: list[str] | None = None
+        self.url: str | None = None
+        self.host_port: int | None = None
+        self.image_id: str | None = None
+        self.image_digests: list[str] = []
+        self.pulled: bool | None = None
+        self.pull_s: float | None = None
+        self.exit_code: int | None = None
+        self.last_logs: str | None = None
+        #: Files put into the container before it starts: path as the server sees it
+        #: (relative to the image's working directory) → content.
+        self.files: dict[str, str] = {}
+        self._env: dict[str, str] = {}
+        self._secrets: set[str] = set(token_env().values())
+        self._status: str | None = None
+        self._state: dict[str, Any] = {}
+        self._checked_at = 0.0
+        self._refreshing = threading.Lock()
+        self._removed = False
+
+    @classmethod
+    def for_engine(cls, engine: str, *, images: str | os.PathLike[str] | None = None, **kwargs: Any) -> DockerLaunch:
+        """The launch for ``engine`` as ``docker/images.toml`` (or ``images``) pins it."""
+        specs = load_specs(images)
+        if engine not in specs:
+            raise ValueError(f"no container spec for engine {engine!r} in {images or specs_path()} "
+                             f"(known: {', '.join(sorted(specs))})")
+        return cls(engine, specs[engine], **kwargs)
+
+    # ---- what the results may show
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._secrets)
+
+    def describe(self) -> dict[str, Any]:
+        """Image, container and configuration, for the results; never a secret."""
+        return {
+            "launcher": "docker",
+            "engine": self.engine,
+            "image": self.spec.image,
+            "image_id": self.image_id,
+            "image_digests": list(self.image_digests),
+            "pulled": self.pulled,
+            "pull_s": self.pull_s,
+            "docker_host": self._docker_host(),
+            "container": self.name,
+            "container_id": self.container_id,
+            "run_id": self.run_id,
+            "command": [self._redact(a) for a in self.command] if self.command is not None else None,
+            "env": redact_env(self._env),
+            "gpus": "all" if self.gpus is None else list(self.gpus),
+            "shm_size": self.spec.shm_size if self.spec.ipc_mode != "host" else None,
+            "ipc_mode": self.spec.ipc_mode,
+            "ulimits": dict(self.spec.ulimits),
+            "hf_cache": {"host": self.hf_cache, "container": self.spec.hf_home} if self.hf_cache else None,
+            "files": sorted(self.files),
+            "url": self.url,
+            "exit_code": self.exit_code,
+        }
+
+    def _docker_host(self) -> str:
+        if self.base_url is None and self._client is not None and not self._own_client:
+            return str(getattr(self._client.api, "base_url", docker_host()))
+        return docker_host(self.base_url)
+
+    def __repr__(self) -> str:
+        return f"DockerLaunch(engine={self.engine!r}, image={self.spec.image!r}, container={self.name!r})"
+
+    # ---- the docker calls (worker threads)
+
+    def _ensure_client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = _connect(self.engine, self.base_url, self.api_version, self.timeout)
+            self._own_client = True
+        else:
+            try:
+                self._client.ping()
+            except Exception as exc:
+                where = self._docker_host()
+                raise EngineUnreachable(self.engine, f"docker engine not reachable at {where}: {exc}") from exc
+        return self._client
+
+    def _ensure_image(self, client: docker.DockerClient) -> None:
+        docker = _docker()
+        image = self.spec.image
+        try:
+            found = client.images.get(image)
+            self.pulled = False
+        except docker.errors.ImageNotFound:
+            if not self.pull:
+                raise ImagePullError(self.engine, f"image {image} is not on the docker host and pull=False") from None
+            found = self._pull(client, image)
+            self.pulled = True
+        except docker.errors.DockerException as exc:
+            raise ImagePullError(self.engine, self._redact(f"cannot inspect image {image}: {exc}")) from exc
+        self.image_id = found.attrs.get("Id") or found.id
+        self.image_digests = list(found.attrs.get("RepoDigests") or [])
+
+    def _pull(self, client: docker.DockerClient, image: str) -> Any:
+        docker = _docker()
+        repository, tag = docker.utils.parse_repository_tag(image)
+        log.info("pulling %s (not on the docker host)", image)
+        started = time.perf_counter()
+        last_status = ""
+        try:
+            for message in client.api.pull(repository, tag=tag, stream=True, decode=True):
+                if not isinstance(message, dict):
+                    continue
+                if message.get("error") or message.get("errorDetail"):
+                    detail = message.get("error") or message["errorDetail"].get("message", message["errorDetail"])
+                    raise ImagePullError(self.engine, self._redact(f"pulling {image} failed: {detail}"))
+                last_status = str(message.get("status") or last_status)
+            found = client.images.get(image)
+        except ImagePullError:
+            raise
+        except docker.errors.DockerException as exc:
+            raise ImagePullError(self.engine, self._redact(f"pulling {image} failed: {exc}")) from exc
+        except Exception as exc:
+            why = f"pulling {image} failed: {type(exc).__name__}: {exc}"
+            raise ImagePullError(self.engine, self._redact(why)) from exc
+        self.pull_s = time.perf_counter() - started
+        log.info("pulled %s in %.0fs (%s)", image, self.pull_s, last_status)
+        return found
+
+    def _create_kwargs(self) -> dict[str, Any]:
+        docker = _docker()
+        spec = self.spec
+        kwargs: dict[str, Any] = {
+            "name": self.name,
+            "command": self.command,
+            "environment": dict(self._env),
+            "labels": {LABEL_RUN: self.run_id, LABEL_ENGINE: self.engine},
+            "ports": {spec.port_key: (self.publish_ip, None)},
+            "detach": True,
+        }
+        if self.gpus is None:
+            kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        elif self.gpus:
+            kwargs["device_requests"] = [docker.types.DeviceRequest(device_ids=list(self.gpus), capabilities=[["gpu"]])]
+        if spec.ipc_mode:
+            kwargs["ipc_mode"] = spec.ipc_mode
+        if spec.shm_size and spec.ipc_mode != "host":
+            kwargs["shm_size"] = spec.shm_size
+        if spec.ulimits:
+            kwargs["ulimits"] = [docker.types.Ulimit(name=k, soft=v, hard=v) for k, v in spec.ulimits.items()]
+        if self.hf_cache:
+            kwargs["volumes"] = {self.hf_cache: {"bind": spec.hf_home, "mode": "rw"}}
+        return kwargs
+
+    def _start_sync(self, argv: list[str], env: dict[str, str]) -> str:
+        docker = _docker()
+        client = self._ensure_client()
+        self._ensure_image(client)
+        self.command = list(self.spec.program) + list(argv)
+        tokens = token_env()
+        self._secrets |= set(tokens.values()) | {v for k, v in env.items() if _SECRET_NAME.search(k)}
+        self._env = {**self.spec.env, **env, **tokens}
+        if self.hf_cache:
+            self._env.setdefault("HF_HOME", self.spec.hf_home)
+            if str(getattr(client.api, "base_url", "")).startswith("http+docker://localhost"):
+                # A daemon on this machine's socket would create a missing bind source owned by root.
+                Path(self.hf_cache).mkdir(parents=True, exist_ok=True)
+        try:
+            container = client.containers.create(self.spec.image, **self._create_kwargs())
+        except docker.errors.DockerException as exc:
+            raise EngineDied(self.engine, self._redact(f"cannot create container {self.name}: {exc}")) from exc
+        self.container_id = container.id
+        self.registry.add(client, container.id, self.name)
+        if self.files:
+            self._put_files(container)
+        try:
+            container.start()
+        except docker.errors.DockerException as exc:
+            hint = ""
+            if "gpu" in str(exc).lower() and ("capabilities" in str(exc) or "device driver" in str(exc)):
+                hint = " (is the NVIDIA Container Toolkit installed and configured for docker?)"
+            self._capture_and_remove(container)
+            raise EngineDied(self.engine, self._redact(f"cannot start container {self.name}: {exc}{hint}")) from exc
+        self.host_port = self._published_port(container)
+        self.url = f"http://{self.url_host}:{self.host_port}"
+        log.info("started %s (%s) at %s", self.name, self.spec.image, self.url)
+        return self.url
+
+    def _put_files(self, container: Any) -> None:
+        """Copy :attr:`files` into the created container (one tar, extracted at /)."""
+        docker = _docker()
+        workdir = (container.attrs.get("Config") or {}).get("WorkingDir") or "/"
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for path, content in sorted(self.files.items()):
+                data = content.encode()
+                info = tarfile.TarInfo(posixpath.normpath(posixpath.join(workdir, path)).lstrip("/"))
+                info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+        try:
+            container.put_archive("/", buf.getvalue())
+        except docker.errors.DockerException as exc:
+            self._capture_and_remove(container)
+            why = f"cannot copy {sorted(self.files)} into {self.name}: {exc}"
+            raise EngineDied(self.engine, self._redact(why)) from exc
+
+    def _published_port(self, container: Any) -> int:
+        """The host port Docker picked for the engine's port; EngineDied if the container already exited."""
+        deadline = time.monotonic() + 5.0
+        while True:
+            container.reload()
+            self._note_state(container.attrs.get("State") or {})
+            if self._status is not None:
+                self._capture_and_remove(container)
+                raise EngineDied(
+                    self.engine,
+                    f"{self._status} at start\n--- container log (tail) ---\n{self.last_logs or '(empty)'}",
+                )
+            bindings = ((container.attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(self.spec.port_key)
+            for binding in bindings or ():
+                if binding.get("HostPort") and binding.get("HostIp", "") in (self.publish_ip, "0.0.0.0", ""):
+                    return int(binding["HostPort"])
+            if bindings:
+                return int(bindings[0]["HostPort"])
+            if time.monotonic() > deadline:
+                self._capture_and_remove(container)
+                why = f"container {self.name} runs but publishes no port for {self.spec.port_key}"
+                raise EngineDied(self.engine, why)
+            time.sleep(0.1)
+
+    def _note_state(self, state: Mapping[str, Any]) -> None:
+        self._state = dict(state)
+        self._checked_at = time.monotonic()
+        status = state.get("Status")
+        if status in ("exited", "dead"):
+            self.exit_code = state.get("ExitCode")
+            why = f"container {self.name} exited with code {self.exit_code}"
+            if state.get("OOMKilled"):
+                why += " (OOM killed)"
+            if state.get("Error"):
+                why += f": {self._redact(str(state['Error']))}"
+            self._status = why
+        elif status == "removing":
+            self._status = f"container {self.name} is being removed"
+        else:
+            self._status = None
+
+    def _refresh_sync(self) -> None:
+        docker = _docker()
+        try:
+            if self._client is None or self.container_id is None:
+                return
+            try:
+                attrs = self._client.api.inspect_container(self.container_id)
+            except docker.errors.NotFound:
+                self._status = f"container {self.name} no longer exists"
+                self._checked_at = time.monotonic()
+                return
+            except Exception:  # noqa: BLE001 - daemon hiccup: keep what we knew
+                return
+            self._note_state(attrs.get("State") or {})
+        finally:
+            if self._refreshing.locked():
+                self._refreshing.release()
+
+    def _logs_sync(self, tail: int) -> str:
+        if self._client is None or self.container_id is None:
+            raise LookupError("no container")
+        raw = self._client.api.logs(self.container_id, stdout=True, stderr=True, tail=tail)
+        return self._redact(raw.decode("utf-8", "replace")).rstrip("\n")
+
+    def _capture_and_remove(self, container: Any = None) -> None:
+        """Keep the log tail, then remove the container (the failure paths of start())."""
+        try:
+            self.last_logs = self._logs_sync(200)
+        except Exception as exc:  # noqa: BLE001
+            self.last_logs = self.last_logs or f"(logs unavailable: {self._redact(str(exc))})"
+        self._remove_sync(stop_first=False)
+
+    def _remove_sync(self, *, stop_first: bool) -> None:
+        docker = _docker()
+        if self._removed or self._client is None or self.container_id is None:
+            return
+        api = self._client.api
+        if stop_first:
+            try:
+                api.stop(self.container_id, timeout=self.stop_timeout)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.DockerException as exc:
+                log.warning("stopping %s failed (%s); removing it by force", self.name, self._redact(str(exc)))
+            except Exception as exc:  # noqa: BLE001 - e.g. read timeout
+                log.warning("stopping %s failed (%s); removing it by force", self.name, self._redact(str(exc)))
+        try:
+            api.remove_container(self.container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or "already in progress" not in str(exc):
+                raise
+        self._removed = True
+        self.registry.discard(self.container_id)
+        if self._status is None:
+            self._status = f"container {self.name} was stopped and removed"
+
+    def _stop_sync(self) -> None:
+        if self._removed or self.container_id is None:
+            return
+        if self._client is not None:
+            try:
+                attrs = self._client.api.inspect_container(self.container_id)
+                self._note_state(attrs.get("State") or {})
+                self.last_logs = self._logs_sync(200)
+            except Exception as exc:  # noqa: BLE001 - removal must go on
+                log.debug("no final state/logs for %s: %s", self.name, self._redact(str(exc)))
+        self._remove_sync(stop_first=True)
+
+    # ---- the Launch protocol
+
+    async def start(
+        self, argv_for: Callable[[str, int], list[str]], env: dict[str, str], files: Mapping[str, str] | None = None
+    ) -> str:
+        """The Launch protocol's start; ``files`` (path → content) are added to :attr:`files`."""
+        if files:
+            self.files.update(files)
+        if self.container_id is not None and not self._removed:
+            raise RuntimeError(f"{self!r} is already started")
+        if self.container_id is not None:  # started before: a fresh name, never a clash with the old one
+            self.name = f"batchbench-{self.engine}-{self.run_id}-{uuid.uuid4().hex[:6]}"
+        self.container_id, self._removed, self._status, self.exit_code = None, False, None, None
+        self.last_logs = None
+        self.registry.install()
+        argv = argv_for("0.0.0.0", self.spec.port)
+        try:
+            return await asyncio.to_thread(self._start_sync, argv, env)
+        except BaseException:
+            # Never leave a half-started container behind (start raised, so nobody calls stop()).
+            if self.container_id is not None and not self._removed:
+                await asyncio.to_thread(self._capture_and_remove)
+            self._close_client()
+            raise
+
+    def dead(self) -> str | None:
+        """Why the container is gone, or None while it runs.
+
+        Answers from the last known state at once; when that is older than
+        :attr:`refresh_interval`, a worker thread asks the daemon for the next call.
+        """
+        if self.container_id is None:
+            return "never started" if self._status is None else self._status
+        if self._removed or self._status is not None:
+            return self._status
+        if time.monotonic() - self._checked_at >= self.refresh_interval and self._refreshing.acquire(blocking=False):
+            threading.Thread(target=self._refresh_sync, name=f"dead-{self.name}", daemon=True).start()
+        return self._status
+
+    async def refresh(self) -> str | None:
+        """Ask the daemon now; return what :meth:`dead` then says."""
+        if self.container_id is not None and not self._removed:
+            await asyncio.to_thread(self._refreshing.acquire)
+            await asyncio.to_thread(self._refresh_sync)
+        return self.dead()
+
+    async def logs(self, tail: int = 50) -> str:
+        if self.container_id is not None and not self._removed:
+            try:
+                self.last_logs = await asyncio.to_thread(self._logs_sync, max(tail, 1))
+                return self.last_logs
+            except Exception as exc:  # noqa: BLE001
+                if self.last_logs is None:
+                    return f"(logs unavailable: {self._redact(str(exc))})"
+        if self.last_logs is None:
+            return "(no container log)"
+        return "\n".join(self.last_logs.splitlines()[-tail:])
+
+    async def stop(self) -> None:
+        try:
+            await asyncio.to_thread(self._stop_sync)
+        finally:
+            if self._removed or self.container_id is None:
+                self._close_client()
+
+    def _close_client(self) -> None:
+        if self._own_client and self._client is not None:
+            try:
+                self._client.close()
+            except Exception as exc:  # noqa: BLE001  # pragma: no cover
+                log.debug("closing the docker client: %s", exc)
+            self._client = None
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> int:
+    try:
+        client = _connect("docker", args.docker_host, None, 60.0)
+    except EngineUnreachable as exc:
+        print(f"batchbench cleanup: {exc.detail}", file=sys.stderr)
+        return 1
+    try:
+        removed = cleanup_leftovers(client, args.run_id)
+    finally:
+        client.close()
+    scope = f"run {args.run_id}" if args.run_id else "all runs"
+    print(f"removed {len(removed)} batchbench container(s) of {scope}" + (f": {', '.join(removed)}" if removed else ""))
+    return 0
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    specs = load_specs(args.images)
+    engines = args.engines or sorted(specs)
+    status = 0
+    for engine in engines:
+        if engine not in specs:
+            print(f"unknown engine {engine!r} (known: {', '.join(sorted(specs))})", file=sys.stderr)
+            status = 2
+            continue
+        launch = DockerLaunch(engine, specs[engine], base_url=args.docker_host)
+        try:
+            client = launch._ensure_client()
+            launch._ensure_image(client)
+        except EngineError as exc:
+            print(f"{engine}: {exc.detail}", file=sys.stderr)
+            status = 1
+            continue
+        finally:
+            launch._close_client()
+        how = f"pulled in {launch.pull_s:.0f}s" if launch.pulled else "already present"
+        print(f"{engine}: {launch.spec.image} {how} ({', '.join(launch.image_digests) or launch.image_id})")
+    return status
+
+
+def _cmd_images(args: argparse.Namespace) -> int:
+    for engine, spec in sorted(load_specs(args.images).items()):
+        print(f"{engine}\t{spec.image}\tport {spec.port}\t{' '.join(spec.program) or '(image entrypoint)'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m batchbench.launcher", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--docker-host", default=None, help="Docker Engine URL (default: DOCKER_HOST or the local socket)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("cleanup", help="remove leftover batchbench containers")
+    p.add_argument("--run-id", default=None, help="only this run's containers (default: every batchbench container)")
+    p.set_defaults(func=_cmd_cleanup)
+    p = sub.add_parser("pull", help="pull the pinned images that the docker host lacks")
+    p.add_argument("engines", nargs="*", help="engines to pull (default: all in images.toml)")
+    p.add_argument("--images", default=None, help="images.toml to read")
+    p.set_defaults(func=_cmd_pull)
+    p = sub.add_parser("images", help="list the pinned images")
+    p.add_argument("--images", default=None, help="images.toml to read")
+    p.set_defaults(func=_cmd_images)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The full batchbench profile on a GPU host: vLLM, TGI and TensorRT-LLM, each in
+# its pinned container (docker/images.toml), then the report.
+#
+# Needs: an NVIDIA GPU with the NVIDIA Container Toolkit, a Docker Engine this
+# user may use (DOCKER_HOST, or the local socket), and batchbench installed
+# with its extras: pip install '.[dev,docker]'. Run from the repository root.
+#
+# Environment:
+#   BATCHBENCH_MODEL     Hugging Face model id (default below: small, ungated,
+#                        a Llama that all three engines serve)
+#   BATCHBENCH_RESULTS   results directory (default results/nightly-<UTC time>)
+#   BATCHBENCH_RUN_ID    labels this run's containers (default nightly-<UTC time>)
+#   BATCHBENCH_GPUS      "all" (default), "none" or device ids "0,1"
+#   BATCHBENCH_KEEP_OTHER_RUNS=1  do not remove other runs' leftover containers
+#                        first (by default they are: on a dedicated GPU host a
+#                        leftover holds GPU memory and skews every measurement)
+#   HF_TOKEN             passed into the containers when set; never printed
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+stamp="$(date -u +%Y%m%d-%H%M%S)"
+MODEL="${BATCHBENCH_MODEL:-TinyLlama/TinyLlama-1.1B-Chat-v1.0}"
+RESULTS="${BATCHBENCH_RESULTS:-results/nightly-$stamp}"
+export BATCHBENCH_RUN_ID="${BATCHBENCH_RUN_ID:-nightly-$stamp}"
+PYTHON="${PYTHON:-python}"
+
+mkdir -p "$RESULTS"
+
+cleanup() {
+    local status=$?
+    echo "== removing this run's containers ($BATCHBENCH_RUN_ID)"
+    "$PYTHON" -m batchbench.launcher cleanup --run-id "$BATCHBENCH_RUN_ID" || true
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if [[ "${BATCHBENCH_KEEP_OTHER_RUNS:-0}" != "1" ]]; then
+    echo "== removing leftover batchbench containers of earlier runs"
+    "$PYTHON" -m batchbench.launcher cleanup
+fi
+
+echo "== host"
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "host: $(hostname)"
+    echo "run id: $BATCHBENCH_RUN_ID"
+    echo "model: $MODEL"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+} | tee "$RESULTS/run.txt"
+nvidia-smi | tee "$RESULTS/nvidia-smi.txt"
+nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,power.limit,clocks.max.sm \
+    --format=csv >"$RESULTS/nvidia-smi.csv"
+"$PYTHON" -m batchbench.launcher images | tee "$RESULTS/images.txt"
+
+# Pull before measuring, so no engine's start-up time includes a 10-60 GB download.
+echo "== pulling the pinned images"
+"$PYTHON" -m batchbench.launcher pull vllm tgi trtllm | tee -a "$RESULTS/images.txt"
+
+echo "== full profile"
+status=0
+"$PYTHON" -m pytest suites/ --engine vllm --engine tgi --engine trtllm --model "$MODEL" \
+    --profile full --results-dir "$RESULTS" || status=$?
+
+# A report of a partial run is still worth having; the run's status is pytest's.
+echo "== report"
+"$PYTHON" -m reports build "$RESULTS" --out "$RESULTS/report" || status=$((status ? status : 1))
+
+nvidia-smi >"$RESULTS/nvidia-smi-after.txt" || true
+exit "$status"

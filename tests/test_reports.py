@@ -1,0 +1,478 @@
+"""Tests for reports/: realistic results documents in, report content out.
+
+Every document is written with the harness's own ResultsWriter, RequestRecord
+and ServerMetrics, so the report is tested against the real format. Stored
+summaries are deliberately given figures that differ from what the records
+would give, so a report that recomputed metrics instead of reading the
+stored summary would fail.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adapters.base import BatchingConfig, ServerMetrics
+from batchbench.metrics import summarize, ttft_by_bucket
+from batchbench.records import RequestRecord
+from batchbench.results import ResultsWriter
+from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
+from reports.__main__ import main
+from reports.build import build, build_report
+from reports.compare import delta
+from reports.markdown import escape as md_escape
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {"hostname": "bench-01", "platform": "Linux-6.8-x86_64", "python": "3.11.9", "cpu": "Test CPU",
+       "cpu_count": 16, "gpus": [], "packages": {"batchbench": "0.1.0"}, "batchbench_commit": "abc123"}
+
+
+# --------------------------------------------------------------------------- synthetic runs
+
+
+def chat_workload(concurrency: int = 4, n: int = 24) -> Workload:
+    return WorkloadSpec("chat", n, prompt=Lengths.uniform(16, 64), output=Lengths.fixed(8),
+                        arrival=Arrival("closed", concurrency=concurrency)).build()
+
+
+def make_records(workload: Workload, *, ttft: float, tpot: float, concurrency: int,
+                 failed: int = 0) -> list[RequestRecord]:
+    """Closed-loop-like timings: TTFT grows with the number of requests in flight."""
+    records = []
+    for i, req in enumerate(workload.requests):
+        in_flight = 1 + i % concurrency
+        sched = (i // concurrency) * (ttft + tpot * req.max_tokens)
+        sent = sched + 0.0005
+        first = sent + ttft * in_flight
+        chunks = [first + k * tpot for k in range(req.max_tokens)]
+        ok = i >= failed
+        records.append(RequestRecord(
+            request_id=req.request_id, prompt_len=req.prompt_len, max_tokens=req.max_tokens, scheduled_s=sched,
+            sent_s=sent, done_s=chunks[-1] + 0.0002 if ok else sent + 0.01,
+            chunk_times=chunks if ok else [], chunk_tokens=[1] * len(chunks) if ok else [],
+            prompt_tokens=req.prompt_len if ok else None, completion_tokens=req.max_tokens if ok else None,
+            finish_reason="length" if ok else None, ok=ok, error_kind=None if ok else "rejected",
+            error=None if ok else "HTTP 429", in_flight_at_send=in_flight,
+        ))
+    return records
+
+
+def make_samples(*, peak_kv: float | None, n: int = 20, preempt_step: float = 0.0,
+                 max_waiting: float = 3.0) -> list[ServerMetrics]:
+    """A KV curve rising to ``peak_kv`` mid-run; cumulative counters start at an engine-lifetime offset."""
+    out = []
+    for i in range(n):
+        rise = 1 - abs(i - n // 2) / (n // 2)
+        out.append(ServerMetrics(
+            t=i * 0.25, running=4.0, waiting=round(max_waiting * rise),
+            kv_usage=None if peak_kv is None else round(peak_kv * rise, 6),
+            kv_capacity_tokens=4096.0 if peak_kv is not None else None,
+            preemptions=100.0 + preempt_step * i, rejections=7.0,
+        ))
+    return out
+
+
+def _deep_set(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for p in parents:
+        doc = doc[p]
+    doc[last] = value
+
+
+def write_run(folder: Path, *, engine: str = "vllm", batching: BatchingConfig | None = None,
+              workload: Workload | None = None, labels: dict[str, Any] | None = None, ttft: float = 0.02,
+              tpot: float = 0.005, concurrency: int = 4, failed: int = 0, peak_kv: float | None = 0.5,
+              preempt_step: float = 0.0, stored: dict[str, Any] | None = None,
+              engine_report: dict[str, Any] | None = None, finish: bool = True, name: str | None = None) -> Path:
+    """Write one run exactly as batchbench.runner does; ``stored`` overrides summary fields ("ttft.p50": 0.0123)."""
+    batching = batching or BatchingConfig("continuous", max_batch_size=concurrency)
+    workload = workload or chat_workload(concurrency)
+    labels = {"concurrency": concurrency} if labels is None else labels
+    name = name or f"{engine}_{batching.label()}_{workload.name}_c{concurrency}"
+    writer = ResultsWriter(folder / f"{name}.json")
+    writer.begin({
+        "run_id": name, "started_at": "2025-01-01T00:00:00+0000",
+        "engine": {"engine": engine, "batching": batching.to_dict(), "versions": {engine: "1.0"}},
+        "workload": workload.describe(), "load": {"request_timeout_s": 60, "max_in_flight": None},
+        "slo": {"ttft_s": None, "tpot_s": None}, "environment": ENV, "labels": labels,
+    })
+    records = make_records(workload, ttft=ttft, tpot=tpot, concurrency=concurrency, failed=failed)
+    samples = make_samples(peak_kv=peak_kv, preempt_step=preempt_step)
+    for r in records:
+        writer.record(r)
+    for s in samples:
+        writer.sample(s)
+    if not finish:
+        assert writer._journal is not None
+        writer._journal.close()  # what a kill leaves: the journal, flushed line by line
+        with open(writer.journal_path, "a", encoding="utf-8") as fh:
+            fh.write('{"type":"record","request_id":"torn')  # the write the kill cut short
+        return writer.journal_path
+    duration = max(r.done_s or 0.0 for r in records)
+    summary = summarize(records, duration_s=duration).to_dict()
+    for key, value in (stored or {}).items():
+        _deep_set(summary, key, value)
+    writer.finish({"status": "complete", "error": None, "finished_at": "2025-01-01T00:01:00+0000",
+                   "duration_s": duration, "engine_report": engine_report or {},
+                   "scrape": {"failures": 0, "last_error": None}, "summary": summary})
+    return writer.path
+
+
+def build_quiet(results: Path, out: Path, *, plots: bool = False, **kwargs: Any) -> tuple[Any, list[str]]:
+    """Build, collecting warnings; figures only where a test looks at them (they take a second each)."""
+    warnings: list[str] = []
+    result = build_report(results, out, warn=warnings.append, plots=plots, **kwargs)
+    return result, warnings
+
+
+def md_table_after(md: str, heading: str) -> list[list[str]]:
+    """The first Markdown table after ``heading``, as rows of cell texts (bold markers removed)."""
+    lines = md[md.index(heading):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        raw = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+        cells = [re.sub(r"\\(.)", r"\1", c.strip().replace("**", "")) for c in raw]  # as a Markdown reader sees it
+        if not all(set(c) <= set("-:") for c in cells):
+            rows.append(cells)
+    return rows
+
+
+def column(table: list[list[str]], header_part: str) -> dict[str, str]:
+    index = next(i for i, h in enumerate(table[0]) if header_part in h)
+    return {row[0]: row[index] for row in table[1:]}
+
+
+# --------------------------------------------------------------------------- tables show what was stored
+
+
+STORED_VLLM = {"ttft.p50": 0.0123, "ttft.p99": 0.0456, "tpot.p50": 0.00512, "itl.p99": 0.00934,
+               "e2e.p50": 0.0789, "e2e.p99": 0.1234, "output_token_throughput": 1234.5, "goodput": 55.5,
+               "rejection_rate": 0.0}
+STORED_HF = {"ttft.p50": 0.2345, "ttft.p99": 0.9876, "tpot.p50": 0.0211, "itl.p99": 0.0432,
+             "e2e.p50": 0.3456, "e2e.p99": 1.5432, "output_token_throughput": 321.0, "goodput": 12.25,
+             "rejection_rate": 0.125}
+
+
+@pytest.fixture
+def two_engines(tmp_path: Path) -> Path:
+    results = tmp_path / "results"
+    write_run(results, engine="vllm", stored=STORED_VLLM, preempt_step=1.0, peak_kv=0.6)
+    write_run(results, engine="hf-static", batching=BatchingConfig("static", max_batch_size=4), failed=3,
+              stored=STORED_HF, peak_kv=None,
+              engine_report={"prompt_pad_fraction": 0.4321, "decode_idle_fraction": 0.1, "batches": []})
+    return results
+
+
+def test_markdown_table_shows_each_engines_stored_figures(two_engines: Path, tmp_path: Path) -> None:
+    _, warnings = build_quiet(two_engines, tmp_path / "out")
+    assert warnings == []
+    md = (tmp_path / "out" / "report.md").read_text()
+    table = md_table_after(md, "## Workload: chat")
+    vllm = column(table, "vllm [continuous-bs4]")
+    hf = column(table, "hf-static [static-bs4]")
+    assert vllm["TTFT p50 (ms)"] == "12.3" and hf["TTFT p50 (ms)"] == "234"
+    assert vllm["TTFT p99 (ms)"] == "45.6" and hf["TTFT p99 (ms)"] == "988"
+    assert vllm["TPOT p50 (ms)"] == "5.12" and hf["TPOT p50 (ms)"] == "21.1"
+    assert vllm["ITL p99 (ms)"] == "9.34" and hf["ITL p99 (ms)"] == "43.2"
+    assert vllm["E2E p50 (ms)"] == "78.9" and hf["E2E p50 (ms)"] == "346"
+    assert vllm["E2E p99 (ms)"] == "123" and hf["E2E p99 (ms)"] == "1543"
+    assert vllm["Output tok/s"] == "1234.5" and hf["Output tok/s"] == "321.0"
+    assert vllm["Goodput (req/s)"] == "55.5" and hf["Goodput (req/s)"] == "12.2"
+    assert vllm["Rejection rate"] == "0.0%" and hf["Rejection rate"] == "12.5%"
+    assert vllm["Requests ok / failed"] == "24 / 0" and hf["Requests ok / failed"] == "21 / 3"
+    assert hf["Failures by kind"] == "rejected: 3"
+    assert vllm["Prompt pad fraction"] == "n/a" and hf["Prompt pad fraction"] == "43.2%"
+    # derived from the samples: KV peak, the counter's increase during the run (not its lifetime value)
+    assert vllm["Peak KV usage"] == "60.0%" and hf["Peak KV usage"] == "n/a"
+    assert vllm["Preemptions (during run)"] == "19" and hf["Preemptions (during run)"] == "0"
+    assert vllm["Max waiting"] == "3"
+    assert vllm["Status"] == hf["Status"] == "complete"
+    assert "danger zone" not in md
+    # the machine-readable rows carry the stored numbers unrounded
+    rows = {r["engine"]: r for r in json.loads((tmp_path / "out" / "report.json").read_text())["runs"]}
+    for key, dotted in (("ttft_p50", "ttft.p50"), ("e2e_p99", "e2e.p99"), ("goodput", "goodput")):
+        assert rows["vllm"]["metrics"][key] == STORED_VLLM[dotted]
+        assert rows["hf-static"]["metrics"][key] == STORED_HF[dotted]
+    assert rows["vllm"]["batching_label"] == "continuous-bs4"
+    assert rows["vllm"]["workload"] == {"name": "chat", "hash": chat_workload(4).hash()}
+    assert rows["vllm"]["summary_source"] == "document"
+    # the environment section names the machine
+    assert "bench-01" in md and "## Environment" in md
+
+
+def test_ttft_by_bucket_table_uses_the_harness_buckets(two_engines: Path, tmp_path: Path) -> None:
+    build_quiet(two_engines, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    table = md_table_after(md, "### TTFT by batch-size bucket")
+    assert table[0][1:] == ["in flight 1", "in flight 2-3", "in flight 4-7", "in flight 8-15", "in flight 16+"]
+    row = next(r for r in table if r[0].startswith("vllm"))
+    records = make_records(chat_workload(4), ttft=0.02, tpot=0.005, concurrency=4)
+    expected = ttft_by_bucket(records, lambda r: r.in_flight_at_send, (1, 2, 4, 8, 16))
+    one, two3, four7 = expected["1"], expected["2-3"], expected["4-7"]
+    assert one is not None and two3 is not None and four7 is not None
+    assert row[1] == f"{one.p50 * 1000:.1f} / {one.p99 * 1000:.1f} (n=6)"
+    assert row[2].endswith("(n=12)") and row[3].endswith("(n=6)")
+    assert row[4] == row[5] == "—"
+
+
+def test_python_m_reports_build_cli(two_engines: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cli-out"
+    proc = subprocess.run([sys.executable, "-m", "reports", "build", str(two_engines), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.html"}
+    # the batchbench CLI's entry point: build(results_dir, out_dir) -> the folder written
+    assert build(two_engines, tmp_path / "again") == tmp_path / "again"
+
+
+# --------------------------------------------------------------------------- KV danger zone
+
+
+@pytest.mark.parametrize(("peak", "flagged"), [(0.5, False), (0.8499, False), (0.85, True), (0.97, True)])
+def test_danger_zone_flag_exactly_when_a_sample_reaches_085(tmp_path: Path, peak: float, flagged: bool) -> None:
+    results = tmp_path / "results"
+    write_run(results, engine="vllm", peak_kv=peak)
+    write_run(results, engine="tgi", peak_kv=0.3)
+    build_quiet(results, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert ("danger zone" in md) is flagged
+    assert ("danger zone" in html) is flagged
+    peak_row = column(md_table_after(md, "## Workload: chat"), "vllm")["Peak KV usage"]
+    assert peak_row == (f"⚠ {peak * 100:.1f}% (danger zone)" if flagged else f"{peak * 100:.1f}%")
+    rows = {r["engine"]: r for r in json.loads((tmp_path / "out" / "report.json").read_text())["runs"]}
+    assert rows["vllm"]["server"]["danger_zone"] is flagged
+    assert rows["vllm"]["server"]["peak_kv_usage"] == pytest.approx(peak)
+    assert rows["tgi"]["server"]["danger_zone"] is False
+
+
+# --------------------------------------------------------------------------- baseline comparison
+
+
+def _baseline_pair(tmp_path: Path, factor: dict[str, float]) -> tuple[Path, Path]:
+    """Baseline and current folders: per engine, the current TTFT p99 is the baseline's times ``factor``."""
+    before, after = tmp_path / "before", tmp_path / "after"
+    for engine, f in factor.items():
+        base = {"ttft.p99": 0.100, "output_token_throughput": 1000.0}
+        write_run(before, engine=engine, stored=base)
+        write_run(after, engine=engine, stored={"ttft.p99": 0.100 * f, "output_token_throughput": 1000.0})
+    return before, after
+
+
+def _deltas(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["engine"]: {d["metric"]: d for d in m["deltas"]} for m in report["comparisons"]["baseline"]["matches"]}
+
+
+def test_baseline_flags_a_20pct_ttft_regression_and_not_a_5pct_one(tmp_path: Path) -> None:
+    before, after = _baseline_pair(tmp_path, {"vllm": 1.20, "tgi": 1.05, "trtllm": 0.70})
+    result, _ = build_quiet(after, tmp_path / "out", baseline=before)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    deltas = _deltas(report)
+    assert deltas["vllm"]["ttft_p99"]["pct"] == pytest.approx(20.0)
+    assert deltas["vllm"]["ttft_p99"]["regression"] is True
+    assert deltas["tgi"]["ttft_p99"]["pct"] == pytest.approx(5.0)
+    assert deltas["tgi"]["ttft_p99"]["regression"] is False
+    assert deltas["trtllm"]["ttft_p99"]["regression"] is False  # 30% faster is an improvement
+    assert deltas["trtllm"]["ttft_p99"]["improvement"] is True
+    assert result.regressions == report["comparisons"]["baseline"]["regressions"] == 1
+    md = (tmp_path / "out" / "report.md").read_text()
+    table = md_table_after(md, "## Comparison with baseline")
+    ttft = column(table, "TTFT p99")
+    by_engine = {name.split(" ")[0]: cell for name, cell in ttft.items()}
+    assert by_engine["vllm"] == "+20.0% REGRESSION"
+    assert by_engine["tgi"] == "+5.0%"
+    assert by_engine["trtllm"] == "-30.0% improved"
+    assert md.count("REGRESSION") == 1
+
+
+def test_baseline_can_be_an_earlier_report_json_and_the_cli_can_gate_on_it(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    before, after = _baseline_pair(tmp_path, {"vllm": 1.20})
+    build_quiet(before, tmp_path / "before-report")
+    earlier = tmp_path / "before-report" / "report.json"
+    code = main(["build", str(after), "--out", str(tmp_path / "out"), "--baseline", str(earlier),
+                 "--fail-on-regression", "--no-plots"])
+    assert code == 3
+    assert "1 regressions beyond 10%" in capsys.readouterr().out
+    assert _deltas(json.loads((tmp_path / "out" / "report.json").read_text()))["vllm"]["ttft_p99"]["regression"]
+    # a looser threshold lets the same change pass
+    assert main(["build", str(after), "--out", str(tmp_path / "out2"), "--baseline", str(earlier),
+                 "--threshold", "25", "--fail-on-regression", "--no-plots"]) == 0
+
+
+@given(base=st.floats(0.001, 1e4), change=st.floats(-0.9, 3.0), threshold=st.floats(0.0, 50.0))
+def test_regressions_point_the_worse_way_for_each_metric(base: float, change: float, threshold: float) -> None:
+    current = base * (1 + change)
+    pct = (current - base) / base * 100
+    latency = delta("ttft_p99", base, current, threshold)
+    throughput = delta("output_token_throughput", base, current, threshold)
+    assert latency.regression == (pct > threshold)
+    assert throughput.regression == (pct < -threshold)
+    assert not (latency.regression and latency.improvement)
+
+
+def test_rejections_appearing_from_zero_is_a_regression() -> None:
+    d = delta("rejection_rate", 0.0, 0.05, 10.0)
+    assert d.pct is None and d.regression
+    same = delta("rejection_rate", 0.0, 0.0, 10.0)
+    assert same.pct == 0.0 and not same.regression and not same.improvement
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_malformed_files_are_skipped_with_a_warning_naming_them(two_engines: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    (two_engines / "torn.json").write_text('{"schema": "batchbench.results", "engine": {"engi')
+    no_engine = json.loads(next(two_engines.glob("vllm*.json")).read_text())
+    del no_engine["engine"]
+    (two_engines / "sub").mkdir()
+    (two_engines / "sub" / "no-engine.json").write_text(json.dumps(no_engine))
+    newer = copy.deepcopy(no_engine) | {"schema_version": 99}
+    (two_engines / "newer.json").write_text(json.dumps(newer))
+    (two_engines / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    # pytest-benchmark output and a stray log are not batchbench files: ignored, no warning
+    (two_engines / "benchmark.json").write_text(json.dumps({"machine_info": {}, "benchmarks": []}))
+    (two_engines / "events.jsonl").write_text('{"event": "started"}\n')
+
+    code = main(["build", str(two_engines), "--out", str(tmp_path / "out"), "--no-plots"])
+    err = capsys.readouterr().err
+    assert code == 0
+    for name in ("torn.json", "sub/no-engine.json", "newer.json", "binary.json"):
+        assert re.search(rf"warning: {re.escape(name)}: skipped", err), err
+    assert "benchmark.json" not in err and "events.jsonl" not in err
+    assert "Traceback" not in err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert {r["engine"] for r in report["runs"]} == {"vllm", "hf-static"}
+    assert len(report["warnings"]) == 4
+    assert sorted(report["ignored_files"]) == ["benchmark.json", "events.jsonl"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Skipped files" in md and "torn.json" in md
+    for name in ("report.md", "report.json", "report.html"):  # files are named relatively, never by machine path
+        assert str(tmp_path) not in (tmp_path / "out" / name).read_text()
+
+
+def test_a_journal_only_run_appears_marked_partial(two_engines: Path, tmp_path: Path) -> None:
+    journal = write_run(two_engines, engine="tgi", finish=False)
+    assert journal.suffix == ".jsonl" and not journal.with_suffix(".json").exists()
+    build_quiet(two_engines, tmp_path / "out")
+    rows = {r["engine"]: r for r in json.loads((tmp_path / "out" / "report.json").read_text())["runs"]}
+    tgi = rows["tgi"]
+    assert tgi["status"] == "partial" and rows["vllm"]["status"] == "complete"
+    # no footer, so no stored summary: the harness's summarize over the journal's records
+    assert tgi["summary_source"] == "derived"
+    records = make_records(chat_workload(4), ttft=0.02, tpot=0.005, concurrency=4)
+    expected = summarize(records, duration_s=max(max(r.done_s or 0 for r in records), 19 * 0.25))
+    assert tgi["ok"] == 24
+    assert tgi["metrics"]["ttft_p50"] == pytest.approx(expected.ttft.p50 if expected.ttft else None)
+    md = (tmp_path / "out" / "report.md").read_text()
+    status = column(md_table_after(md, "## Workload: chat"), "tgi")["Status"]
+    assert status == "⚠ PARTIAL (summary from journal)"
+    assert "⚠ PARTIAL: tgi" in md  # and called out in the overview
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "⚠ PARTIAL" in html
+
+
+def test_an_interrupted_run_is_marked_with_its_reason(two_engines: Path, tmp_path: Path) -> None:
+    path = write_run(two_engines, engine="tgi")
+    doc = json.loads(path.read_text())
+    doc.update(status="interrupted", error="CancelledError: Ctrl-C")
+    path.write_text(json.dumps(doc))
+    build_quiet(two_engines, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert column(md_table_after(md, "## Workload: chat"), "tgi")["Status"] == "⚠ INTERRUPTED"
+    assert "the run was interrupted (CancelledError: Ctrl-C)" in md
+
+
+def test_a_finished_document_supersedes_its_leftover_journal(two_engines: Path, tmp_path: Path) -> None:
+    path = next(two_engines.glob("vllm*.json"))
+    path.with_suffix(".jsonl").write_text(path.read_text().replace("\n", " ") + "\n")
+    result, warnings = build_quiet(two_engines, tmp_path / "out")
+    assert warnings == [] and len(result.inputs.runs) == 2
+
+
+@pytest.mark.parametrize("contents", [{}, {"benchmark.json": json.dumps({"benchmarks": []})}])
+def test_nothing_to_report_is_a_clear_error_exit(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 contents: dict[str, str]) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, text in contents.items():
+        (results / name).write_text(text)
+    code = main(["build", str(results), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "reports: error: no batchbench results documents found under" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "report.md").exists()
+
+
+def test_missing_results_folder_and_missing_baseline_are_clear_errors(two_engines: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["build", str(two_engines), "--out", str(tmp_path / "out"), "--baseline",
+                 str(tmp_path / "gone")]) == 2
+    assert "baseline" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+EVIL = '<script>alert("pwned")</script>'
+
+
+class Tags(HTMLParser):
+    """Every start tag of a page with its attributes, as a browser would parse them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, list[tuple[str, str | None]]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.seen.append((tag, attrs))
+
+
+def test_html_is_self_contained_and_escapes_strings_from_results(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    write_run(results, engine=EVIL, labels={"concurrency": 4, "note": '<img src="//evil.example/x.png">'},
+              peak_kv=0.9, name="evil")
+    write_run(results, engine="vllm", peak_kv=0.4)
+    write_run(results, engine="vllm", concurrency=8, peak_kv=0.7)
+    build_quiet(results, tmp_path / "out", plots=True)
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<script" not in html and EVIL not in html
+    assert "&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt;" in html
+    assert "http://" not in html and "https://" not in html
+    assert "<link" not in html and "@import" not in html and "url(" not in html
+    tags = Tags()
+    tags.feed(html)
+    assert not {"script", "link", "iframe", "object", "embed"} & {tag for tag, _ in tags.seen}
+    sources = [value or "" for tag, attrs in tags.seen for name, value in attrs if name == "src"]
+    assert len(sources) >= 4  # latency-throughput, TTFT CDF, one timeline per run
+    assert all(s.startswith("data:image/png;base64,") for s in sources)
+    assert all((value or "").startswith("#") for _, attrs in tags.seen for name, value in attrs if name == "href")
+    assert "&lt;img src=&quot;//evil.example/x.png&quot;&gt;" in html
+    for s in sources:
+        assert base64.b64decode(s.split(",", 1)[1]).startswith(b"\x89PNG\r\n\x1a\n")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert re.search(r"(?<!\\)<", md) is None  # every < from the results is backslash-escaped
+
+
+def test_markdown_escaping_keeps_tables_intact() -> None:
+    assert md_escape("a|b\nc") == "a\\|b c"
+    assert md_escape("<b>x</b>") == "\\<b\\>x\\</b\\>"
+    assert md_escape("run_id_1") == "run_id_1"
