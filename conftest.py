@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from adapters.base import BatchingConfig, Engine
-from adapters.registry import EMBEDDED_ENGINES, ENGINES, EngineOptions, make_engine, parse_engine_urls
+from adapters.registry import EMBEDDED_ENGINES, ENGINES, EngineOptions, parse_engine_urls
 from batchbench.harness import Harness
 from batchbench.pool import EngineUnavailable
 from batchbench.profiles import Profile, get_profile

@@ -14,7 +14,6 @@ so nothing is downloaded; any local Llama-style config directory works.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path

@@ -84,6 +84,8 @@ class ServedEngine(Engine):
 
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str] = "/metrics"
+    #: Name prefixes of the metrics :meth:`normalize` reads; None parses everything.
+    metric_prefixes: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(
         self,
@@ -201,7 +203,7 @@ class ServedEngine(Engine):
         if self.client is None:
             return None
         text = await get_text(self.client, self.name, self.metrics_path)
-        return self.normalize(Samples.parse(text))
+        return self.normalize(Samples.parse(text, self.metric_prefixes))
 
     def describe(self) -> dict[str, Any]:
         return {

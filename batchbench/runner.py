@@ -18,6 +18,7 @@ from typing import Any
 
 from adapters.base import Engine, ServerMetrics, now
 from batchbench import environment
+from batchbench.guardrails import server_summary
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.metrics import Summary, summarize
 from batchbench.records import RequestRecord
@@ -97,5 +98,6 @@ async def run(
             "engine_report": report,
             "scrape": {"failures": scraper.failures, "last_error": scraper.last_error},
             "summary": summary.to_dict(),
+            "guardrails": server_summary(scraper.samples),
         })
     return RunResult(path, generator.records, scraper.samples, summary, report, duration, status)

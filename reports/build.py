@@ -1,0 +1,131 @@
+"""Build report.json, report.md and report.html from a folder of results documents.
+
+Used by ``python -m reports build`` and by ``batchbench run`` once its runs
+are written. Problems with individual files are warnings (the report is still
+built from the rest); having nothing to report at all is an error, raised as
+:class:`ReportError` so callers print one clear message, not a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reports import markdown, render_html
+from reports.compare import (
+    DEFAULT_THRESHOLD_PCT,
+    REPORT_SCHEMA,
+    REPORT_SCHEMA_VERSION,
+    BaselineComparison,
+    best_by_metric,
+    compare,
+    read_report_rows,
+)
+from reports.content import build_document, group_by_workload
+from reports.inputs import Inputs, discover
+from reports.model import DANGER_KV_USAGE, KEY_METRICS
+
+
+class ReportError(Exception):
+    """Nothing can be reported (no results, unreadable baseline): a message for the user."""
+
+
+@dataclass
+class BuildResult:
+    out_dir: Path
+    inputs: Inputs
+    baseline: BaselineComparison | None
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> int:
+        return self.baseline.regressions if self.baseline is not None else 0
+
+
+def _print_warning(message: str) -> None:
+    print(f"reports: warning: {message}", file=sys.stderr)
+
+
+def _load_baseline(path: Path, exclude: Path, warn: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Baseline rows from an earlier report.json, a results folder, or a single results document."""
+    if not path.exists():
+        raise ReportError(f"baseline {path} does not exist")
+    if path.is_file():
+        rows = read_report_rows(path)
+        if rows is not None:
+            return rows
+        found = discover(path.parent, what="baseline: ")
+        runs = [r for r in found.runs if r.source == path.name]
+        if not runs:
+            raise ReportError(f"baseline {path} is neither a report.json nor a batchbench results document")
+        return [r.to_row() for r in runs]
+    found = discover(path, exclude=exclude, what="baseline: ")
+    for message in found.warnings:
+        warn(message)
+    if not found.runs:
+        raise ReportError(f"no batchbench results documents under baseline folder {path}")
+    return [r.to_row() for r in found.runs]
+
+
+def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_at: str) -> dict[str, Any]:
+    """The machine-readable report: a row per run plus comparisons (a later build's baseline reads it)."""
+    groups = group_by_workload(inputs.runs)
+    return {
+        "schema": REPORT_SCHEMA,
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "generated_at": generated_at,
+        "kv_danger_threshold": DANGER_KV_USAGE,
+        "metrics": {m.key: {"title": m.title, "better": m.better, "summary_path": list(m.path)} for m in KEY_METRICS},
+        "runs": [r.to_row() for _, members in groups for r in members],
+        "comparisons": {
+            "by_workload": [{
+                "workload": {"name": name, "hash": digest},
+                "run_ids": [r.run_id for r in members],
+                "best": best_by_metric([r.to_row() for r in members]),
+            } for (name, digest), members in groups],
+            "baseline": baseline.to_dict() if baseline is not None else None,
+        },
+        "warnings": inputs.warnings,
+        "ignored_files": inputs.ignored,
+    }
+
+
+def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = None,
+                 threshold_pct: float = DEFAULT_THRESHOLD_PCT, plots: bool = True,
+                 warn: Callable[[str], None] = _print_warning) -> BuildResult:
+    """Read every results document under ``results_dir`` and write the three report files to ``out_dir``."""
+    results_dir, out_dir = Path(results_dir), Path(out_dir)
+    if not results_dir.is_dir():
+        raise ReportError(f"results folder {results_dir} does not exist or is not a folder")
+    inputs = discover(results_dir, exclude=out_dir)
+    for message in inputs.warnings:
+        warn(message)
+    if not inputs.runs:
+        skipped = f" ({len(inputs.warnings)} unreadable, {len(inputs.ignored)} other JSON files)" \
+            if inputs.warnings or inputs.ignored else ""
+        raise ReportError(f"no batchbench results documents found under {results_dir}{skipped}; nothing to report")
+    comparison = None
+    if baseline is not None:
+        rows = _load_baseline(Path(baseline), out_dir, warn)
+        ordered = [r.to_row() for _, members in group_by_workload(inputs.runs) for r in members]
+        comparison = compare(ordered, rows, source=Path(baseline).name,
+                             threshold_pct=threshold_pct)
+    generated_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    doc = build_document(inputs, generated_at=generated_at, baseline=comparison, with_plots=plots)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [out_dir / "report.json", out_dir / "report.md", out_dir / "report.html"]
+    files[0].write_text(json.dumps(report_json(inputs, comparison, generated_at), indent=1) + "\n", encoding="utf-8")
+    files[1].write_text(markdown.render(doc), encoding="utf-8")
+    files[2].write_text(render_html.render(doc), encoding="utf-8")
+    return BuildResult(out_dir, inputs, comparison, files)
+
+
+def build(results_dir: Path, out_dir: Path, baseline: Path | None = None,
+          threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> Path:
+    """:func:`build_report`, returning the folder written (what ``batchbench run`` prints)."""
+    return build_report(results_dir, out_dir, baseline=baseline, threshold_pct=threshold_pct).out_dir

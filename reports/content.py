@@ -1,0 +1,339 @@
+"""What the report says: the runs, grouped by workload, turned into sections and tables.
+
+Engines are compared side by side only on the same workload (same name and
+hash): a different hash means different prompts, lengths or arrivals, and
+figures from different work do not compare. Flags (partial runs, the KV
+danger zone, regressions) are written into the cell text itself, not only
+as styling, so the Markdown shows them as plainly as the HTML.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from batchbench.metrics import ttft_by_bucket
+from reports import fmt, plots
+from reports.compare import BaselineComparison, best_by_metric
+from reports.document import Block, Bullets, Cell, Document, Para, Plot, Section, Table
+from reports.inputs import Inputs
+from reports.model import BUCKET_EDGES, DANGER_KV_USAGE, KEY_METRICS, METRICS_BY_KEY, MetricSpec, Run, canonical
+
+_UNIT_FORMAT: dict[str, Callable[[object], str]] = {"ms": fmt.ms, "rate": fmt.rate, "fraction": fmt.pct}
+
+
+def format_metric(spec: MetricSpec, value: object) -> str:
+    return _UNIT_FORMAT[spec.unit](value)
+
+
+def status_text(run: Run) -> str:
+    """The status cell: a partial or interrupted run is impossible to miss."""
+    if run.status == "complete":
+        return "complete"
+    derived = " (summary from journal)" if run.summary_source == "derived" else ""
+    missing = " (no figures)" if run.summary_source == "none" else ""
+    return f"⚠ {run.status.upper()}{derived}{missing}"
+
+
+def _danger_text(run: Run) -> str:
+    s = run.server
+    return (f"⚠ {run.display_name()} ({run.workload_name}) entered the KV danger zone: peak KV usage "
+            f"{fmt.pct(s.peak_kv_usage)} ≥ {fmt.pct(DANGER_KV_USAGE)} in {s.danger_samples} of "
+            f"{s.kv_samples} samples")
+
+
+def _partial_text(run: Run) -> str:
+    why = {
+        "partial": "journal of a killed run, no footer; figures cover only the requests it recorded",
+        "interrupted": f"the run was interrupted ({run.error or 'no reason recorded'}); figures cover what completed",
+    }.get(run.status, f"status {run.status!r}")
+    return f"⚠ {run.status.upper()}: {run.display_name()} ({run.workload_name}), {run.source}: {why}"
+
+
+def _workload_order(item: tuple[tuple[str, str], list[Run]]) -> tuple[str, str, float, str]:
+    """Workloads by name, then arrival kind, then load (concurrency or rate), so a sweep reads in order."""
+    (name, digest), members = item
+    spec = members[0].workload.get("spec")
+    arrival = spec.get("arrival") if isinstance(spec, dict) else None
+    arrival = arrival if isinstance(arrival, dict) else {}
+    kind = str(arrival.get("kind") or "")
+    load = fmt.num(arrival.get("concurrency" if kind in ("closed", "waves") else "rate"))
+    return (name, kind, load if load is not None else 0.0, digest)
+
+
+def group_by_workload(runs: list[Run]) -> list[tuple[tuple[str, str], list[Run]]]:
+    """Runs grouped by workload (name and hash), each group ordered by engine and configuration."""
+    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for r in runs:
+        groups[r.workload_key].append(r)
+    for members in groups.values():
+        members.sort(key=lambda r: (r.engine, r.batching_label, r.labels_text(), r.started_at or "", r.run_id))
+    return sorted(groups.items(), key=_workload_order)
+
+
+def _column_names(runs: list[Run]) -> list[str]:
+    names = [r.display_name() for r in runs]
+    return [f"{n} ({r.run_id[-6:]})" if names.count(n) > 1 else n for n, r in zip(names, runs)]
+
+
+def arrival_text(run: Run) -> str:
+    """How the workload released its requests ("closed, concurrency 8"), or "" when not recorded."""
+    spec = run.workload.get("spec")
+    arrival = spec.get("arrival") if isinstance(spec, dict) else None
+    if not isinstance(arrival, dict):
+        return ""
+    kind = arrival.get("kind")
+    if kind in ("closed", "waves"):
+        return f"{kind}, concurrency {arrival.get('concurrency')}"
+    if kind in ("poisson", "gamma"):
+        return f"{kind} at {arrival.get('rate')} req/s"
+    return str(kind or "")
+
+
+def workload_title(name: str, digest: str, run: Run) -> str:
+    """Name, arrival and short hash: one name often covers several arrivals (a concurrency sweep)."""
+    arrival = arrival_text(run)
+    return f"{name}" + (f", {arrival}" if arrival else "") + f" ({digest[:12] or 'no hash'})"
+
+
+def _workload_intro(name: str, digest: str, runs: list[Run]) -> str:
+    wl = runs[0].workload
+    parts = [f"Workload {name}, hash {digest or 'n/a'}"]
+    if wl.get("num_requests") is not None:
+        parts.append(f"{wl['num_requests']} requests")
+    if arrival := arrival_text(runs[0]):
+        parts.append(f"arrivals: {arrival}")
+    for key, label in (("prompt_tokens", "prompt"), ("output_tokens", "output")):
+        stats = wl.get(key)
+        if isinstance(stats, dict):
+            parts.append(f"{label} tokens {stats.get('min')}..{stats.get('max')}")
+    return "; ".join(parts) + "."
+
+
+def metrics_table(runs: list[Run]) -> Table:
+    """Engines side by side on one workload: a column per run, a row per figure."""
+    rows: list[list[Cell]] = []
+    cols = _column_names(runs)
+    rows.append([Cell("Status")] + [Cell(status_text(r), "" if not r.partial else "warn") for r in runs])
+
+    def summary_int(r: Run, key: str) -> str:
+        return fmt.count((r.summary or {}).get(key))
+
+    rows.append([Cell("Requests ok / failed")]
+                + [Cell(f"{summary_int(r, 'ok')} / {summary_int(r, 'failed')}",
+                        "bad" if ((r.summary or {}).get("failed") or 0) else "") for r in runs])
+    failures = [(r.summary or {}).get("failures") for r in runs]
+    if any(isinstance(f, dict) and f for f in failures):
+        rows.append([Cell("Failures by kind")] + [
+            Cell(", ".join(f"{k}: {v}" for k, v in sorted(f.items())) if isinstance(f, dict) and f else "—")
+            for f in failures])
+    best = best_by_metric([r.to_row() for r in runs]) if len(runs) > 1 else {}
+    for spec in KEY_METRICS:
+        if spec.key == "request_throughput":
+            continue
+        ranking = best.get(spec.key)
+        # bold only a clear winner: on a tie (every engine at 0% rejections) bolding one would mislead
+        winner = ranking["best_run_id"] if ranking and ranking["tied"] == 1 else None
+        rows.append([Cell(spec.title)] + [
+            Cell(format_metric(spec, r.metric(spec.key)), "best" if r.run_id == winner else "") for r in runs])
+    if any(r.pad_fraction() is not None for r in runs):
+        rows.append([Cell("Prompt pad fraction")] + [Cell(fmt.pct(r.pad_fraction())) for r in runs])
+    if any(r.decode_idle_fraction() is not None for r in runs):
+        rows.append([Cell("Decode idle fraction")] + [Cell(fmt.pct(r.decode_idle_fraction())) for r in runs])
+    rows.append([Cell("Peak KV usage")] + [
+        Cell(f"⚠ {fmt.pct(r.server.peak_kv_usage)} (danger zone)", "bad") if r.server.danger_zone
+        else Cell(fmt.pct(r.server.peak_kv_usage)) for r in runs])
+    if any(r.server.kv_capacity_tokens is not None for r in runs):
+        rows.append([Cell("KV capacity (tokens)")] + [Cell(fmt.count(r.server.kv_capacity_tokens)) for r in runs])
+    rows.append([Cell("Preemptions (during run)")] + [
+        Cell(fmt.count(r.server.preemptions), "bad" if (r.server.preemptions or 0) > 0 else "") for r in runs])
+    rows.append([Cell("Max waiting")] + [Cell(fmt.count(r.server.max_waiting)) for r in runs])
+    rows.append([Cell("Max running")] + [Cell(fmt.count(r.server.max_running)) for r in runs])
+    rows.append([Cell("Duration (s)")] + [Cell(fmt.seconds(r.duration_s)) for r in runs])
+    return Table(["Metric", *cols], rows)
+
+
+def _bucket_labels() -> list[str]:
+    """The harness's own bucket names for :data:`BUCKET_EDGES` ('1', '2-3', ... '16+'), in order."""
+    return list(ttft_by_bucket([], lambda r: r.in_flight_at_send, BUCKET_EDGES))
+
+
+def bucket_table(runs: list[Run]) -> Table:
+    """TTFT per batch-size bucket (requests in flight when each was sent): p50 / p99 ms and count."""
+    labels = _bucket_labels()
+    rows = []
+    for name, r in zip(_column_names(runs), runs):
+        cells = [Cell(name)]
+        for label in labels:
+            d = (r.ttft_buckets or {}).get(label) if r.ttft_buckets is not None else None
+            if r.ttft_buckets is None:
+                cells.append(Cell(fmt.NA))
+            elif not isinstance(d, dict):
+                cells.append(Cell("—"))
+            else:
+                cells.append(Cell(f"{fmt.ms(d.get('p50'))} / {fmt.ms(d.get('p99'))} (n={fmt.count(d.get('count'))})"))
+        rows.append(cells)
+    return Table(["Run", *(f"in flight {label}" for label in labels)], rows,
+                 caption="TTFT p50 / p99 in ms (requests) by the number of requests in flight when each was sent; "
+                         "— means no request met that batch size.")
+
+
+def _baseline_section(cmp: BaselineComparison) -> Section:
+    sec = Section("Comparison with baseline")
+    sec.blocks.append(Para(
+        f"Baseline: {cmp.source}. Runs are matched by engine, batching configuration and workload hash. "
+        f"Changes beyond {cmp.threshold_pct:g}% in the worse direction (latency up; throughput and goodput down; "
+        "rejections up) are marked as regressions."))
+    n = cmp.regressions
+    sec.blocks.append(Para(f"{n} regression{'s' if n != 1 else ''} beyond {cmp.threshold_pct:g}% in "
+                           f"{len(cmp.matches)} matched run{'s' if len(cmp.matches) != 1 else ''}.",
+                           "bad" if n else ""))
+    if cmp.matches:
+        rows = []
+        for m in cmp.matches:
+            name = _row_name(m.current)
+            if m.current.get("status") != "complete" or m.baseline.get("status") != "complete":
+                name += f" (⚠ {m.current.get('status')} vs baseline {m.baseline.get('status')})"
+            cells = [Cell(name)]
+            for d in m.deltas:
+                text = fmt.delta_pct(d.pct)
+                if d.pct is None and d.baseline is not None and d.current is not None and d.baseline != d.current:
+                    text = f"from {format_metric(METRICS_BY_KEY[d.metric], d.baseline)}"
+                if d.regression:
+                    cells.append(Cell(f"{text} REGRESSION", "bad"))
+                elif d.improvement:
+                    cells.append(Cell(f"{text} improved", "best"))
+                else:
+                    cells.append(Cell(text))
+            rows.append(cells)
+        sec.blocks.append(Table(["Run", *(s.title for s in KEY_METRICS)], rows,
+                                caption="Percent change against the matched baseline run."))
+        details = [f"{_row_name(m.current)}: {METRICS_BY_KEY[d.metric].title} "
+                   f"{format_metric(METRICS_BY_KEY[d.metric], d.baseline)} → "
+                   f"{format_metric(METRICS_BY_KEY[d.metric], d.current)} ({fmt.delta_pct(d.pct)})"
+                   for m in cmp.matches for d in m.regressions]
+        if details:
+            sec.blocks.append(Bullets(details, "bad"))
+        notes = [f"{_row_name(m.current)}: {m.note}" for m in cmp.matches if m.note]
+        if notes:
+            sec.blocks.append(Bullets(notes))
+    if cmp.only_current:
+        sec.blocks.append(Para("Only in this build (no baseline run to compare with):"))
+        sec.blocks.append(Bullets([_row_name(r) for r in cmp.only_current]))
+    if cmp.only_baseline:
+        sec.blocks.append(Para("Only in the baseline (not run this time):"))
+        sec.blocks.append(Bullets([_row_name(r) for r in cmp.only_baseline]))
+    return sec
+
+
+def _row_name(row: dict[str, Any]) -> str:
+    labels = row.get("labels") or {}
+    text = " ".join(f"{k}={v}" for k, v in sorted(labels.items(), key=lambda kv: str(kv[0])))
+    wl = row.get("workload") or {}
+    return f"{row.get('engine')} [{row.get('batching_label')}]" + (f" {text}" if text else "") + \
+        f" on {wl.get('name')} ({str(wl.get('hash'))[:12]})"
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_compact(v)}" for k, v in value.items() if v is not None) or "—"
+    if isinstance(value, list):
+        return "; ".join(_compact(v) for v in value) or "—"
+    return "—" if value is None else str(value)
+
+
+def environment_section(runs: list[Run]) -> Section:
+    """Where each run happened, one table per distinct machine/software set, then the engines' configurations."""
+    sec = Section("Environment")
+    groups: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        groups[canonical(r.environment)].append(r)
+    for i, members in enumerate(groups.values(), 1):
+        env = members[0].environment
+        title = f"Environment {i}" if len(groups) > 1 else "Machine"
+        sub = Section(title, level=3)
+        if not env:
+            sub.blocks.append(Para("No environment recorded."))
+        else:
+            keys = ["hostname", "platform", "python", "cpu", "cpu_count", "gpus", "packages", "batchbench_commit"]
+            keys += [k for k in env if k not in keys]
+            sub.blocks.append(Table(["Field", "Value"],
+                                    [[Cell(k), Cell(_compact(env.get(k)))] for k in keys if k in env]))
+        sub.blocks.append(Para("Runs: " + ", ".join(sorted({r.run_id for r in members}))))
+        sec.blocks.append(sub)
+    rows = []
+    for r in sorted(runs, key=lambda r: (r.engine, r.batching_label, r.run_id)):
+        d = r.engine_description
+        extra = {k: v for k, v in d.items() if k not in ("engine", "batching")}
+        rows.append([Cell(r.run_id), Cell(r.engine), Cell(_compact(r.batching)), Cell(_compact(extra))])
+    sec.blocks.append(Section("Engines", level=3, blocks=[Table(["Run", "Engine", "Batching", "Details"], rows)]))
+    return sec
+
+
+def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineComparison | None,
+                   with_plots: bool = True) -> Document:
+    """Everything the report says, in order."""
+    runs = inputs.runs
+    doc = Document("batchbench report")
+    overview = Section("Overview")
+    n_partial = sum(r.partial for r in runs)
+    workloads = group_by_workload(runs)
+    overview.blocks.append(Para(
+        f"Generated {generated_at}: {len(runs)} run{'s' if len(runs) != 1 else ''} on {len(workloads)} "
+        f"workload{'s' if len(workloads) != 1 else ''}, engines: {', '.join(sorted({r.engine for r in runs}))}. "
+        f"{len(runs) - n_partial} complete, {n_partial} partial or interrupted. Figures are the harness's stored "
+        "summaries; latencies are of successful requests, throughputs divide by the run's wall-clock duration."))
+    if n_partial:
+        overview.blocks.append(Bullets([_partial_text(r) for r in runs if r.partial], "warn"))
+    danger = [r for r in runs if r.server.danger_zone]
+    if danger:
+        overview.blocks.append(Bullets([_danger_text(r) for r in danger], "bad"))
+    if baseline is not None:
+        n = baseline.regressions
+        overview.blocks.append(Para(f"Against the baseline: {n} regression{'s' if n != 1 else ''} beyond "
+                                    f"{baseline.threshold_pct:g}% (see the comparison below).", "bad" if n else ""))
+    if inputs.warnings:
+        overview.blocks.append(Para(f"{len(inputs.warnings)} file{'s' if len(inputs.warnings) != 1 else ''} "
+                                    "skipped (see Skipped files).", "warn"))
+    doc.sections.append(overview)
+
+    colors = plots.engine_colors(runs) if with_plots else {}
+    if with_plots:
+        png = plots.latency_throughput(runs)
+        if png is not None:
+            doc.sections.append(Section("Latency vs throughput", blocks=[Plot(
+                "Output tokens/s against TTFT p99, one line per engine configuration; points are labelled by "
+                "concurrency (or workload); hollow markers are partial runs.", png)]))
+
+    for (name, digest), members in workloads:
+        title = workload_title(name, digest, members[0])
+        sec = Section(f"Workload: {title}")
+        sec.blocks.append(Para(_workload_intro(name, digest, members)))
+        sec.blocks.append(metrics_table(members))
+        notes = [f"{r.display_name()}: {note}" for r in members for note in r.notes]
+        if notes:
+            sec.blocks.append(Bullets(notes, "warn"))
+        sec.blocks.append(Section("TTFT by batch-size bucket", level=3, blocks=[bucket_table(members)]))
+        if with_plots:
+            cdf = plots.ttft_cdf(members, title, colors)
+            if cdf is not None:
+                sec.blocks.append(Section("TTFT CDF", level=3, blocks=[Plot(f"TTFT CDF per run on {title}", cdf)]))
+            timelines: list[Block] = [Plot(f"KV usage and queue depth over time: {r.display_name()}", png)
+                         for r in members if (png := plots.server_timeline(r, colors.get(r.engine))) is not None]
+            if timelines:
+                sec.blocks.append(Section("KV usage and queue depth over time", level=3, blocks=timelines))
+        doc.sections.append(sec)
+
+    if baseline is not None:
+        doc.sections.append(_baseline_section(baseline))
+    doc.sections.append(environment_section(runs))
+    if inputs.warnings or inputs.ignored:
+        sec = Section("Skipped files")
+        if inputs.warnings:
+            sec.blocks.append(Bullets(inputs.warnings, "warn"))
+        if inputs.ignored:
+            sec.blocks.append(Para(f"{len(inputs.ignored)} other JSON file{'s' if len(inputs.ignored) != 1 else ''} "
+                                   "(not batchbench results) ignored: " + ", ".join(inputs.ignored)))
+        doc.sections.append(sec)
+    return doc

