@@ -91,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
         return 1
     if not args.no_report:
-        from reports.build import build
+        from reports.build import ReportError, build
 
-        out = build(args.results_dir, args.results_dir / "report")
+        try:
+            out = build(args.results_dir, args.results_dir / "report")
+        except ReportError as exc:
+            print(f"batchbench: results written, but no report: {exc}", file=sys.stderr)
+            return 1
         print(f"batchbench: report written to {out}")
     return 0 if all(r.summary.failed == 0 for r in results) else 1
