@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from adapters.base import BatchingConfig, Engine
-from adapters.registry import EMBEDDED_ENGINES, ENGINES, EngineOptions, parse_engine_urls
+from adapters.registry import EMBEDDED_ENGINES, ENGINES, EngineOptions, make_engine, parse_engine_urls
 from batchbench.harness import Harness
 from batchbench.pool import EngineUnavailable
 from batchbench.profiles import Profile, get_profile
@@ -50,23 +50,32 @@ class BenchConfig:
     profile: Profile
 
 
-@pytest.fixture(scope="session")
-def bench(pytestconfig: pytest.Config) -> BenchConfig:
-    engines = tuple(pytestconfig.getoption("--engine")) or EMBEDDED_ENGINES
-    profile = get_profile(pytestconfig.getoption("--profile"))
-    results_dir: Path = pytestconfig.getoption("--results-dir")
+BENCH_KEY = pytest.StashKey[BenchConfig]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Check the engine options once, before anything runs: a bad combination is a usage error."""
+    engines = tuple(config.getoption("--engine")) or EMBEDDED_ENGINES
+    profile = get_profile(config.getoption("--profile"))
+    results_dir: Path = config.getoption("--results-dir")
     try:
-        urls = parse_engine_urls(pytestconfig.getoption("--engine-url"), list(engines))
+        options = EngineOptions(
+            model=config.getoption("--model"),
+            urls=parse_engine_urls(config.getoption("--engine-url"), list(engines)),
+            launch=config.getoption("--launch"),
+            max_model_len=profile.max_model_len,
+            log_dir=results_dir / "server-logs",
+        )
+        for name in engines:
+            make_engine(name, None, options)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
-    options = EngineOptions(
-        model=pytestconfig.getoption("--model"),
-        urls=urls,
-        launch=pytestconfig.getoption("--launch"),
-        max_model_len=profile.max_model_len,
-        log_dir=results_dir / "server-logs",
-    )
-    return BenchConfig(engines, options, results_dir, profile)
+    config.stash[BENCH_KEY] = BenchConfig(engines, options, results_dir, profile)
+
+
+@pytest.fixture(scope="session")
+def bench(pytestconfig: pytest.Config) -> BenchConfig:
+    return pytestconfig.stash[BENCH_KEY]
 
 
 @pytest.fixture(scope="session")

@@ -166,6 +166,12 @@ class EngineUnreachable(EngineError):
     kind = "unreachable"
 
 
+class EngineCannotRunHere(EngineUnreachable):
+    """This machine lacks what the engine needs (no Docker engine to launch it in): a reason to skip."""
+
+    kind = "cannot_run_here"
+
+
 class EngineNotHealthy(EngineError):
     """The engine did not become healthy within the start-up timeout."""
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import EngineDied, EngineError, EngineUnreachable
+from adapters.base import EngineCannotRunHere, EngineDied, EngineError, EngineUnreachable
 
 if TYPE_CHECKING:  # pragma: no cover
     import docker
@@ -329,7 +329,7 @@ def _connect(engine: str, base_url: str | None, version: str | None, timeout: fl
         client = make_client(base_url, version=version, timeout=timeout)
         client.ping()
     except Exception as exc:
-        raise EngineUnreachable(engine, f"docker engine not reachable at {docker_host(base_url)}: {exc}") from exc
+        raise EngineCannotRunHere(engine, f"docker engine not reachable at {docker_host(base_url)}: {exc}") from exc
     return client
 
 
@@ -512,7 +512,7 @@ class DockerLaunch:
                 self._client.ping()
             except Exception as exc:
                 where = self._docker_host()
-                raise EngineUnreachable(self.engine, f"docker engine not reachable at {where}: {exc}") from exc
+                raise EngineCannotRunHere(self.engine, f"docker engine not reachable at {where}: {exc}") from exc
         return self._client
 
     def _ensure_image(self, client: docker.DockerClient) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from adapters.base import BatchingConfig, Engine, EngineError
+from adapters.base import BatchingConfig, Engine, EngineCannotRunHere, EngineError
 
 EngineFactory = Callable[[str, BatchingConfig | None], Engine]
 
@@ -50,6 +50,9 @@ class EnginePool:
             raise self._failed[key] from exc
         try:
             await engine.__aenter__()
+        except EngineCannotRunHere as exc:
+            self._failed[key] = EngineUnavailable(str(exc))
+            raise self._failed[key] from exc
         except EngineError as exc:
             self._failed[key] = exc
             raise

@@ -134,3 +134,21 @@ class FakeVLLM:
                 self.served += 1
             finally:
                 self._running -= 1
+
+
+async def _serve_forever(port: int, token_delay_s: float) -> None:
+    server = FakeVLLM(token_delay_s=token_delay_s)
+    server._sem = asyncio.Semaphore(server.slots)
+    server._server = await asyncio.start_server(server._handle, "127.0.0.1", port)
+    print(f"fake vLLM serving on 127.0.0.1:{port}", flush=True)
+    await server._server.serve_forever()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="a fake vLLM server, for load-generator benchmarks")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--token-delay", type=float, default=0.0)
+    args = parser.parse_args()
+    asyncio.run(_serve_forever(args.port, args.token_delay))

@@ -418,7 +418,7 @@ async def test_daemon_unreachable(registry) -> None:
         with pytest.raises(EngineUnreachable) as info:
             await launch.start(Argv(), {})
         assert f"docker engine not reachable at {url}" in str(info.value)
-        assert info.value.engine == "vllm" and info.value.kind == "unreachable"
+        assert info.value.engine == "vllm" and info.value.kind == "cannot_run_here"
 
 
 async def test_daemon_unreachable_from_docker_host(monkeypatch, registry) -> None:
