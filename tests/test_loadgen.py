@@ -123,7 +123,7 @@ async def test_faults_fail_only_their_request_with_a_named_reason(fake: FakeVLLM
     by_id = {r.request_id: r for r in records}
     kinds = {mode: by_id[r.request_id].error_kind for r, mode in zip(wl.requests, modes)}
     assert kinds == {"429": "rejected", "503": "rejected", "malformed": "protocol_error",
-                     "truncate": "protocol_error", "hang": "timeout", "error_event": "engine_error"}
+                     "truncate": "protocol_error", "hang": "timeout", "error_event": "http_error"}
     for request, _ in zip(wl.requests, modes):
         rec = by_id[request.request_id]
         assert not rec.ok and "vllm" in rec.error and request.request_id in rec.error
