@@ -95,6 +95,8 @@ def start_engine(harness: Harness) -> Callable[..., Engine]:
     when this environment cannot run it (a missing package, no Docker engine)."""
 
     def start(name: str, batching: BatchingConfig | None = None) -> Engine:
+        if batching is not None and harness.options.url_for(name) is not None:
+            pytest.skip(f"engine {name!r} at a URL runs its own configuration; this test needs {batching.label()}")
         try:
             return harness.engine(name, batching)
         except EngineUnavailable as exc:

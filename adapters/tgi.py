@@ -65,7 +65,7 @@ from adapters.base import (
 )
 from adapters.http import get_json, parse_json_event, post_stream, sse_data
 from adapters.prometheus import Samples
-from adapters.served import ServedEngine
+from adapters.served import ModelRef, ServedEngine
 from fixtures.workloads import Request
 
 #: TGI's HTTP status for each error_type (``impl From<InferError> for StatusCode``);
@@ -169,6 +169,12 @@ class TGIEngine(ServedEngine):
         if self.dtype is not None:
             args += ["--dtype", self.dtype]
         return args
+
+    async def discover_model(self) -> ModelRef:
+        """URL mode without --model: TGI serves one model and says which in /info."""
+        info = await self.load_info()
+        served = str(info.get("model_id") or "")
+        return ModelRef(served, served_name=served or "tgi", max_model_len=self.model.max_model_len)
 
     async def wait_healthy(self, timeout: float) -> None:
         await super().wait_healthy(timeout)
