@@ -13,12 +13,28 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from adapters.base import BatchingConfig, Engine, EngineCannotRunHere, EngineError
+from batchbench.loadgen import LoadConfig, LoadGenerator
+from fixtures.workloads import Arrival, Lengths, WorkloadSpec
 
 EngineFactory = Callable[[str, BatchingConfig | None], Engine]
 
 
 class EngineUnavailable(Exception):
     """This environment cannot run the engine (a missing package, no Docker engine): a reason to skip."""
+
+
+#: Sent once to every engine after it starts, before anything is measured: a fresh engine's first
+#: requests pay one-off costs (kernel selection for new shapes, allocator growth, lazy init) that
+#: made the first measured run several times slower than the same run repeated.
+WARM_UP = WorkloadSpec("warm-up", 16, prompt=Lengths.uniform(4, 256), output=Lengths.fixed(16),
+                       arrival=Arrival("closed", concurrency=8), seed=12345).build()
+
+
+async def warm_up(engine: Engine) -> None:
+    """Run :data:`WARM_UP` unrecorded; an engine that fails all of it is not fit to measure."""
+    records = await LoadGenerator(engine, WARM_UP, config=LoadConfig(request_timeout_s=300)).run()
+    if not any(r.ok for r in records):
+        raise EngineError(engine.name, f"every warm-up request failed; the first: {records[0].error}")
 
 
 class EnginePool:
@@ -50,6 +66,11 @@ class EnginePool:
             raise self._failed[key] from exc
         try:
             await engine.__aenter__()
+            try:
+                await warm_up(engine)
+            except BaseException:
+                await engine.__aexit__(None, None, None)
+                raise
         except EngineCannotRunHere as exc:
             self._failed[key] = EngineUnavailable(str(exc))
             raise self._failed[key] from exc

@@ -1,0 +1,91 @@
+"""The engine pool: shared started engines, bounded, warmed up, always stopped."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import ClassVar
+
+import pytest
+
+from adapters.base import (
+    BatchingConfig,
+    Capabilities,
+    Chunk,
+    Engine,
+    EngineCannotRunHere,
+    EngineNotHealthy,
+    Usage,
+    now,
+)
+from batchbench.pool import WARM_UP, EnginePool, EngineUnavailable
+from fixtures.workloads import Request
+
+
+class Fake(Engine):
+    name: ClassVar[str] = "fake"
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, batching: BatchingConfig | None = None, *, fail: Exception | None = None) -> None:
+        super().__init__(batching)
+        self.fail = fail
+        self.events: list[str] = []
+        self.served = 0
+
+    async def start(self) -> None:
+        self.events.append("start")
+
+    async def wait_healthy(self, timeout: float) -> None:
+        if self.fail:
+            raise self.fail
+
+    async def stop(self) -> None:
+        self.events.append("stop")
+
+    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
+        self.served += 1
+        yield Chunk(now(), request.max_tokens)
+        yield Chunk(now(), 0, Usage(request.prompt_len, request.max_tokens))
+
+
+async def test_engines_are_shared_warmed_and_evicted_oldest_first() -> None:
+    made: list[Fake] = []
+
+    def factory(name: str, batching: BatchingConfig | None) -> Engine:
+        made.append(Fake(batching))
+        return made[-1]
+
+    pool = EnginePool(factory, max_live=2)
+    a = await pool.get("fake", BatchingConfig(max_batch_size=1))
+    assert await pool.get("fake", BatchingConfig(max_batch_size=1)) is a
+    assert a.served == len(WARM_UP.requests)  # warmed up once, before anything is measured
+    b = await pool.get("fake", BatchingConfig(max_batch_size=2))
+    await pool.get("fake", BatchingConfig(max_batch_size=1))  # a is now the most recent
+    await pool.get("fake", BatchingConfig(max_batch_size=3))  # evicts b
+    assert b.events == ["start", "stop"] and a.events == ["start"]
+    await pool.close()
+    assert all(e.events[-1] == "stop" for e in made) and len(made) == 3
+
+
+async def test_a_failed_start_is_remembered_and_unrunnable_engines_are_skippable() -> None:
+    calls = 0
+
+    def failing(name: str, batching: BatchingConfig | None) -> Engine:
+        nonlocal calls
+        calls += 1
+        return Fake(batching, fail=EngineNotHealthy("fake", "never healthy"))
+
+    pool = EnginePool(failing)
+    for _ in range(2):
+        with pytest.raises(EngineNotHealthy, match="never healthy"):
+            await pool.get("fake")
+    assert calls == 1
+
+    pool = EnginePool(lambda n, b: Fake(b, fail=EngineCannotRunHere("fake", "no docker engine")))
+    with pytest.raises(EngineUnavailable, match="no docker engine"):
+        await pool.get("fake")
+
+    def missing(name: str, batching: BatchingConfig | None) -> Engine:
+        raise ImportError("No module named 'vllm'")
+
+    with pytest.raises(EngineUnavailable, match="cannot run here: No module named 'vllm'"):
+        await EnginePool(missing).get("fake")
