@@ -1,0 +1,231 @@
+"""Suite: a latency pool and a throughput pool, routed by priority, vs one mixed pool.
+
+Interactive requests (short prompts and outputs, Poisson) stream while a
+batch job lands: many long-ish prompts with long outputs, all at once. Two
+layouts serve the same traffic:
+
+- split: two vLLM instances, a latency pool (few seats) for interactive
+  traffic and a throughput pool (many seats) for batch traffic, behind
+  :class:`adapters.router.RoutedEngine` (``Request.priority`` plays the
+  gateway's priority header);
+- mixed: one instance (the throughput pool's config) serving everything.
+
+In the mixed pool an interactive request that arrives after the batch job
+queues behind it: vLLM V1 admits waiting requests in arrival order (fcfs) and
+a batch prompt being prefilled takes all the token budget the running decodes
+leave (``Scheduler.schedule``), so interactive TTFT includes the batch job's
+whole prefill. In the split layout the latency pool's queue only ever holds
+interactive requests.
+
+On GPUs each pool would have its own device and the split layout would win
+outright. Here both vLLM instances share the same 2 CPU cores, and isolation
+is far weaker than that: a vLLM engine with requests in flight keeps both
+cores busy by itself (a 2-thread OpenMP team in its worker, busy-polling
+loops between its processes), so two engines with work in flight each run at
+a fraction of their solo speed. Measured on an otherwise quiet machine, the
+batch job took 3.5-4x longer in the split layout than in the mixed pool, and
+the latency pool's interactive TTFT p99 came out 2-3x the mixed pool's
+(0.45-0.8x when other load already saturated the machine). What must hold
+even so, and is asserted:
+
+- routing: the latency pool served exactly the interactive requests and the
+  throughput pool exactly the batch ones, by each engine's own request
+  counter (``vllm:request_success_total``) as well as the router's;
+- the split layout's interactive TTFT p99 is at most the mixed pool's times
+  the slowdown sharing the cores imposes (``contention``: how much longer the
+  batch job took in the split layout, measured in the same test), times 1.5
+  for noise. At worst the latency pool makes no progress while the
+  throughput pool prefills the batch job, which is what an interactive
+  request waits for in the mixed pool, stretched by that same slowdown. More
+  than that would be the latency pool's own queue (e.g. too few seats for
+  the interactive stream), which routing is meant to avoid.
+
+Batch throughput is reported, not bounded: on these cores it is set by how
+much CPU two busy-polling engines leave each other, with no bound from first
+principles (measured 0.25-0.3x the mixed pool's quiet, 0.6-0.9x under outside
+load).
+
+Each layout is measured a few times, alternating, and each metric is the best
+of its repetitions: interference from other processes only ever makes a run
+worse, and alternating exposes both layouts to the same slow periods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from adapters.base import BatchingConfig, Engine
+from adapters.http import get_text
+from adapters.prometheus import Samples
+from adapters.router import RoutedEngine
+from adapters.served import ServedEngine
+from batchbench.harness import Harness
+from batchbench.metrics import Distribution
+from batchbench.profiles import Profile, get_profile
+from batchbench.records import RequestRecord
+from batchbench.runner import RunResult
+from fixtures.workloads import Arrival, Lengths, Request, Workload, WorkloadSpec, interleave
+
+INTERACTIVE, BATCH = "interactive", "batch"
+#: Measured repetitions per layout, alternating; each metric is the best of these.
+REPEATS = 3
+#: Interactive requests per run and their Poisson rate (quick: ~8 s of arrivals, full: ~20 s).
+INTERACTIVE_REQUESTS = {"quick": 32, "full": 320}
+INTERACTIVE_RATE = {"quick": 4.0, "full": 16.0}
+#: The batch job: this many requests landing together, BATCH_AT_S after the interactive stream starts.
+BATCH_REQUESTS = {"quick": 32, "full": 512}
+BATCH_AT_S = 1.0
+
+#: Noise allowance on the contention-scaled TTFT bound (see the module docstring).
+TTFT_SLACK = 1.5
+
+
+def pool_configs(profile: Profile) -> dict[str, BatchingConfig]:
+    """Latency pool: few seats, so its decode batch stays small (but enough for the interactive stream
+    even when its steps are slowed by sharing the CPU); throughput pool: many."""
+    return {
+        INTERACTIVE: BatchingConfig(max_batch_size=3 * profile.concurrency),
+        BATCH: BatchingConfig(max_batch_size=8 * profile.concurrency),
+    }
+
+
+def workload(profile: Profile, *, seed: int = 21) -> Workload:
+    """Interactive chat turns (Poisson) and a batch job landing at once BATCH_AT_S in."""
+    m = profile.max_model_len
+    interactive = WorkloadSpec(
+        INTERACTIVE, INTERACTIVE_REQUESTS[profile.name], prompt=Lengths.uniform(16, 64),
+        output=Lengths.fixed(profile.output_median // 2),
+        arrival=Arrival("poisson", rate=INTERACTIVE_RATE[profile.name]), seed=seed, priority=INTERACTIVE,
+    ).build()
+    batch = WorkloadSpec(
+        BATCH, BATCH_REQUESTS[profile.name], prompt=Lengths.uniform(m // 8, m // 2),
+        output=Lengths.fixed(2 * profile.output_median), arrival=Arrival("offline"), seed=seed + 1, priority=BATCH,
+    ).build()
+    batch = Workload(batch.spec, tuple(dataclasses.replace(r, arrival_s=BATCH_AT_S) for r in batch.requests))
+    return interleave("interactive-with-batch-job", interactive, batch)
+
+
+def served_count(harness: Harness, engine: Engine) -> float:
+    """Requests the engine itself says it finished (vLLM's ``vllm:request_success_total``, all reasons)."""
+    assert isinstance(engine, ServedEngine) and engine.client is not None
+    text = harness.loop.call(get_text(engine.client, engine.name, engine.metrics_path))
+    return Samples.parse(text, ("vllm:request_success",)).sum("vllm:request_success_total") or 0.0
+
+
+def served_since(harness: Harness, pools: dict[str, Engine], before: dict[str, float], total: int) -> dict[str, int]:
+    """Requests each pool finished since ``before``. vLLM counts a request after its last chunk is
+    sent, so the count may trail the client by a moment: read until every request is counted (5 s at most)."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        served = {route: round(served_count(harness, e) - before[route]) for route, e in pools.items()}
+        if sum(served.values()) >= total or time.monotonic() > deadline:
+            return served
+        time.sleep(0.1)
+
+
+def _of(records: list[RequestRecord], priority: str) -> list[RequestRecord]:
+    return [r for r in records if r.priority == priority]
+
+
+def _of_requests(wl: Workload, priority: str) -> list[Request]:
+    return [r for r in wl.requests if r.priority == priority]
+
+
+def layout_metrics(result: RunResult) -> dict[str, float]:
+    """Interactive TTFT p99 and batch throughput (the batch job's tokens over its own span)."""
+    interactive, batch = _of(result.records, INTERACTIVE), _of(result.records, BATCH)
+    ttft = Distribution.of(r.ttft_s for r in interactive if r.ttft_s is not None)
+    assert ttft is not None
+    span = max(r.done_s or 0.0 for r in batch) - min(r.sent_s for r in batch)
+    return {
+        "interactive_ttft_p99": ttft.p99,
+        "interactive_ttft_p50": ttft.p50,
+        "batch_output_tok_s": sum(r.output_tokens for r in batch) / span,
+        "batch_span_s": span,
+    }
+
+
+def best(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per metric, the best repetition (throughput: the highest; times: the lowest)."""
+    return {key: (max if key == "batch_output_tok_s" else min)(r[key] for r in runs) for key in runs[0]}
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'layout':<8} {'interactive TTFT p99':>20} {'p50':>8} {'batch tok/s':>12} {'batch span':>11}"]
+    for name, m in results.items():
+        lines.append(f"{name:<8} {m['interactive_ttft_p99']:>19.3f}s {m['interactive_ttft_p50']:>7.3f}s "
+                     f"{m['batch_output_tok_s']:>12.0f} {m['batch_span_s']:>10.2f}s")
+    return "\n".join(lines)
+
+
+def test_latency_and_throughput_pools_vs_one_mixed_pool(
+    harness: Harness, start_engine: Callable[..., Engine], engine_name: str, benchmark: Any
+) -> None:
+    if engine_name != "vllm":
+        pytest.skip(f"engine {engine_name!r}: the layout needs two instances of a continuous-batching server "
+                    "started here with their own configs (vllm)")
+    if harness.pool.max_live < 2:
+        pytest.skip(f"--max-live-engines {harness.pool.max_live}: the split layout keeps two engines running")
+    profile = harness.profile
+    configs = pool_configs(profile)
+    pools = {route: start_engine(engine_name, config) for route, config in configs.items()}  # both live now
+    layouts: dict[str, Engine] = {
+        "split": RoutedEngine(pools, default=BATCH),
+        "mixed": pools[BATCH],
+    }
+    wl = workload(profile)
+    n_interactive, n_batch = len(_of_requests(wl, INTERACTIVE)), len(_of_requests(wl, BATCH))
+
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
+    for repeat in range(REPEATS):
+        for name, engine in layouts.items():
+            before = {route: served_count(harness, e) for route, e in pools.items()}
+            last = repeat == REPEATS - 1 and name == "split"
+            result = harness.measure(engine, wl, tag=name, benchmark=benchmark if last else None,
+                                     labels={"suite": "pools", "layout": name, "repeat": repeat,
+                                             "pools": {k: c.label() for k, c in configs.items()}})
+            served = served_since(harness, pools, before, n_interactive + n_batch)
+            assert result.summary.failed == 0, f"{name}: {result.summary.failures}"
+            if name == "split":
+                # Every interactive request went to the latency pool and nothing else did, by the engines' count.
+                assert served == {INTERACTIVE: n_interactive, BATCH: n_batch}, served
+                assert result.engine_report["routed"] == {INTERACTIVE: n_interactive, BATCH: n_batch}
+            else:
+                assert served == {INTERACTIVE: 0, BATCH: n_interactive + n_batch}, served
+            runs[name].append(layout_metrics(result))
+
+    results = {name: best(r) for name, r in runs.items()}
+    split, mixed = results["split"], results["mixed"]
+    ttft_ratio = split["interactive_ttft_p99"] / mixed["interactive_ttft_p99"]
+    contention = split["batch_span_s"] / mixed["batch_span_s"]
+    benchmark.extra_info.update({
+        "layouts": results, "repeats": runs, "ttft_p99_ratio_split_over_mixed": ttft_ratio,
+        "batch_throughput_ratio_split_over_mixed": split["batch_output_tok_s"] / mixed["batch_output_tok_s"],
+        "contention": contention,
+    })
+    print(f"\n{table(results)}\ncontention (batch job's span, split / mixed): {contention:.2f}")
+    bound = TTFT_SLACK * max(1.0, contention)
+    assert ttft_ratio <= bound, (
+        f"interactive TTFT p99 in its own pool is {ttft_ratio:.2f}x the mixed pool's, more than sharing the cores "
+        f"explains ({contention:.2f}x slower batch job, bound {bound:.2f}x)\n{table(results)}"
+    )
+
+
+@pytest.mark.parametrize("profile_name", ["quick", "full"])
+def test_the_batch_job_lands_while_interactive_traffic_streams(profile_name: str) -> None:
+    profile = get_profile(profile_name)
+    wl = workload(profile)
+    assert all(r.prompt_len + r.max_tokens <= profile.max_model_len for r in wl.requests)
+    interactive, batch = _of_requests(wl, INTERACTIVE), _of_requests(wl, BATCH)
+    assert {r.arrival_s for r in batch} == {BATCH_AT_S}
+    assert sum(r.arrival_s > BATCH_AT_S for r in interactive) > len(interactive) // 2
+    batch_tokens = sum(r.prompt_len + r.max_tokens for r in batch)
+    interactive_tokens = sum(r.prompt_len + r.max_tokens for r in interactive)
+    assert interactive_tokens < batch_tokens / 5  # the latency pool's share of the work is small
+    seats = {route: config.max_batch_size or 0 for route, config in pool_configs(profile).items()}
+    assert 0 < seats[INTERACTIVE] < seats[BATCH]
