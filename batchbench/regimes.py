@@ -25,12 +25,14 @@ be tested on synthetic curves and applied to any engine's sweep.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from adapters.base import ServerMetrics
-from batchbench.metrics import Summary
+from batchbench.metrics import Distribution, Summary
+from batchbench.records import RequestRecord
 
 __all__ = [
     "KV_FULL",
@@ -45,7 +47,9 @@ __all__ = [
     "corroborated_best",
     "gain_per_doubling",
     "kv_fit_concurrency",
+    "median_of",
     "point_from_run",
+    "steady_state_ttfts",
 ]
 
 Regime = Literal["under-utilised", "sweet-spot", "memory-bound", "saturated"]
@@ -53,11 +57,12 @@ Regime = Literal["under-utilised", "sweet-spot", "memory-bound", "saturated"]
 #: Regimes in the order a sweep meets them; the two names of regime 3 share a rank.
 REGIME_RANK: dict[Regime, int] = {"under-utilised": 0, "sweet-spot": 1, "memory-bound": 2, "saturated": 2}
 
-#: "Roughly linear": a doubling of concurrency must still buy at least half of the doubling
-#: that perfectly linear scaling would give (x1.5). Below that, latency grows faster than
-#: throughput: in a closed loop latency = concurrency / request rate (Little's law), so a
-#: doubling that buys x1.5 throughput already costs x1.33 latency.
-SCALING_GAIN = 0.5
+#: "Still worth it": a doubling of concurrency must buy at least x sqrt(2) throughput. This is
+#: Kleinrock's optimal operating point: power = throughput / latency peaks at the knee of the
+#: curve, and in a closed loop latency = concurrency / throughput (Little's law), so power is
+#: throughput^2 / concurrency and a doubling raises it exactly when throughput grows by more than
+#: sqrt(2). Past that point each doubling costs more latency (x 2 / gain) than it buys throughput.
+SCALING_GAIN = math.sqrt(2) - 1
 
 #: KV usage from which the cache counts as full. vLLM admits a request when its prompt's
 #: blocks fit and grows it a block at a time, so a cache that is 85% used cannot take one more
@@ -243,9 +248,7 @@ def corroborated_best(values: Sequence[float], agreement: float) -> float | None
 
     A measurement whose repeats never agree has not converged: one lucky or
     unlucky second decided it. Whether this exists says when to stop
-    repeating; it is not a better estimate than the best (the plain maximum):
-    on a machine whose speed drifts, two slow repeats agree with each other as
-    readily as two fast ones.
+    repeating.
     """
     if not 0 <= agreement < 1:
         raise ValueError(f"agreement must be in [0, 1), not {agreement!r}")
@@ -286,16 +289,69 @@ def best_of(repeats: Sequence[SweepPoint]) -> SweepPoint:
     )
 
 
+def median_of(repeats: Sequence[SweepPoint]) -> SweepPoint:
+    """Combine repeated measurements of one concurrency by their medians (memory evidence: the highest).
+
+    Where the speed a run sees varies both ways (a stall slows a run; a short
+    run can also land in an unusually fast second), the median is the
+    estimate that neither a single stalled nor a single lucky repeat moves:
+    the knee of a sweep is decided by ratios between neighbouring points, and
+    one fluke at one point would shift it.
+    """
+    if not repeats:
+        raise ValueError("median_of needs at least one repeat")
+    levels = {p.concurrency for p in repeats}
+    if len(levels) != 1:
+        raise ValueError(f"repeats of one point must share a concurrency, not {sorted(levels)}")
+
+    def peak(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    return SweepPoint(
+        concurrency=repeats[0].concurrency,
+        throughput=statistics.median(p.throughput for p in repeats),
+        ttft_p50=statistics.median(p.ttft_p50 for p in repeats),
+        ttft_p99=statistics.median(p.ttft_p99 for p in repeats),
+        peak_kv_usage=peak([p.peak_kv_usage for p in repeats]),
+        preemptions=peak([p.preemptions for p in repeats]),
+        peak_waiting=peak([p.peak_waiting for p in repeats]),
+    )
+
+
+def steady_state_ttfts(records: Sequence[RequestRecord], concurrency: int) -> list[float]:
+    """TTFTs of a closed-loop run's ok requests, without its opening burst.
+
+    A closed loop starts by sending ``concurrency`` requests at once, so
+    their prompts are prefilled together, a cost (and, on a static batcher,
+    an alignment) that the loop never sees again once requests come and go
+    one by one. Those first ``concurrency`` sends are left out, unless
+    nothing else is left.
+    """
+    ok = sorted((r for r in records if r.ok and r.ttft_s is not None), key=lambda r: r.sent_s)
+    steady = ok[concurrency:] or ok
+    return [r.ttft_s for r in steady if r.ttft_s is not None]
+
+
 def point_from_run(
-    concurrency: int, summary: Summary, samples: Sequence[ServerMetrics], baseline: ServerMetrics | None = None
+    concurrency: int,
+    summary: Summary,
+    samples: Sequence[ServerMetrics],
+    baseline: ServerMetrics | None = None,
+    *,
+    records: Sequence[RequestRecord] | None = None,
 ) -> SweepPoint:
     """The sweep point one run measured: its summary plus the peaks of its scraped server metrics.
 
-    Preemptions are a counter since engine start, so the run's own are the
-    last sample minus ``baseline`` (a scrape taken just before the run; the
-    first sample of the run when none is given).
+    With ``records``, TTFT percentiles are the closed loop's steady state
+    (:func:`steady_state_ttfts`); else the summary's. Preemptions are a
+    counter since engine start, so the run's own are the last sample minus
+    ``baseline`` (a scrape taken just before the run; the first sample of the
+    run when none is given).
     """
-    if summary.ttft is None:
+    ttfts = steady_state_ttfts(records, concurrency) if records is not None else None
+    ttft = Distribution.of(ttfts) if ttfts is not None else summary.ttft
+    if ttft is None:
         raise ValueError(f"the run at concurrency {concurrency} has no successful request to take TTFT from")
 
     def peak(values: list[float | None]) -> float | None:
@@ -309,8 +365,8 @@ def point_from_run(
     return SweepPoint(
         concurrency=concurrency,
         throughput=summary.output_token_throughput,
-        ttft_p50=summary.ttft.p50,
-        ttft_p99=summary.ttft.p99,
+        ttft_p50=ttft.p50,
+        ttft_p99=ttft.p99,
         peak_kv_usage=peak([s.kv_usage for s in samples]),
         preemptions=preemptions,
         peak_waiting=peak([s.waiting for s in samples]),

