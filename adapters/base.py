@@ -53,16 +53,25 @@ class BatchingConfig:
     #: Fraction of accelerator memory the engine may take (vLLM
     #: gpu-memory-utilization, TensorRT-LLM kv_cache_free_gpu_memory_fraction).
     memory_fraction: float | None = None
+    #: Most prompt tokens one request is prefilled with per step (vLLM
+    #: long-prefill-token-threshold). With chunked prefill alone the oldest long
+    #: prompt takes the whole step budget, step after step, and short requests
+    #: behind it wait for all of it; capped, several prefills share a step and
+    #: budget is left for newcomers. A cap is chunking, so it needs
+    #: chunked_prefill on or unset.
+    prefill_chunk_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("static", "continuous"):
             raise ValueError(f"batching mode must be 'static' or 'continuous', not {self.mode!r}")
-        for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens"):
+        for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens", "prefill_chunk_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
         if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], not {self.memory_fraction!r}")
+        if self.prefill_chunk_tokens is not None and self.chunked_prefill is False:
+            raise ValueError("prefill_chunk_tokens caps prefill chunks: it needs chunked_prefill on, not off")
 
     def label(self) -> str:
         """A short, stable id for test names and result files."""
@@ -77,6 +86,8 @@ class BatchingConfig:
             parts.append(f"kv{self.kv_capacity_tokens}")
         if self.memory_fraction is not None:
             parts.append(f"mem{self.memory_fraction:g}")
+        if self.prefill_chunk_tokens is not None:
+            parts.append(f"lpt{self.prefill_chunk_tokens}")
         return "-".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,6 +107,8 @@ class Capabilities:
     reports_kv_capacity: bool = False
     #: Honours BatchingConfig.chunked_prefill.
     chunked_prefill: bool = False
+    #: Honours BatchingConfig.prefill_chunk_tokens (a per-request cap on prefill tokens per step).
+    prefill_chunk_cap: bool = False
     #: Can be made to produce exactly max_tokens (ignore EOS); TGI cannot.
     exact_output_length: bool = True
 
@@ -229,6 +242,11 @@ class Engine(ABC):
             raise ValueError(
                 f"engine {self.name!r} cannot run {self.batching.mode} batching "
                 f"(it supports: {', '.join(sorted(self.capabilities.batching_modes))})"
+            )
+        if self.batching.prefill_chunk_tokens is not None and not self.capabilities.prefill_chunk_cap:
+            raise ValueError(
+                f"engine {self.name!r} has no per-request cap on prefill tokens per step; "
+                "leave BatchingConfig.prefill_chunk_tokens unset"
             )
         self.startup_timeout = startup_timeout
 

@@ -217,7 +217,8 @@ class TGIEngine(ServedEngine):
                 t = now()
                 event = parse_json_event(self.name, data, rid)
                 if not isinstance(event, dict):
-                    raise StreamProtocolError(self.name, f"stream event is not an object: {data[:200]!r}", request_id=rid)
+                    raise StreamProtocolError(self.name, f"stream event is not an object: {data[:200]!r}",
+                                              request_id=rid)
                 if "error" in event:
                     raise self.error_event(event, rid)
                 chunk = self._chunk(event, t, rid)

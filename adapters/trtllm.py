@@ -134,7 +134,8 @@ class TRTLLMEngine(OpenAICompletionsEngine):
     ) -> None:
         super().__init__(batching, **served)
         if metrics_source not in ("iterations", "prometheus"):
-            raise ValueError(f"engine 'trtllm': metrics_source must be 'iterations' or 'prometheus', not {metrics_source!r}")
+            raise ValueError(
+                f"engine 'trtllm': metrics_source must be 'iterations' or 'prometheus', not {metrics_source!r}")
         self.backend = backend
         self.options_path = options_path
         self.extra_options = dict(extra_options or {})

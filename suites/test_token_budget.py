@@ -31,8 +31,8 @@ queued behind the burst see is decided by vLLM V1's scheduler
   V1's knob. It is only set with chunking on: with chunking off it would still
   cut a prompt to T tokens, i.e. chunk it.)
 
-BatchingConfig has no engine-neutral field for the threshold yet, so this
-suite passes vLLM's flag itself (see :class:`BudgetCell`).
+The threshold is BatchingConfig.prefill_chunk_tokens, which engines without
+such a cap refuse (Capabilities.prefill_chunk_cap).
 
 Grid (quick profile: max_model_len 2048, long prompts of 1920 tokens, a burst
 of K = 10, T = 64; the full profile scales the sizes with max_model_len):
@@ -83,7 +83,7 @@ same every time.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,11 +91,9 @@ import pytest
 
 from adapters.base import BatchingConfig, Engine
 from adapters.registry import engine_class
-from adapters.served import ServedEngine
 from batchbench.harness import Harness
 from batchbench.loadgen import LoadGenerator
 from batchbench.metrics import Distribution, itl_samples
-from batchbench.pool import EngineFactory
 from batchbench.profiles import Profile, get_profile
 from batchbench.records import RequestRecord
 from batchbench.runner import RunResult
@@ -129,24 +127,9 @@ SPREAD_RATIO_MAX = 0.25
 
 
 @dataclass(frozen=True)
-class BudgetCell(BatchingConfig):
-    """A BatchingConfig plus vLLM's ``long_prefill_token_threshold`` (0: vLLM's default, off).
-
-    It keys the engine pool like any BatchingConfig; the module's ``cell_engines``
-    fixture turns the extra field into vLLM's flag when the pool creates the engine.
-    """
-
-    long_prefill_token_threshold: int = 0
-
-    def label(self) -> str:
-        base = super().label()
-        return f"{base}-lpt{self.long_prefill_token_threshold}" if self.long_prefill_token_threshold else base
-
-
-@dataclass(frozen=True)
 class Cell:
     name: str
-    config: BudgetCell
+    config: BatchingConfig
     #: Run in the quick profile too; else only in full.
     quick: bool
 
@@ -176,8 +159,8 @@ def grid(profile: Profile) -> list[Cell]:
     m, b, t = s.max_model_len, s.small_budget, s.threshold
 
     def cell(name: str, chunked: bool, budget: int, seqs: int, lpt: int, quick: bool) -> Cell:
-        config = BudgetCell(max_batch_size=seqs, max_batched_tokens=budget, chunked_prefill=chunked,
-                            long_prefill_token_threshold=lpt)
+        config = BatchingConfig(max_batch_size=seqs, max_batched_tokens=budget, chunked_prefill=chunked,
+                                prefill_chunk_tokens=lpt or None)
         return Cell(name, config, quick)
 
     return [
@@ -191,15 +174,15 @@ def grid(profile: Profile) -> list[Cell]:
     ]
 
 
-def vllm_refuses(config: BudgetCell, max_model_len: int) -> str | None:
+def vllm_refuses(config: BatchingConfig, max_model_len: int) -> str | None:
     """Why vLLM 0.32.0 would refuse this config at start (``SchedulerConfig.verify_max_model_len``), or None."""
     budget, seqs = config.max_batched_tokens or 0, config.max_batch_size or 0
     if not config.chunked_prefill and budget < max_model_len:
         return f"chunked prefill off needs max_num_batched_tokens >= max_model_len ({budget} < {max_model_len})"
     if budget < seqs:
         return f"max_num_batched_tokens ({budget}) must be >= max_num_seqs ({seqs})"
-    if config.long_prefill_token_threshold > max_model_len:
-        return f"long_prefill_token_threshold ({config.long_prefill_token_threshold}) > max_model_len"
+    if (config.prefill_chunk_tokens or 0) > max_model_len:
+        return f"long_prefill_token_threshold ({config.prefill_chunk_tokens}) > max_model_len"
     return None
 
 
@@ -214,35 +197,6 @@ def workload(profile: Profile, *, seed: int = 7) -> Workload:
                          arrival=Arrival("offline"), seed=seed + 1, priority="batch").build()
     longs = Workload(longs.spec, tuple(dataclasses.replace(r, arrival_s=burst_at) for r in longs.requests))
     return interleave("short-with-long-burst", shorts, longs)
-
-
-# --------------------------------------------------------------------------- starting the cells' engines
-
-
-def with_threshold_flag(factory: EngineFactory) -> EngineFactory:
-    """The pool's factory, plus ``--long-prefill-token-threshold`` for BudgetCell configs that set one."""
-
-    def make(name: str, batching: BatchingConfig | None) -> Engine:
-        engine = factory(name, batching)
-        if isinstance(batching, BudgetCell) and batching.long_prefill_token_threshold:
-            if not isinstance(engine, ServedEngine):
-                raise TypeError(f"engine {name!r}: long_prefill_token_threshold is a vLLM server flag")
-            engine.extra_args = (*engine.extra_args, "--long-prefill-token-threshold",
-                                 str(batching.long_prefill_token_threshold))
-        return engine
-
-    return make
-
-
-@pytest.fixture(scope="module")
-def cell_engines(harness: Harness) -> Iterator[Harness]:
-    """The session's harness, its engine pool taught the threshold flag while this module runs."""
-    original = harness.pool.factory
-    harness.pool.factory = with_threshold_flag(original)
-    try:
-        yield harness
-    finally:
-        harness.pool.factory = original
 
 
 # --------------------------------------------------------------------------- measuring
@@ -307,7 +261,7 @@ class CellRunner:
         repeat = len(self.runs.setdefault(cell.name, []))
         labels = {"suite": "token_budget", "cell": cell.name, "chunked": c.chunked_prefill, "repeat": repeat,
                   "budget": c.max_batched_tokens, "seqs": c.max_batch_size,
-                  "long_prefill_token_threshold": c.long_prefill_token_threshold}
+                  "prefill_chunk_tokens": c.prefill_chunk_tokens}
         result = self.harness.measure(engine, self.wl, tag=f"{cell.name}-r{repeat}", labels=labels,
                                       benchmark=benchmark)
         assert result.summary.failed == 0, f"{cell.name}: {result.summary.failures}"
@@ -337,13 +291,14 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def test_token_budget_vs_sequence_cap(
-    cell_engines: Harness, start_engine: Callable[..., Engine], engine_name: str, benchmark: Any
+    harness: Harness, start_engine: Callable[..., Engine], engine_name: str, benchmark: Any
 ) -> None:
-    harness = cell_engines
-    if not engine_class(engine_name).capabilities.chunked_prefill:
+    capabilities = engine_class(engine_name).capabilities
+    if not capabilities.chunked_prefill:
         pytest.skip(f"engine {engine_name!r} cannot switch chunked prefill (Capabilities.chunked_prefill is False)")
-    if engine_name != "vllm":
-        pytest.skip(f"engine {engine_name!r}: the grid sets vLLM's scheduler (long_prefill_token_threshold)")
+    if not capabilities.prefill_chunk_cap:
+        pytest.skip(f"engine {engine_name!r} has no per-request prefill cap (Capabilities.prefill_chunk_cap is "
+                    "False): the grid compares chunking with and without one")
     if harness.pool.max_live < 2:
         pytest.skip(f"--max-live-engines {harness.pool.max_live}: the comparisons alternate two live engines")
     profile = harness.profile
@@ -401,9 +356,7 @@ def test_every_cell_is_a_config_vllm_starts_with(profile_name: str) -> None:
     assert len(set(names)) == len(names) and {"unchunked", "chunked", "chunked-lpt"} <= set(names)
     for c in grid(profile):
         assert vllm_refuses(c.config, s.max_model_len) is None, c
-        if not c.config.chunked_prefill:
-            assert c.config.long_prefill_token_threshold == 0, f"{c.name}: the threshold would chunk it anyway"
-    assert vllm_refuses(BudgetCell(max_batched_tokens=512, chunked_prefill=False), 2048) is not None
+    assert vllm_refuses(BatchingConfig(max_batched_tokens=512, chunked_prefill=False), 2048) is not None
 
 
 def test_the_burst_lands_among_the_short_requests() -> None:
@@ -413,15 +366,3 @@ def test_the_burst_lands_among_the_short_requests() -> None:
     assert len(shorts) == SHORTS["quick"] and len(longs) == BURST and len({r.arrival_s for r in longs}) == 1
     assert sum(r.arrival_s > longs[0].arrival_s for r in shorts) >= len(shorts) // 2  # most queue behind it
 
-
-def test_the_threshold_flag_reaches_the_vllm_server_only_when_set() -> None:
-    from adapters.registry import EngineOptions, make_engine
-
-    factory = with_threshold_flag(lambda name, batching: make_engine(name, batching, EngineOptions(launch="local")))
-    capped = factory("vllm", BudgetCell(max_batched_tokens=512, chunked_prefill=True, long_prefill_token_threshold=32))
-    plain = factory("vllm", BudgetCell(max_batched_tokens=512, chunked_prefill=True))
-    assert isinstance(capped, ServedEngine) and isinstance(plain, ServedEngine)
-    args = capped.server_args(capped.batching, host="127.0.0.1", port=1) + list(capped.extra_args)
-    assert args[args.index("--long-prefill-token-threshold") + 1] == "32"
-    assert "--max-num-batched-tokens" in args and "--long-prefill-token-threshold" not in plain.extra_args
-    assert capped.batching.label().endswith("-lpt32")

@@ -51,3 +51,30 @@ def test_batching_grid_from_the_command_line() -> None:
         parse_batching("batch=16")
     with pytest.raises(pytest.UsageError, match="positive integer"):
         parse_batching("max_batch_size=0")
+    with pytest.raises(pytest.UsageError, match="needs chunked_prefill on"):
+        parse_batching("prefill_chunk_tokens=64,chunked_prefill=false")
+    assert parse_batching("max_batched_tokens=1024,prefill_chunk_tokens=64") == BatchingConfig(
+        max_batched_tokens=1024, prefill_chunk_tokens=64)
+
+
+def test_the_prefill_cap_becomes_vllms_threshold_and_turns_chunking_on() -> None:
+    options = EngineOptions(launch="local", max_model_len=2048)
+    capped = make_engine("vllm", BatchingConfig(max_batched_tokens=512, prefill_chunk_tokens=32), options)
+    args = capped.server_args(capped.batching, host="127.0.0.1", port=1)
+    assert args[args.index("--long-prefill-token-threshold") + 1] == "32" and "--enable-chunked-prefill" in args
+    assert capped.batching.label() == "continuous-tok512-lpt32"
+    plain = make_engine("vllm", BatchingConfig(max_batched_tokens=512, chunked_prefill=True), options)
+    assert "--long-prefill-token-threshold" not in plain.server_args(plain.batching, host="127.0.0.1", port=1)
+    with pytest.raises(ValueError, match="cannot exceed max_model_len=2048"):
+        make_engine("vllm", BatchingConfig(prefill_chunk_tokens=4096), options)
+
+
+@pytest.mark.parametrize(("name", "options"), [
+    ("hf-static", EngineOptions()),
+    ("tgi", EngineOptions(model="org/model", launch="docker")),
+    ("trtllm", EngineOptions(model="org/model", launch="docker")),
+])
+def test_engines_without_a_prefill_cap_refuse_one(name: str, options: EngineOptions) -> None:
+    mode = "static" if name == "hf-static" else "continuous"
+    with pytest.raises(ValueError, match=f"engine '{name}' has no per-request cap on prefill tokens"):
+        make_engine(name, BatchingConfig(mode=mode, prefill_chunk_tokens=64), options)
