@@ -64,6 +64,8 @@ async def _compare(engines: list[str], options: EngineOptions, profile: Profile,
                 print(f"  {tag:>13}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
                       f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}"
                       f" -> {result.path}")
+                for warning in result.client.warnings():
+                    print(f"  {'':>13}  warning: {warning}")
                 results.append(result)
             await pool.release(name)
     finally:

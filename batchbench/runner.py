@@ -18,6 +18,7 @@ from typing import Any
 
 from adapters.base import Engine, ServerMetrics, now
 from batchbench import environment
+from batchbench.client_load import ClientLoad, LoopMonitor
 from batchbench.guardrails import server_summary
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.metrics import Summary, summarize
@@ -38,6 +39,8 @@ class RunResult:
     engine_report: dict[str, Any]
     duration_s: float
     status: str
+    #: How busy the load generator itself was (is the harness the bottleneck?).
+    client: ClientLoad
 
 
 def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str = "") -> Path:
@@ -79,9 +82,10 @@ async def run(
     t0 = now()
     generator = LoadGenerator(engine, workload, on_record=writer.record, config=load)
     scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
+    monitor = LoopMonitor()
     status, error = "complete", None
     try:
-        async with scraper:
+        async with scraper, monitor:
             await generator.run(t0)
     except (Exception, asyncio.CancelledError) as exc:
         status, error = "interrupted", f"{type(exc).__name__}: {exc}"
@@ -90,6 +94,7 @@ async def run(
         duration = now() - t0
         summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
         report = engine.report()
+        client = monitor.result()
         writer.finish({
             "status": status,
             "error": error,
@@ -99,5 +104,6 @@ async def run(
             "scrape": {"failures": scraper.failures, "last_error": scraper.last_error},
             "summary": summary.to_dict(),
             "guardrails": server_summary(scraper.samples),
+            "client": client.to_dict(),
         })
-    return RunResult(path, generator.records, scraper.samples, summary, report, duration, status)
+    return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client)

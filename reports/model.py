@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from adapters.base import BatchingConfig, ServerMetrics
+from batchbench.client_load import ClientLoad
 from batchbench.guardrails import KV_DANGER, server_summary
 from batchbench.metrics import summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
@@ -267,6 +268,9 @@ def build_run(source: str, doc: dict[str, Any]) -> Run:
                     summary_source = "derived"
                     notes.append("no stored summary (run cut short): summarised from the journal's records "
                                  "with batchbench.metrics.summarize over the observed duration")
+    client = doc.get("client")
+    if isinstance(client, dict):
+        notes += client_notes(client)
     ttft_buckets: dict[str, dict[str, Any] | None] | None = None
     ttfts: list[float] | None = None
     if records is not None:
@@ -303,6 +307,14 @@ def build_run(source: str, doc: dict[str, Any]) -> Run:
         ttfts=ttfts,
         notes=notes,
     )
+
+
+def client_notes(client: dict[str, Any]) -> list[str]:
+    """The run's warnings about its own load generator (batchbench.client_load), if any."""
+    try:
+        return ClientLoad.from_dict(client).warnings()
+    except ValueError as exc:
+        return [f"client load unreadable ({exc})"]
 
 
 def canonical(value: Any) -> str:
