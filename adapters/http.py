@@ -88,19 +88,39 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
     """Yield the ``data:`` payload of each Server-Sent Event as soon as it is complete.
 
     Events are separated by a blank line; multi-line data is joined with
-    newlines, as the SSE specification says. Comments and other fields are
-    ignored.
+    newlines; lines end with CRLF, LF or CR, as the SSE specification says.
+    Comments and other fields are ignored.
+
+    The body is split here, on bytes, rather than with httpx's ``aiter_lines``,
+    which gets two things wrong for SSE (tests/test_sse.py): it splits text at
+    every Unicode line break (U+2028, U+0085, ...), which JSON strings may hold
+    unescaped, so generated text containing one broke the event; and it holds a
+    CR that ends a read back until the next read shows whether an LF follows,
+    so an event whose CRLF was torn across two reads was stamped only when the
+    next bytes arrived. Here a CR ends the line at once and an LF opening the
+    next read is dropped.
     """
     data: list[str] = []
-    async for line in response.aiter_lines():
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        if line.startswith("data:"):
-            value = line[5:]
-            data.append(value[1:] if value.startswith(" ") else value)
+    pending = b""
+    skip_lf = False  # the last piece ended with CR: an LF opening the next one is the rest of that CRLF
+    async for piece in response.aiter_bytes():
+        if skip_lf and piece.startswith(b"\n"):
+            piece = piece[1:]
+        skip_lf = piece.endswith(b"\r")
+        if b"\r" in piece:
+            piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = (pending + piece).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if not line:
+                if data:
+                    yield "\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                value = line[6:] if line.startswith(b"data: ") else line[5:]
+                data.append(value.decode("utf-8", "replace"))
+    if pending.startswith(b"data:"):
+        data.append((pending[6:] if pending.startswith(b"data: ") else pending[5:]).decode("utf-8", "replace"))
     if data:
         yield "\n".join(data)
 
