@@ -57,7 +57,9 @@ def test_every_event_comes_out_whole(
             body += f": keep-alive comment{eol}event: message{eol}id: 7{eol}"
         body += "".join(f"data:{' ' if space else ''}{line}{eol}" for line in lines) + eol
     pieces = split_at(body.encode(), cuts)
-    assert events_of(pieces) == ["\n".join(lines) for lines in events]
+    # The specification drops one space after "data:", whoever wrote it.
+    sent = [[line if space or not line.startswith(" ") else line[1:] for line in lines] for lines in events]
+    assert events_of(pieces) == ["\n".join(lines) for lines in sent]
 
 
 def test_each_event_is_yielded_as_soon_as_its_blank_line_arrives() -> None:
