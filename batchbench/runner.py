@@ -18,7 +18,7 @@ from typing import Any
 
 from adapters.base import Engine, ServerMetrics, now
 from batchbench import environment
-from batchbench.client_load import ClientLoad, LoopMonitor
+from batchbench.client_load import ClientLoad, ClientMeter
 from batchbench.guardrails import server_summary
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.metrics import Summary, summarize
@@ -82,11 +82,12 @@ async def run(
     t0 = now()
     generator = LoadGenerator(engine, workload, on_record=writer.record, config=load)
     scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
-    monitor = LoopMonitor()
+    meter = ClientMeter()
     status, error = "complete", None
     try:
-        async with scraper, monitor:
-            await generator.run(t0)
+        with meter:
+            async with scraper:
+                await generator.run(t0)
     except (Exception, asyncio.CancelledError) as exc:
         status, error = "interrupted", f"{type(exc).__name__}: {exc}"
         raise
@@ -94,7 +95,7 @@ async def run(
         duration = now() - t0
         summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
         report = engine.report()
-        client = monitor.result()
+        client = meter.result()
         writer.finish({
             "status": status,
             "error": error,
