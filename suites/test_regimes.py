@@ -55,6 +55,7 @@ import pytest
 
 from adapters.base import BatchingConfig, Engine
 from adapters.registry import make_engine
+from batchbench import environment
 from batchbench.harness import Harness
 from batchbench.pool import EngineUnavailable
 from batchbench.profiles import Profile
@@ -474,23 +475,32 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
                     f"concurrency {sorted(busy)} (shares: {shares}); the curve cannot be measured now")
 
     # Regime order: under-utilised*, exactly one sweet spot, then regime 3 (the detector's contract,
-    # checked here on real data), with at least one point on each side of the knee.
+    # checked here on real data).
     ranks = [REGIME_RANK[p.regime] for p in report.points]
     assert ranks == sorted(ranks), table
     assert [p.regime for p in report.points].count("sweet-spot") == 1, table
-    assert report.in_regime("under-utilised"), f"{engine_name}: no under-utilised point below the knee\n{table}"
     third = report.in_regime("memory-bound", "saturated")
     assert third, f"{engine_name}: regime 3 not reached by concurrency {max(harness.profile.sweep)}\n{table}"
 
-    # The knee sits at the fit, give or take one sweep step either way: below it the batch is not full
-    # (throughput still doubles with concurrency); past it the extra requests only queue.
+    # The knee is at the fit at the latest, give or take one sweep step: past it the extra requests
+    # only queue, whatever the hardware. How far below the fit it lies is the hardware's: on an
+    # accelerator a decode step costs about the same for 1 or 8 sequences (memory-bound), so
+    # throughput doubles up to the fit and the knee is there; on a CPU a step's compute grows with the
+    # batch and the knee can come first (measured on 2 vCPUs: x1.27 to x2.1 from c=1 to 2, run to run).
     levels = list(harness.profile.sweep)
     at = levels.index(design.fit)
-    assert levels[max(at - 1, 0)] <= report.sweet_spot <= levels[min(at + 1, len(levels) - 1)], table
+    assert report.sweet_spot <= levels[min(at + 1, len(levels) - 1)], table
+    if environment.capture()["gpus"]:
+        assert report.in_regime("under-utilised"), f"{engine_name}: no under-utilised point below the knee\n{table}"
+        assert levels[max(at - 1, 0)] <= report.sweet_spot, table
+    elif report.sweet_spot < levels[max(at - 1, 0)]:
+        print(f"{engine_name}: compute-bound before the KV limit on this CPU: knee at c={report.sweet_spot}, "
+              f"cache full at c={design.fit}")
 
     if report.has_kv_data:
-        # Every point past the knee shows why: a full cache, preemptions or requests waiting for blocks.
-        assert all(p.regime == "memory-bound" for p in third), table
+        # Every point past the fit shows why: a full cache, preemptions or requests waiting for blocks.
+        # (Between an early, compute-bound knee and the fit the cache is not full: "saturated".)
+        assert all(p.regime == "memory-bound" for p in third if p.concurrency > design.fit), table
     else:
         assert all(p.regime == "saturated" for p in third), table
         # A static batcher takes at most its batch size; everything past it waits in its queue, and
@@ -505,7 +515,7 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
     # requests queued while knee are served, each for a generation (the e2e p50 at the knee, where
     # nothing queues yet), so a request waits (c / knee - 1) generations on top of the TTFT it had at
     # the sweet spot. QUEUE_SHARE of that wait is asserted, where the queue holds a generation or more
-    # (c >= 2 x knee). The knee is the fit even when the sweet spot came out one step below it (CPU
+    # (c >= 2 x knee). The knee is the fit even when the sweet spot came out below it (CPU
     # overhead flattened the curve first): queueing starts at the fit.
     knee = max(report.sweet_spot, design.fit)
     generation = sweep.generation_s(knee)
