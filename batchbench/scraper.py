@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Callable
 
 from adapters.base import Engine, EngineError, ServerMetrics, now
@@ -62,7 +63,13 @@ class Scraper:
         while True:
             await self.scrape_once()
             next_at += self.interval_s
-            await asyncio.sleep(max(0.0, next_at - now()))
+            late = now() - next_at
+            if late > 0:
+                # A scrape overran its slot (a starved server answers late): skip the ticks it
+                # missed. Catching up would fire a burst of back-to-back scrapes at the server
+                # that is already slow, all of them the same stale moment of the series.
+                next_at += math.ceil(late / self.interval_s) * self.interval_s
+            await asyncio.sleep(next_at - now())
 
     async def __aenter__(self) -> Scraper:
         self._task = asyncio.create_task(self._loop(), name=f"scrape-{self.engine.name}")

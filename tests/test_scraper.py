@@ -1,0 +1,64 @@
+"""The metrics scraper's schedule: fixed ticks, missed ticks skipped, failures counted."""
+
+from __future__ import annotations
+
+import asyncio
+from itertools import pairwise
+from typing import cast
+
+from adapters.base import Engine, EngineUnreachable, ServerMetrics, now
+from batchbench.scraper import Scraper
+
+INTERVAL_S = 0.02
+
+
+class SlowMetrics:
+    """An engine whose metrics endpoint answers at once except for the stalls it is given."""
+
+    name = "slow"
+
+    def __init__(self, stalls: dict[int, float]) -> None:
+        self.stalls = stalls  # scrape number -> seconds it hangs
+        self.started: list[float] = []
+
+    async def scrape(self) -> ServerMetrics | None:
+        self.started.append(now())
+        stall = self.stalls.get(len(self.started) - 1, 0.0)
+        if stall == float("inf"):
+            raise EngineUnreachable(self.name, "connection refused")
+        await asyncio.sleep(stall)
+        return ServerMetrics(t=now(), running=1)
+
+
+async def scrape_for(engine: SlowMetrics, seconds: float, timeout_s: float = 10.0) -> Scraper:
+    scraper = Scraper(cast(Engine, engine), interval_s=INTERVAL_S, timeout_s=timeout_s, t0=now())
+    async with scraper:
+        await asyncio.sleep(seconds)
+    return scraper
+
+
+async def test_a_slow_scrape_skips_the_ticks_it_missed_instead_of_bursting() -> None:
+    engine = SlowMetrics({2: 10 * INTERVAL_S})
+    await scrape_for(engine, 20 * INTERVAL_S)
+    after_stall = engine.started[2:]
+    assert len(after_stall) >= 3
+    # Catching up would start ~10 scrapes back to back once the stall ends.
+    gaps = [b - a for a, b in pairwise(after_stall[1:])]
+    assert min(gaps) > INTERVAL_S / 2
+    # and the series stays on its grid: no more scrapes than ticks
+    assert len(engine.started) <= 20 + 1
+
+
+async def test_samples_are_timed_from_the_run_start() -> None:
+    engine = SlowMetrics({})
+    scraper = await scrape_for(engine, 5 * INTERVAL_S)
+    ts = [s.t for s in scraper.samples]
+    assert ts == sorted(ts) and 0 <= ts[0] < 5 * INTERVAL_S
+
+
+async def test_a_hung_or_failing_scrape_is_counted_and_the_series_goes_on() -> None:
+    engine = SlowMetrics({1: 1.0, 3: float("inf")})
+    scraper = await scrape_for(engine, 10 * INTERVAL_S, timeout_s=2 * INTERVAL_S)
+    assert scraper.failures == 2
+    assert "connection refused" in (scraper.last_error or "")
+    assert len(scraper.samples) == len(engine.started) - 2 >= 3
