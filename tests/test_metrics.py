@@ -12,15 +12,18 @@ from hypothesis import strategies as st
 
 from batchbench.metrics import (
     Distribution,
+    continuous_idle_fraction,
     decode_idle_fraction,
     itl_samples,
     kv_cache_bytes_per_token,
     kv_capacity_tokens,
+    mean_decoding,
     padding_fraction,
     percentile,
     summarize,
     tpot,
     ttft_by_bucket,
+    waves_idle_fraction,
 )
 from batchbench.records import RequestRecord
 
@@ -285,6 +288,86 @@ def test_waste_fractions_reject_empty_batch() -> None:
         padding_fraction([])
     with pytest.raises(ValueError, match="at least one sequence"):
         decode_idle_fraction([])
+
+
+def test_waves_and_continuous_idle_worked_example() -> None:
+    # Two slots. Waves: [10, 5] takes 10 steps, [5, 2] 5 more: 22 busy of 2 x 15 slot-steps.
+    assert waves_idle_fraction([10, 5, 5, 2], 2) == pytest.approx(8 / 30)
+    # Refilled at once: the 5s run back to back beside the 10, the 2 starts at step 10: 22 of 2 x 12.
+    assert continuous_idle_fraction([10, 5, 5, 2], 2) == pytest.approx(2 / 24)
+    # A short last wave leaves slots empty: 3 busy of 2 x 3.
+    assert waves_idle_fraction([3], 2) == pytest.approx(0.5)
+
+
+def simulated_continuous_steps(lens: list[int], n: int) -> int:
+    """Steps of iteration-level batching, simulated one step at a time (not by list scheduling)."""
+    pending, running, steps = list(lens), [], 0
+    while pending or running:
+        while len(running) < n and pending:
+            running.append(pending.pop(0))
+        steps += 1
+        running = [left - 1 for left in running if left > 1]
+    return steps
+
+
+slots = st.integers(min_value=1, max_value=12)
+
+
+@given(st.lists(st.integers(min_value=1, max_value=60), min_size=1, max_size=40), slots)
+def test_continuous_idle_matches_a_step_by_step_simulation(lens: list[int], n: int) -> None:
+    steps = simulated_continuous_steps(lens, n)
+    assert continuous_idle_fraction(lens, n) == pytest.approx(1 - sum(lens) / (n * steps))
+
+
+@given(lengths, slots)
+def test_refilling_slots_never_idles_more_than_waves(lens: list[int], n: int) -> None:
+    assert continuous_idle_fraction(lens, n) <= waves_idle_fraction(lens, n) + 1e-12
+
+
+@given(lengths)
+def test_one_full_wave_is_one_static_batch(lens: list[int]) -> None:
+    # With exactly as many slots as requests there is one wave and nothing to refill.
+    n = len(lens)
+    assert waves_idle_fraction(lens, n) == pytest.approx(decode_idle_fraction(lens))
+    assert continuous_idle_fraction(lens, n) == pytest.approx(decode_idle_fraction(lens))
+
+
+@given(lengths)
+def test_one_slot_never_idles(lens: list[int]) -> None:
+    assert waves_idle_fraction(lens, 1) == pytest.approx(0.0, abs=1e-12)
+    assert continuous_idle_fraction(lens, 1) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_slot_idle_fractions_reject_bad_input() -> None:
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        waves_idle_fraction([4], 0)
+    with pytest.raises(ValueError, match="at least one sequence"):
+        continuous_idle_fraction([], 4)
+
+
+def test_mean_decoding_worked_example() -> None:
+    # Decoding 0..2 and 1..2 (the first chunk ends prefill), over a 4 s run: 3 request-seconds / 4 s.
+    records = [make_record(chunk_times=[0.0, 1.0, 2.0]), make_record(chunk_times=[1.0, 2.0], done_s=3.5)]
+    assert mean_decoding(records, 4.0) == pytest.approx(0.75)
+    assert summarize(records, duration_s=4.0).mean_decoding == pytest.approx(0.75)
+    # One chunk: the request never decoded after its first token.
+    assert mean_decoding([make_record(chunk_times=[1.0])], 2.0) == 0.0
+    with pytest.raises(ValueError, match="duration_s"):
+        mean_decoding(records, 0.0)
+
+
+spans = st.lists(st.tuples(st.integers(0, 100), st.integers(1, 50)), min_size=1, max_size=30)
+
+
+@given(spans)
+def test_mean_decoding_is_the_time_average_of_requests_decoding(pairs: list[tuple[int, int]]) -> None:
+    # The integral of "how many are decoding now", swept over 0.5 s cells (spans start and end on whole
+    # seconds), divided by the run's length: the definition read the other way round.
+    records = [make_record(chunk_times=[float(a), float(a + d)]) for a, d in pairs]
+    duration = 200.0
+    cells = [t + 0.5 for t in range(200)]
+    integral = sum(sum(1 for a, d in pairs if a < c < a + d) for c in cells)
+    assert mean_decoding(records, duration) == pytest.approx(integral / duration)
 
 
 # --------------------------------------------------------------------------- KV cache

@@ -161,10 +161,10 @@ def column(table: list[list[str]], header_part: str) -> dict[str, str]:
 
 STORED_VLLM = {"ttft.p50": 0.0123, "ttft.p99": 0.0456, "tpot.p50": 0.00512, "itl.p99": 0.00934,
                "e2e.p50": 0.0789, "e2e.p99": 0.1234, "output_token_throughput": 1234.5, "goodput": 55.5,
-               "rejection_rate": 0.0}
+               "rejection_rate": 0.0, "mean_decoding": 3.4321}
 STORED_HF = {"ttft.p50": 0.2345, "ttft.p99": 0.9876, "tpot.p50": 0.0211, "itl.p99": 0.0432,
              "e2e.p50": 0.3456, "e2e.p99": 1.5432, "output_token_throughput": 321.0, "goodput": 12.25,
-             "rejection_rate": 0.125}
+             "rejection_rate": 0.125, "mean_decoding": None}
 
 
 @pytest.fixture
@@ -196,6 +196,8 @@ def test_markdown_table_shows_each_engines_stored_figures(two_engines: Path, tmp
     assert vllm["Requests ok / failed"] == "24 / 0" and hf["Requests ok / failed"] == "21 / 3"
     assert hf["Failures by kind"] == "rejected: 3"
     assert vllm["Prompt pad fraction"] == "n/a" and hf["Prompt pad fraction"] == "43.2%"
+    # the stored client-side occupancy; a document from before it was stored shows n/a
+    assert vllm["Mean requests decoding"] == "3.43" and hf["Mean requests decoding"] == "n/a"
     # derived from the samples: KV peak, the counter's increase during the run (not its lifetime value)
     assert vllm["Peak KV usage"] == "60.0%" and hf["Peak KV usage"] == "n/a"
     assert vllm["Preemptions (during run)"] == "19" and hf["Preemptions (during run)"] == "0"
