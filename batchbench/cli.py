@@ -2,7 +2,10 @@
 
 Runs the standard comparison (chat-like traffic as continuous closed-loop
 load and as static waves of the same size) on each selected engine, writes
-one results document per run and builds the report. The same engines,
+one results document per run and builds the report. Each layout is run
+``--repeats`` times, interleaved, because one run on a shared machine is one
+sample of its noise: the report and the summary printed at the end give the
+median and the min-max of the repeats. The same engines,
 options and workloads as the pytest suites, for people who want figures
 rather than assertions.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 from pathlib import Path
 
@@ -35,12 +39,21 @@ def _parser() -> argparse.ArgumentParser:
     run_p.add_argument("--profile", default="quick", choices=["quick", "full"])
     run_p.add_argument("--results-dir", type=Path, default=Path("results"))
     run_p.add_argument("--seed", type=int, default=0)
+    run_p.add_argument("--repeats", type=_positive, default=3,
+                       help="runs of each layout, interleaved; the report gives their median and range (default 3)")
     run_p.add_argument("--no-report", action="store_true", help="write results only")
     return parser
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 async def _compare(engines: list[str], options: EngineOptions, profile: Profile, results_dir: Path,
-                   seed: int) -> list[RunResult]:
+                   seed: int, repeats: int) -> list[RunResult]:
     workload = chat_workload(profile, seed=seed)
     layouts = {
         "continuous": workload,
@@ -57,20 +70,37 @@ async def _compare(engines: list[str], options: EngineOptions, profile: Profile,
                 print(f"batchbench: skipping {name}: {exc}", file=sys.stderr)
                 continue
             print(f"batchbench: {name} ready (started in {getattr(engine, 'startup_s', 0) or 0:.1f}s)")
-            for tag, wl in layouts.items():
-                result = await run(engine, wl, results_dir=results_dir, tag=tag, load=load,
-                                   labels={"layout": tag, "concurrency": profile.concurrency})
-                s = result.summary
-                print(f"  {tag:>13}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
-                      f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}"
-                      f" -> {result.path}")
-                for warning in result.client.warnings():
-                    print(f"  {'':>13}  warning: {warning}")
-                results.append(result)
+            by_layout: dict[str, list[RunResult]] = {tag: [] for tag in layouts}
+            for repeat in range(repeats):
+                for tag, wl in layouts.items():
+                    result = await run(engine, wl, results_dir=results_dir, tag=tag, load=load,
+                                       labels={"layout": tag, "concurrency": profile.concurrency, "repeat": repeat})
+                    s = result.summary
+                    print(f"  {tag:>13} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
+                          f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}"
+                          f" -> {result.path}")
+                    for warning in result.client.warnings():
+                        print(f"  {'':>16}  warning: {warning}")
+                    by_layout[tag].append(result)
+            print(_throughput_line(name, by_layout))
+            results.extend(r for runs in by_layout.values() for r in runs)
             await pool.release(name)
     finally:
         await pool.close()
     return results
+
+
+def _throughput_line(engine: str, by_layout: dict[str, list[RunResult]]) -> str:
+    """Median (min-max) output tokens/s per layout and the ratio of the medians: the run's headline."""
+    medians = {}
+    parts = []
+    for tag, runs in by_layout.items():
+        values = [r.summary.output_token_throughput for r in runs]
+        medians[tag] = statistics.median(values)
+        parts.append(f"{tag} {medians[tag]:.1f} ({min(values):.1f}-{max(values):.1f})")
+    ratio = medians["continuous"] / medians["static-waves"] if medians["static-waves"] else float("nan")
+    return (f"  {engine}: out tok/s, median (min-max) of {len(next(iter(by_layout.values())))}: "
+            f"{', '.join(parts)}; continuous/static-waves {ratio:.2f}")
 
 
 def _ms(seconds: float | None) -> str:
@@ -88,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     options = EngineOptions(model=args.model, urls=urls, launch=args.launch, max_model_len=profile.max_model_len,
                             log_dir=args.results_dir / "server-logs")
-    results = asyncio.run(_compare(engines, options, profile, args.results_dir, args.seed))
+    results = asyncio.run(_compare(engines, options, profile, args.results_dir, args.seed, args.repeats))
     if not results:
         print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
         return 1

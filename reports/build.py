@@ -29,6 +29,7 @@ from reports.compare import (
 from reports.content import build_document, group_by_workload
 from reports.inputs import Inputs, discover
 from reports.model import DANGER_KV_USAGE, KEY_METRICS
+from reports.series import group_series
 
 
 class ReportError(Exception):
@@ -82,6 +83,8 @@ def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_a
         "kv_danger_threshold": DANGER_KV_USAGE,
         "metrics": {m.key: {"title": m.title, "better": m.better, "summary_path": list(m.path)} for m in KEY_METRICS},
         "runs": [r.to_row() for _, members in groups for r in members],
+        # Repeats of one measurement (reports/series.py): the medians comparisons use, with their spread.
+        "series": [s.to_row() for _, members in groups for s in group_series([r.to_row() for r in members])],
         "comparisons": {
             "by_workload": [{
                 "workload": {"name": name, "hash": digest},

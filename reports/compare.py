@@ -16,6 +16,7 @@ from typing import Any
 
 from reports.fmt import num
 from reports.model import KEY_METRICS, METRICS_BY_KEY, canonical
+from reports.series import group_series
 
 REPORT_SCHEMA = "batchbench.report"
 REPORT_SCHEMA_VERSION = 1
@@ -25,7 +26,7 @@ MatchKey = tuple[str, str, str]
 
 
 def match_key(row: dict[str, Any]) -> MatchKey:
-    """Runs compare when engine, batching configuration and the exact workload (its hash) agree."""
+    """Runs (or series) compare when engine, batching configuration and the exact workload (its hash) agree."""
     return (str(row.get("engine")), str(row.get("batching_label")), str((row.get("workload") or {}).get("hash")))
 
 
@@ -104,6 +105,7 @@ class BaselineComparison:
             "regressions": self.regressions,
             "matches": [{
                 "run_id": m.current["run_id"], "baseline_run_id": m.baseline["run_id"],
+                "repeats": m.current.get("repeats"), "baseline_repeats": m.baseline.get("repeats"),
                 "engine": m.current["engine"], "batching_label": m.current["batching_label"],
                 "workload": m.current["workload"], "labels": m.current.get("labels", {}),
                 "status": m.current.get("status"), "baseline_status": m.baseline.get("status"),
@@ -121,11 +123,15 @@ def _pct(base: float, value: float) -> float | None:
     return (value - base) / abs(base) * 100.0
 
 
-def delta(metric: str, baseline: float | None, current: float | None, threshold_pct: float) -> Delta:
+def delta(metric: str, baseline: float | None, current: float | None, threshold_pct: float,
+          baseline_range: tuple[float, float] | None = None) -> Delta:
     """Percent change, flagged when it moves beyond ``threshold_pct`` in the metric's worse direction.
 
     From a baseline of exactly 0 (a rejection rate, say) there is no percent
     change; any move away from 0 in the worse direction is a regression.
+    With ``baseline_range`` (the min and max of repeated baseline runs), a
+    change is flagged only if it is also worse than the worst of them: inside
+    the baseline's own run-to-run spread it is noise, whatever its size.
     """
     if baseline is None or current is None:
         return Delta(metric, baseline, current, None, False, False)
@@ -133,41 +139,56 @@ def delta(metric: str, baseline: float | None, current: float | None, threshold_
     pct = _pct(baseline, current)
     if pct is None:
         worse = (current - baseline) * sign
-        return Delta(metric, baseline, current, None, worse > 0, worse < 0)
-    return Delta(metric, baseline, current, pct, pct * sign > threshold_pct, pct * sign < -threshold_pct)
+        regression, improvement = worse > 0, worse < 0
+    else:
+        regression, improvement = pct * sign > threshold_pct, pct * sign < -threshold_pct
+    if baseline_range is not None:
+        low, high = min(baseline_range), max(baseline_range)
+        worst, best = (high, low) if sign > 0 else (low, high)
+        regression = regression and (current - worst) * sign > 0
+        improvement = improvement and (current - best) * sign < 0
+    return Delta(metric, baseline, current, pct, regression, improvement)
 
 
-def _latest(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return max(rows, key=lambda r: (str(r.get("started_at") or ""), str(r.get("run_id"))))
+def _range(spread: dict[str, Any] | None) -> tuple[float, float] | None:
+    """A repeated baseline's min and max; None for a single run (or a row from before spreads were kept)."""
+    if not isinstance(spread, dict) or (spread.get("n") or 0) < 2:
+        return None
+    low, high = num(spread.get("min")), num(spread.get("max"))
+    return (low, high) if low is not None and high is not None else None
 
 
 def compare(current: list[dict[str, Any]], baseline: list[dict[str, Any]], *, source: str,
             threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> BaselineComparison:
-    """Match current runs to baseline runs and diff their key metrics.
+    """Match current series to baseline series and diff the medians of their key metrics.
 
-    Runs match on (engine, batching label, workload hash). When several
-    baseline runs share that key (a concurrency sweep labels its points),
-    labels must agree too; among equals the most recent baseline run is used.
+    Both sides are first grouped into series (repeats of one measurement,
+    :mod:`reports.series`). Series match on engine, batching label, workload
+    hash and labels (the repeat number aside). Where the labels differ but
+    only one baseline series has that engine, configuration and workload, it
+    is used: a run whose labels were renamed still compares.
     """
     result = BaselineComparison(source=source, threshold_pct=threshold_pct)
+    base_series = [s.to_row() for s in group_series(baseline)]
     by_key: dict[MatchKey, list[dict[str, Any]]] = defaultdict(list)
-    for row in baseline:
+    for row in base_series:
         by_key[match_key(row)].append(row)
     used: set[int] = set()
-    for row in current:
+    for row in (s.to_row() for s in group_series(current)):
         candidates = by_key.get(match_key(row), [])
-        same_labels = [b for b in candidates if canonical(b.get("labels", {})) == canonical(row.get("labels", {}))]
+        same_labels = [b for b in candidates if canonical(b["labels"]) == canonical(row["labels"])]
         pool = same_labels or (candidates if len(candidates) == 1 else [])
         if not pool:
             result.only_current.append(row)
             continue
-        chosen = _latest(pool)
+        chosen = pool[0]
         used.add(id(chosen))
-        note = f"{len(pool)} baseline runs match; compared with the latest" if len(pool) > 1 else ""
+        note = (f"median of {row['repeats']} runs against the median of {chosen['repeats']} baseline runs"
+                if max(row["repeats"], chosen["repeats"]) > 1 else "")
         deltas = [delta(spec.key, num(chosen["metrics"].get(spec.key)), num(row["metrics"].get(spec.key)),
-                        threshold_pct) for spec in KEY_METRICS]
+                        threshold_pct, _range(chosen["spread"].get(spec.key))) for spec in KEY_METRICS]
         result.matches.append(Match(row, chosen, deltas, note))
-    result.only_baseline = [b for b in baseline if id(b) not in used]
+    result.only_baseline = [b for b in base_series if id(b) not in used]
     return result
 
 

@@ -19,6 +19,7 @@ from reports.compare import BaselineComparison, best_by_metric
 from reports.document import Block, Bullets, Cell, Document, Para, Plot, Section, Table
 from reports.inputs import Inputs
 from reports.model import BUCKET_EDGES, DANGER_KV_USAGE, KEY_METRICS, METRICS_BY_KEY, MetricSpec, Run, canonical
+from reports.series import group_series, series_labels
 
 _UNIT_FORMAT: dict[str, Callable[[object], str]] = {"ms": fmt.ms, "rate": fmt.rate, "fraction": fmt.pct}
 
@@ -156,6 +157,28 @@ def metrics_table(runs: list[Run]) -> Table:
     return Table(["Metric", *cols], rows)
 
 
+def repeats_table(runs: list[Run]) -> Table | None:
+    """Median and min-max of each key metric over the repeats of each series; None when nothing repeats."""
+    series = [s for s in group_series([r.to_row() for r in runs]) if len(s.rows) > 1]
+    if not series:
+        return None
+    heads = []
+    for s in series:
+        labels = " ".join(f"{k}={v}" for k, v in sorted(series_labels(s.first).items(), key=lambda kv: str(kv[0])))
+        heads.append(f"{s.first.get('engine')} [{s.first.get('batching_label')}]" + (f" {labels}" if labels else ""))
+    rows = [[Cell("Repeats")] + [Cell(str(len(s.rows))) for s in series]]
+    for spec in KEY_METRICS:
+        cells = [Cell(spec.title)]
+        for s in series:
+            spread = s.spread(spec.key)
+            cells.append(Cell(fmt.NA if spread is None else
+                              f"{format_metric(spec, spread.median)} ({format_metric(spec, spread.low)}–"
+                              f"{format_metric(spec, spread.high)})"))
+        rows.append(cells)
+    return Table(["Metric", *heads], rows,
+                 caption="Median (min–max) over the repeats of one measurement; the runs are the columns above.")
+
+
 def _bucket_labels() -> list[str]:
     """The harness's own bucket names for :data:`BUCKET_EDGES` ('1', '2-3', ... '16+'), in order."""
     return list(ttft_by_bucket([], lambda r: r.in_flight_at_send, BUCKET_EDGES))
@@ -184,9 +207,11 @@ def bucket_table(runs: list[Run]) -> Table:
 def _baseline_section(cmp: BaselineComparison) -> Section:
     sec = Section("Comparison with baseline")
     sec.blocks.append(Para(
-        f"Baseline: {cmp.source}. Runs are matched by engine, batching configuration and workload hash. "
+        f"Baseline: {cmp.source}. Runs are matched by engine, batching configuration and workload hash; "
+        "repeats of one measurement are compared as medians. "
         f"Changes beyond {cmp.threshold_pct:g}% in the worse direction (latency up; throughput and goodput down; "
-        "rejections up) are marked as regressions."))
+        "rejections up) are marked as regressions, unless the baseline was repeated and the new median is "
+        "within its runs' min-max range (run-to-run noise)."))
     n = cmp.regressions
     sec.blocks.append(Para(f"{n} regression{'s' if n != 1 else ''} beyond {cmp.threshold_pct:g}% in "
                            f"{len(cmp.matches)} matched run{'s' if len(cmp.matches) != 1 else ''}.",
@@ -210,7 +235,7 @@ def _baseline_section(cmp: BaselineComparison) -> Section:
                     cells.append(Cell(text))
             rows.append(cells)
         sec.blocks.append(Table(["Run", *(s.title for s in KEY_METRICS)], rows,
-                                caption="Percent change against the matched baseline run."))
+                                caption="Percent change against the matched baseline (medians where repeated)."))
         details = [f"{_row_name(m.current)}: {METRICS_BY_KEY[d.metric].title} "
                    f"{format_metric(METRICS_BY_KEY[d.metric], d.baseline)} → "
                    f"{format_metric(METRICS_BY_KEY[d.metric], d.current)} ({fmt.delta_pct(d.pct)})"
@@ -233,7 +258,8 @@ def _row_name(row: dict[str, Any]) -> str:
     labels = row.get("labels") or {}
     text = " ".join(f"{k}={v}" for k, v in sorted(labels.items(), key=lambda kv: str(kv[0])))
     wl = row.get("workload") or {}
-    return f"{row.get('engine')} [{row.get('batching_label')}]" + (f" {text}" if text else "") + \
+    repeats = f" x{row['repeats']}" if (row.get("repeats") or 1) > 1 else ""
+    return f"{row.get('engine')} [{row.get('batching_label')}]" + (f" {text}" if text else "") + repeats + \
         f" on {wl.get('name')} ({str(wl.get('hash'))[:12]})"
 
 
@@ -313,6 +339,8 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
         sec = Section(f"Workload: {title}")
         sec.blocks.append(Para(_workload_intro(name, digest, members)))
         sec.blocks.append(metrics_table(members))
+        if (repeated := repeats_table(members)) is not None:
+            sec.blocks.append(Section("Across repeats", level=3, blocks=[repeated]))
         notes = [f"{r.display_name()}: {note}" for r in members for note in r.notes]
         if notes:
             sec.blocks.append(Bullets(notes, "warn"))

@@ -1,0 +1,99 @@
+"""Repeats of one measurement, reduced to a median and a spread.
+
+A run on a shared machine is one sample of that machine's noise: on two
+vCPUs the same run's throughput moves by tens of percent from one minute to
+the next. So the main job (and any suite that repeats) measures each
+configuration several times, labelling each run with its ``repeat``; runs
+that agree on everything else (engine, batching configuration, workload
+hash, other labels) form a *series*. Comparisons use the series' median,
+which one disturbed run cannot move, and the report shows the min-max spread
+so a reader sees how far to trust a difference.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from reports.fmt import num
+from reports.model import KEY_METRICS, canonical
+
+#: The label that numbers the repeats of one series (and the only label that may differ within it).
+REPEAT_LABEL = "repeat"
+
+SeriesKey = tuple[str, str, str, str]
+
+
+def series_labels(row: dict[str, Any]) -> dict[str, Any]:
+    """A run's labels without the repeat number: what its series is labelled with."""
+    return {k: v for k, v in (row.get("labels") or {}).items() if k != REPEAT_LABEL}
+
+
+def series_key(row: dict[str, Any]) -> SeriesKey:
+    """Engine, batching label, workload hash and the labels other than the repeat number."""
+    return (str(row.get("engine")), str(row.get("batching_label")), str((row.get("workload") or {}).get("hash")),
+            canonical(series_labels(row)))
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One metric over a series' runs that reported it."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median": self.median, "min": self.low, "max": self.high, "n": self.n}
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread | None:
+        if not values:
+            return None
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+
+@dataclass
+class Series:
+    """Runs (report rows) that repeat one measurement."""
+
+    rows: list[dict[str, Any]]
+
+    @property
+    def first(self) -> dict[str, Any]:
+        return self.rows[0]
+
+    def spread(self, metric: str) -> Spread | None:
+        return Spread.of([v for row in self.rows if (v := num((row.get("metrics") or {}).get(metric))) is not None])
+
+    def to_row(self) -> dict[str, Any]:
+        """A row shaped like a run's (medians under ``metrics``), plus the spread and the runs it covers.
+
+        Complete only when every run was: a median over a cut-short run is flagged like the run itself.
+        """
+        statuses = sorted({str(row.get("status")) for row in self.rows})
+        spreads = {spec.key: self.spread(spec.key) for spec in KEY_METRICS}
+        return {
+            "run_id": ", ".join(str(row.get("run_id")) for row in self.rows),
+            "run_ids": [row.get("run_id") for row in self.rows],
+            "repeats": len(self.rows),
+            "engine": self.first.get("engine"),
+            "batching_label": self.first.get("batching_label"),
+            "workload": self.first.get("workload"),
+            "labels": series_labels(self.first),
+            "status": "complete" if statuses == ["complete"] else "/".join(statuses),
+            "started_at": max(str(row.get("started_at") or "") for row in self.rows),
+            "metrics": {key: s.median if s is not None else None for key, s in spreads.items()},
+            "spread": {key: s.to_dict() if s is not None else None for key, s in spreads.items()},
+        }
+
+
+def group_series(rows: list[dict[str, Any]]) -> list[Series]:
+    """Rows grouped into series, in the order each series first appears."""
+    groups: dict[SeriesKey, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[series_key(row)].append(row)
+    return [Series(members) for members in groups.values()]
