@@ -79,7 +79,7 @@ async def _compare(engines: list[str], options: EngineOptions, profile: Profile,
                     print(f"  {tag:>13} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
                           f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}"
                           f" -> {result.path}")
-                    for warning in result.client.warnings():
+                    for warning in result.warnings():
                         print(f"  {'':>16}  warning: {warning}")
                     by_layout[tag].append(result)
             print(_throughput_line(name, by_layout))

@@ -21,6 +21,7 @@ from batchbench import environment
 from batchbench.client_load import ClientLoad, ClientMeter
 from batchbench.guardrails import server_summary
 from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.machine_load import MachineLoad, MachineMeter
 from batchbench.metrics import Summary, summarize
 from batchbench.records import RequestRecord
 from batchbench.results import ResultsWriter
@@ -41,6 +42,12 @@ class RunResult:
     status: str
     #: How busy the load generator itself was (is the harness the bottleneck?).
     client: ClientLoad
+    #: How much of the machine other work took (were these the engine's figures?).
+    machine: MachineLoad
+
+    def warnings(self) -> list[str]:
+        """Where the harness or the machine may have distorted this run, in sentences for the user."""
+        return self.client.warnings() + self.machine.warnings()
 
 
 def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str = "") -> Path:
@@ -83,6 +90,8 @@ async def run(
     generator = LoadGenerator(engine, workload, on_record=writer.record, config=load)
     scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
     meter = ClientMeter()
+    machine_meter = MachineMeter.for_engine(engine)
+    machine_meter.start()
     status, error = "complete", None
     try:
         with meter:
@@ -96,6 +105,7 @@ async def run(
         summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
         report = engine.report()
         client = meter.result()
+        machine = machine_meter.result()
         writer.finish({
             "status": status,
             "error": error,
@@ -106,5 +116,6 @@ async def run(
             "summary": summary.to_dict(),
             "guardrails": server_summary(scraper.samples),
             "client": client.to_dict(),
+            "machine": machine.to_dict(),
         })
-    return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client)
+    return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client, machine)

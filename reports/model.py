@@ -18,6 +18,7 @@ from typing import Any, Literal
 from adapters.base import BatchingConfig, ServerMetrics
 from batchbench.client_load import ClientLoad
 from batchbench.guardrails import KV_DANGER, server_summary
+from batchbench.machine_load import MachineLoad
 from batchbench.metrics import summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
 from batchbench.results import records_of
@@ -276,6 +277,9 @@ def build_run(source: str, doc: dict[str, Any]) -> Run:
     client = doc.get("client")
     if isinstance(client, dict):
         notes += client_notes(client)
+    machine = doc.get("machine")
+    if isinstance(machine, dict):
+        notes += machine_notes(machine)
     ttft_buckets: dict[str, dict[str, Any] | None] | None = None
     ttfts: list[float] | None = None
     if records is not None:
@@ -320,6 +324,14 @@ def client_notes(client: dict[str, Any]) -> list[str]:
         return ClientLoad.from_dict(client).warnings()
     except ValueError as exc:
         return [f"client load unreadable ({exc})"]
+
+
+def machine_notes(machine: dict[str, Any]) -> list[str]:
+    """The run's warnings about other work on its machine (batchbench.machine_load), if any."""
+    try:
+        return MachineLoad.from_dict(machine).warnings()
+    except ValueError as exc:
+        return [f"machine load unreadable ({exc})"]
 
 
 def canonical(value: Any) -> str:

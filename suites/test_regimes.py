@@ -31,7 +31,7 @@ times, interleaved, and again (up to ``MAX_REPEATS``, within
 the quiet runs' medians are kept (:func:`batchbench.regimes.median_of`):
 neither one stalled run nor one unusually fast one moves them. A run is
 quiet when other processes (another engine someone is running) took at
-most ``QUIET`` of the CPU during it, read from /proc. If some level never had two
+most ``QUIET`` of the CPU during it (:mod:`batchbench.machine_load`). If some level never had two
 quiet runs, the machine was too busy to measure the curve's shape and the
 test is skipped, saying so, rather than asserting on the machine's load.
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import statistics
 import time
 import weakref
@@ -57,6 +56,7 @@ from adapters.base import BatchingConfig, Engine
 from adapters.registry import make_engine
 from batchbench import environment
 from batchbench.harness import Harness
+from batchbench.machine_load import BUSY_SHARE
 from batchbench.pool import EngineUnavailable
 from batchbench.profiles import Profile
 from batchbench.regimes import (
@@ -73,10 +73,10 @@ from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
 #: Interleaved repeats of every level; their median is kept (see the module docstring).
 REPEATS = 2
 #: A level is measured again, up to MAX_REPEATS in all, until two of its runs were quiet (other processes
-#: took at most QUIET of the machine's CPU: half a core of two) and their throughputs agree within
+#: took at most QUIET of the machine's CPU, batchbench.machine_load.BUSY_SHARE) and their throughputs agree within
 #: AGREEMENT: quiet repeats mostly agree within ~15%, and a stall shows up as a disagreement.
 AGREEMENT = 0.25
-QUIET = 0.25
+QUIET = BUSY_SHARE
 MAX_REPEATS = 6
 #: No further pass starts after this long sweeping one engine (a busy machine would otherwise keep the
 #: suite re-measuring for many minutes); two passes of the quick profile take ~40 s on a quiet machine.
@@ -243,70 +243,6 @@ class Sweep:
         return rows
 
 
-class CpuMeter:
-    """The share of the machine's CPU that other processes took during a run.
-
-    Other: every process but the measured ones (this one, holding the load
-    generator and any in-process engine, and the process group of a server
-    launched here), whatever its priority: a lower-priority process still
-    takes a core whenever the engine blocks for a moment, and an engine whose
-    OpenMP threads wait for each other at every step then stalls for the
-    whole time one of them is off its core. Plus CPU time the hypervisor
-    gave to other machines (steal). Linux only (``/proc``); elsewhere, or when
-    the engine's processes are not known (a container, a URL), it measures
-    nothing and every run counts as quiet.
-    """
-
-    def __init__(self, server_pgid: int | None, engine_in_process: bool) -> None:
-        self.server_pgid = server_pgid
-        self.enabled = Path("/proc/stat").is_file() and (server_pgid is not None or engine_in_process)
-        self._start: tuple[int, int, dict[int, int]] | None = None
-
-    @staticmethod
-    def _stat_fields(pid: str) -> list[str] | None:
-        try:
-            # Fields after "(comm)": state ppid pgrp ... utime (11) stime (12).
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-
-    def _others(self) -> dict[int, int]:
-        """CPU ticks so far of every other process, by pid."""
-        ticks = {}
-        own = str(os.getpid())
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or entry.name == own:
-                continue
-            fields = self._stat_fields(entry.name)
-            if fields is None or (self.server_pgid is not None and fields[2] == str(self.server_pgid)):
-                continue
-            ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
-        return ticks
-
-    @staticmethod
-    def _machine() -> tuple[int, int]:
-        """(steal, total) CPU ticks of the machine so far."""
-        user, nice, system, idle, iowait, irq, softirq, steal = (
-            int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
-        return steal, user + nice + system + idle + iowait + irq + softirq + steal
-
-    def start(self) -> None:
-        if self.enabled:
-            self._start = (*self._machine(), self._others())
-
-    def foreign_share(self) -> float | None:
-        """Other processes' CPU over the machine's capacity since :meth:`start` (None: not measured)."""
-        if not self.enabled or self._start is None:
-            return None
-        steal, total = self._machine()
-        steal0, total0, before = self._start
-        if total <= total0:
-            return None
-        # A process that started during the run counts in full; one that ended during it is not seen.
-        taken = sum(t - before.get(pid, 0) for pid, t in self._others().items())
-        return max(0, taken + steal - steal0) / (total - total0)
-
-
 class SweepUnavailable(Exception):
     """This engine cannot be swept into regime 3 here: a reason to skip."""
 
@@ -362,9 +298,6 @@ def measure_sweep(harness: Harness, design: SweepDesign) -> Sweep:
         results: list[Path] = []
         failed = 0
         capacity: float | None = None
-        launch = getattr(engine, "launch", None)
-        meter = CpuMeter(getattr(launch, "pid", None),
-                         engine_in_process=launch is None and getattr(engine, "url", None) is None)
         for r in range(MAX_REPEATS):
             if r >= REPEATS and time.perf_counter() - sweeping > SWEEP_BUDGET_S:
                 break
@@ -372,10 +305,9 @@ def measure_sweep(harness: Harness, design: SweepDesign) -> Sweep:
             # Alternate direction so a slow spell of the machine does not always hit the same end of the sweep.
             for c in todo if r % 2 == 0 else reversed(todo):
                 baseline = harness.loop.call(engine.scrape())
-                meter.start()
                 result = harness.measure(engine, design.workload(c), tag=f"regimes-c{c}-r{r}",
                                          labels=labels | {"layout": "sweep", "concurrency": c, "repeat": r})
-                share = meter.foreign_share()
+                share = result.machine.foreign_share
                 results.append(result.path)
                 failed += result.summary.failed
                 if result.summary.ttft is not None:

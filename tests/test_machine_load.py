@@ -1,0 +1,75 @@
+"""The machine-load meter: other processes' share of the CPU during a run, and what a run says about it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from batchbench.machine_load import BUSY_SHARE, MachineLoad, MachineMeter
+from reports.model import machine_notes
+
+pytestmark = pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="reads /proc (Linux only)")
+
+SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+
+
+@contextmanager
+def spinners(count: int, *, new_session: bool = False) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=new_session) for _ in range(count)]
+    try:
+        time.sleep(0.2)  # started and spinning
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_process_spinning_every_core_is_a_disturbance() -> None:
+    meter = MachineMeter(server_pgid=None, engine_in_process=True)
+    with spinners(os.cpu_count() or 1):
+        meter.start()
+        time.sleep(0.6)
+        load = meter.result()
+    assert load.foreign_share is not None and load.foreign_share > BUSY_SHARE
+    assert load.disturbed and "took" in load.warnings()[0]
+
+
+def test_the_engine_server_and_this_process_are_not_foreign() -> None:
+    with spinners(1, new_session=True) as (server,):
+        own, server_pid = os.getpid(), server.pid
+        launched = MachineMeter(server_pgid=server_pid, engine_in_process=False)._others()
+        assert own not in launched and server_pid not in launched
+        # Without that launch, the same process is someone else's work.
+        assert server_pid in MachineMeter(server_pgid=None, engine_in_process=True)._others()
+
+
+def test_an_engine_whose_processes_are_not_ours_is_not_measured() -> None:
+    class AtUrl:
+        url = "http://gpu-host:8000"
+        launch = None
+
+    meter = MachineMeter.for_engine(AtUrl())  # type: ignore[arg-type]
+    meter.start()
+    assert meter.result() == MachineLoad(None)
+    assert not MachineLoad(None).disturbed and MachineLoad(None).warnings() == []
+
+
+@pytest.mark.parametrize("share, disturbed", [(0.0, False), (BUSY_SHARE, False), (0.26, True), (1.0, True)])
+def test_the_report_notes_a_disturbed_run(share: float, disturbed: bool) -> None:
+    doc = MachineLoad(share).to_dict()
+    assert doc["disturbed"] is disturbed
+    assert MachineLoad.from_dict(doc) == MachineLoad(share)
+    notes = machine_notes(doc)
+    assert (len(notes) == 1 and f"{share:.0%} of the machine's CPU" in notes[0]) if disturbed else notes == []
+
+
+def test_a_malformed_machine_section_is_a_note_not_a_crash() -> None:
+    assert machine_notes({"foreign_share": "lots"}) == [
+        "machine load unreadable (not a machine-load document: foreign_share is 'lots')"]
