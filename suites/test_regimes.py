@@ -31,7 +31,7 @@ times, interleaved, and again (up to ``MAX_REPEATS``, within
 the quiet runs' medians are kept (:func:`batchbench.regimes.median_of`):
 neither one stalled run nor one unusually fast one moves them. A run is
 quiet when other processes (another engine someone is running) took at
-most ``QUIET`` of the CPU during it (:mod:`batchbench.machine_load`). If some level never had two
+most ``BUSY_SHARE`` of the CPU during it (:mod:`batchbench.machine_load`). If some level never had two
 quiet runs, the machine was too busy to measure the curve's shape and the
 test is skipped, saying so, rather than asserting on the machine's load.
 
@@ -56,7 +56,7 @@ from adapters.base import BatchingConfig, Engine
 from adapters.registry import make_engine
 from batchbench import environment
 from batchbench.harness import Harness
-from batchbench.machine_load import BUSY_SHARE
+from batchbench.machine_load import BUSY_SHARE, MachineLoad
 from batchbench.pool import EngineUnavailable
 from batchbench.profiles import Profile
 from batchbench.regimes import (
@@ -73,10 +73,9 @@ from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
 #: Interleaved repeats of every level; their median is kept (see the module docstring).
 REPEATS = 2
 #: A level is measured again, up to MAX_REPEATS in all, until two of its runs were quiet (other processes
-#: took at most QUIET of the machine's CPU, batchbench.machine_load.BUSY_SHARE) and their throughputs agree within
+#: took at most BUSY_SHARE of the machine's CPU, batchbench.machine_load) and their throughputs agree within
 #: AGREEMENT: quiet repeats mostly agree within ~15%, and a stall shows up as a disagreement.
 AGREEMENT = 0.25
-QUIET = BUSY_SHARE
 MAX_REPEATS = 6
 #: No further pass starts after this long sweeping one engine (a busy machine would otherwise keep the
 #: suite re-measuring for many minutes); two passes of the quick profile take ~40 s on a quiet machine.
@@ -221,7 +220,7 @@ class Sweep:
 
     def used(self, concurrency: int) -> list[int]:
         """Indexes of the repeats a level's figures come from: its quiet runs if it has two, else all."""
-        quiet = [i for i, f in enumerate(self.foreign[concurrency]) if f is None or f <= QUIET]
+        quiet = [i for i, f in enumerate(self.foreign[concurrency]) if not MachineLoad(f).disturbed]
         return quiet if len(quiet) >= 2 else list(range(len(self.repeats[concurrency])))
 
     def generation_s(self, concurrency: int) -> float:
@@ -338,8 +337,8 @@ def measure_sweep(harness: Harness, design: SweepDesign) -> Sweep:
 
 
 def quiet_runs(repeats: list[SweepPoint], foreign: list[float | None]) -> list[SweepPoint]:
-    """The runs during which other processes took at most QUIET of the CPU (or that was not measured)."""
-    return [p for p, f in zip(repeats, foreign) if f is None or f <= QUIET]
+    """The runs during which other processes took at most BUSY_SHARE of the CPU (or that was not measured)."""
+    return [p for p, f in zip(repeats, foreign) if not MachineLoad(f).disturbed]
 
 
 def settled(repeats: list[SweepPoint], foreign: list[float | None]) -> bool:
@@ -403,7 +402,7 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
         # Other processes took the CPU through most of these levels' runs: the shape of the curve is the
         # machine's, not the engine's. The KV-sizing checks (suites/test_kv_sizing.py) still use this sweep.
         shares = {c: [None if f is None else round(f, 2) for f in fs] for c, fs in busy.items()}
-        pytest.skip(f"{engine_name}: other processes took over {QUIET:.0%} of the CPU during the runs of "
+        pytest.skip(f"{engine_name}: other processes took over {BUSY_SHARE:.0%} of the CPU during the runs of "
                     f"concurrency {sorted(busy)} (shares: {shares}); the curve cannot be measured now")
 
     # Regime order: under-utilised*, exactly one sweet spot, then regime 3 (the detector's contract,
