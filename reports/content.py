@@ -18,7 +18,16 @@ from reports import fmt, plots
 from reports.compare import BaselineComparison, best_by_metric
 from reports.document import Block, Bullets, Cell, Document, Para, Plot, Section, Table
 from reports.inputs import Inputs
-from reports.model import BUCKET_EDGES, DANGER_KV_USAGE, KEY_METRICS, METRICS_BY_KEY, MetricSpec, Run, canonical
+from reports.model import (
+    BUCKET_EDGES,
+    DANGER_KV_USAGE,
+    KEY_METRICS,
+    METRICS_BY_KEY,
+    MetricSpec,
+    Run,
+    canonical,
+    display_name,
+)
 from reports.series import group_series, series_labels
 
 _UNIT_FORMAT: dict[str, Callable[[object], str]] = {"ms": fmt.ms, "rate": fmt.rate, "fraction": fmt.pct}
@@ -162,10 +171,8 @@ def repeats_table(runs: list[Run]) -> Table | None:
     series = [s for s in group_series([r.to_row() for r in runs]) if len(s.rows) > 1]
     if not series:
         return None
-    heads = []
-    for s in series:
-        labels = " ".join(f"{k}={v}" for k, v in sorted(series_labels(s.first).items(), key=lambda kv: str(kv[0])))
-        heads.append(f"{s.first.get('engine')} [{s.first.get('batching_label')}]" + (f" {labels}" if labels else ""))
+    heads = [display_name(s.first.get("engine"), s.first.get("batching_label"), series_labels(s.first))
+             for s in series]
     rows = [[Cell("Repeats")] + [Cell(str(len(s.rows))) for s in series]]
     for spec in KEY_METRICS:
         cells = [Cell(spec.title)]
@@ -255,11 +262,9 @@ def _baseline_section(cmp: BaselineComparison) -> Section:
 
 
 def _row_name(row: dict[str, Any]) -> str:
-    labels = row.get("labels") or {}
-    text = " ".join(f"{k}={v}" for k, v in sorted(labels.items(), key=lambda kv: str(kv[0])))
     wl = row.get("workload") or {}
     repeats = f" x{row['repeats']}" if (row.get("repeats") or 1) > 1 else ""
-    return f"{row.get('engine')} [{row.get('batching_label')}]" + (f" {text}" if text else "") + repeats + \
+    return display_name(row.get("engine"), row.get("batching_label"), row.get("labels") or {}) + repeats + \
         f" on {wl.get('name')} ({str(wl.get('hash'))[:12]})"
 
 

@@ -131,13 +131,11 @@ class Run:
         return (self.workload_name, self.workload_hash)
 
     def labels_text(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in sorted(self.labels.items(), key=lambda kv: str(kv[0])))
+        return labels_text(self.labels)
 
     def display_name(self) -> str:
         """Engine, batching label and labels: unique enough to head a column."""
-        name = f"{self.engine} [{self.batching_label}]"
-        labels = self.labels_text()
-        return f"{name} {labels}" if labels else name
+        return display_name(self.engine, self.batching_label, self.labels)
 
     def metric(self, key: str) -> float | None:
         return metric_of(self.summary, METRICS_BY_KEY[key].path)
@@ -332,6 +330,17 @@ def machine_notes(machine: dict[str, Any]) -> list[str]:
         return MachineLoad.from_dict(machine).warnings()
     except ValueError as exc:
         return [f"machine load unreadable ({exc})"]
+
+
+def labels_text(labels: dict[str, Any]) -> str:
+    """Labels as ``key=value`` words, sorted by key."""
+    return " ".join(f"{k}={v}" for k, v in sorted(labels.items(), key=lambda kv: str(kv[0])))
+
+
+def display_name(engine: object, batching_label: object, labels: dict[str, Any]) -> str:
+    """How a run, a report row or a series is named: ``engine [batching] key=value ...``."""
+    text = labels_text(labels)
+    return f"{engine} [{batching_label}]" + (f" {text}" if text else "")
 
 
 def canonical(value: Any) -> str:
