@@ -3,38 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from batchbench.cli import main
-from batchbench.local_launch import free_port
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.server_process import serving
 
 
 @pytest.fixture(scope="module")
 def fake_vllm_url() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fake_vllm", "--port", str(port), "--token-delay", "0.001"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with serving("tests.fake_vllm", "--token-delay", "0.001") as url:
         yield url
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_run_repeats_each_layout_and_reports_the_spread(fake_vllm_url: str, tmp_path: Path,

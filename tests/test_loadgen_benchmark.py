@@ -10,41 +10,26 @@ far above what the engines under test produce.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from adapters.served import ModelRef
 from adapters.vllm import VLLMEngine
 from batchbench.harness import LoopThread
 from batchbench.loadgen import LoadGenerator
-from batchbench.local_launch import free_port
 from fixtures.workloads import Arrival, Lengths, WorkloadSpec
+from tests.server_process import serving
 
 REQUESTS, TOKENS, CONCURRENCY = 256, 64, 64
 
 
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.fake_vllm", "--port", str(port)], stdout=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with serving("tests.fake_vllm") as url:
         yield url
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_client_cost_per_chunk(fake_server: str, benchmark: Any) -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
 import pytest
 
-from batchbench.local_launch import free_port
+from tests.server_process import serving
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,26 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[dict[str, str]]:
-    procs, urls = [], {}
-    try:
-        for engine in ("tgi", "trtllm"):
-            port = free_port()
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "fixtures.protocol_servers", engine, "--port", str(port),
-                 "--token-delay", "0.005"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            urls[engine] = f"http://127.0.0.1:{port}"
-        for url in urls.values():
-            for _ in range(100):
-                try:
-                    if httpx.get(url + "/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
-        yield urls
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    with ExitStack() as stack:
+        yield {engine: stack.enter_context(serving("fixtures.protocol_servers", engine, "--token-delay", "0.005"))
+               for engine in ("tgi", "trtllm")}
 
 
 def test_suites_pass_against_protocol_servers(servers: dict[str, str], tmp_path: Path) -> None:

@@ -1,0 +1,40 @@
+"""A test server in a process of its own, on a free port, yielded once its /health answers.
+
+Used for the fake and protocol servers (tests/fake_vllm.py, fixtures/protocol_servers.py) where the
+client under test must not share their CPU or event loop.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from batchbench.local_launch import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def serving(module: str, *args: str) -> Iterator[str]:
+    """``python -m module *args --port P`` from the repository root; yields its base URL, kills it after."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", module, *args, "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
