@@ -10,24 +10,16 @@ above this layer knows which engine it is measuring.
 from __future__ import annotations
 
 import asyncio
-import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Literal
 
-from fixtures.workloads import Request
+from batchbench.clock import now
+from batchbench.server_metrics import ServerMetrics
+from batchbench.workload import Request
 
 BatchingMode = Literal["static", "continuous"]
-
-
-def now() -> float:
-    """The one clock of the harness: monotonic, high resolution, seconds.
-
-    Every timestamp in a record comes from here, taken when the event reaches
-    the client, so client and engine clocks are never mixed.
-    """
-    return time.perf_counter()
 
 
 @dataclass(frozen=True)
@@ -134,27 +126,6 @@ class Chunk:
     n_tokens: int
     usage: Usage | None = None
     finish_reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ServerMetrics:
-    """One scrape of an engine's server-side state, in engine-neutral units.
-
-    Counters (preemptions, rejections) are cumulative since engine start, as
-    Prometheus exposes them; ``None`` means the engine does not expose it.
-    """
-
-    t: float
-    running: float | None = None
-    waiting: float | None = None
-    #: KV-cache usage as a fraction in [0, 1].
-    kv_usage: float | None = None
-    kv_capacity_tokens: float | None = None
-    preemptions: float | None = None
-    rejections: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class EngineError(Exception):

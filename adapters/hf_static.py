@@ -19,20 +19,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from adapters.base import (
-    BatchingConfig,
-    Capabilities,
-    Chunk,
-    Engine,
-    EngineDied,
-    EngineNotHealthy,
-    ServerMetrics,
-    Usage,
-    now,
-)
-from fixtures.workloads import Request
+from batchbench.adapters.base import BatchingConfig, Capabilities, Chunk, Engine, EngineDied, EngineNotHealthy, Usage
+from batchbench.fixtures import tiny_model_dir
 
-TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "models" / "tiny-llama"
+from batchbench.clock import now
+from batchbench.server_metrics import ServerMetrics
+from batchbench.workload import Request
+
+TINY_MODEL_DIR = tiny_model_dir()
 
 #: Marks the end of one request's token stream on its queue.
 _END = -1

@@ -13,8 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-
-from adapters.base import (
+from batchbench.adapters.base import (
     EngineHTTPError,
     EngineRejected,
     EngineUnreachable,

@@ -14,18 +14,12 @@ from abc import abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
-from adapters.base import (
-    Chunk,
-    EngineError,
-    EngineHTTPError,
-    EngineRejected,
-    StreamProtocolError,
-    Usage,
-    now,
-)
-from adapters.http import OVERLOAD_STATUSES, parse_json_event, post_stream, sse_data
-from adapters.served import ServedEngine
-from fixtures.workloads import Request
+from batchbench.adapters.base import Chunk, EngineError, EngineHTTPError, EngineRejected, StreamProtocolError, Usage
+from batchbench.adapters.http import OVERLOAD_STATUSES, parse_json_event, post_stream, sse_data
+from batchbench.adapters.served import ServedEngine
+
+from batchbench.clock import now
+from batchbench.workload import Request
 
 
 class OpenAICompletionsEngine(ServedEngine):

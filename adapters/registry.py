@@ -13,22 +13,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from adapters.base import BatchingConfig, Engine
-from adapters.served import ModelRef
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.served import ModelRef
+from batchbench.fixtures import tiny_model_dir
 
 #: Engine name → "module:Class"; imported lazily so a missing optional
 #: dependency only matters for the engine that needs it.
 ENGINES: dict[str, str] = {
-    "vllm": "adapters.vllm:VLLMEngine",
-    "hf-static": "adapters.hf_static:HFStaticEngine",
-    "tgi": "adapters.tgi:TGIEngine",
-    "trtllm": "adapters.trtllm:TRTLLMEngine",
+    "vllm": "batchbench.adapters.vllm:VLLMEngine",
+    "hf-static": "batchbench.adapters.hf_static:HFStaticEngine",
+    "tgi": "batchbench.adapters.tgi:TGIEngine",
+    "trtllm": "batchbench.adapters.trtllm:TRTLLMEngine",
 }
 
 #: Engines that can run on this kind of machine without a GPU or Docker.
 EMBEDDED_ENGINES = ("vllm", "hf-static")
 
-TINY_MODEL_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "models" / "tiny-llama"
+TINY_MODEL_DIR = tiny_model_dir()
 
 LaunchMode = Literal["auto", "local", "docker"]
 
@@ -109,7 +110,8 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
         return cls(batching, model=model, launch=DockerLaunch.for_engine(name), startup_timeout=timeout)
     if name != "vllm":
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
-    from adapters.vllm import LOCAL_PROGRAM
+    from batchbench.adapters.vllm import LOCAL_PROGRAM
+
     from batchbench.local_launch import LocalProcess
 
     if options.model is not None:

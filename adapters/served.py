@@ -18,20 +18,20 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import httpx
-
-from adapters.base import (
+from batchbench.adapters.base import (
     BatchingConfig,
     Engine,
     EngineDied,
     EngineError,
     EngineUnreachable,
     HealthPoller,
-    ServerMetrics,
     StreamProtocolError,
-    now,
 )
-from adapters.http import check_url, get_json, get_text, make_client
-from adapters.prometheus import Samples
+from batchbench.adapters.http import check_url, get_json, get_text, make_client
+from batchbench.adapters.prometheus import Samples
+
+from batchbench.clock import now
+from batchbench.server_metrics import ServerMetrics
 
 
 @dataclass(frozen=True)

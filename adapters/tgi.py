@@ -51,22 +51,23 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar
 
-from adapters.base import (
+from batchbench.adapters.base import (
     BatchingConfig,
     Capabilities,
     Chunk,
     EngineError,
     EngineHTTPError,
     EngineRejected,
-    ServerMetrics,
     StreamProtocolError,
     Usage,
-    now,
 )
-from adapters.http import get_json, parse_json_event, post_stream, sse_data
-from adapters.prometheus import Samples
-from adapters.served import ModelRef, ServedEngine
-from fixtures.workloads import Request
+from batchbench.adapters.http import get_json, parse_json_event, post_stream, sse_data
+from batchbench.adapters.prometheus import Samples
+from batchbench.adapters.served import ModelRef, ServedEngine
+
+from batchbench.clock import now
+from batchbench.server_metrics import ServerMetrics
+from batchbench.workload import Request
 
 #: TGI's HTTP status for each error_type (``impl From<InferError> for StatusCode``);
 #: used for error events that arrive inside a 200 stream.

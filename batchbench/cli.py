@@ -18,13 +18,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from adapters.base import EngineError
-from adapters.registry import EMBEDDED_ENGINES, ENGINES, EngineOptions, make_engine, parse_engine_urls
+from batchbench.adapters.base import EngineError
+from batchbench.adapters.registry import EMBEDDED_ENGINES, ENGINES, EngineOptions, make_engine, parse_engine_urls
 from batchbench.loadgen import LoadConfig
 from batchbench.pool import EnginePool
 from batchbench.profiles import Profile, chat_workload, get_profile
 from batchbench.runner import RunResult, run
-from fixtures.workloads import Arrival
+from batchbench.workload import Arrival
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
         return 1
     if not args.no_report:
-        from reports.build import ReportError, build
+        from batchbench.reports.build import ReportError, build
 
         try:
             out = build(args.results_dir, args.results_dir / "report")

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
 
-from adapters.base import now
+from batchbench.clock import now
 
 #: Busy fraction from which the loop counts as saturated: at 80% a chunk that arrives finds the
 #: loop busy four times in five and waits for the callbacks queued ahead of it.

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from adapters.base import ServerMetrics
+from batchbench.server_metrics import ServerMetrics
 
 #: KV-cache usage from which an engine is one burst away from preempting or queueing.
 KV_DANGER = 0.85

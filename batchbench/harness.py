@@ -15,13 +15,13 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from adapters.base import BatchingConfig, Engine
-from adapters.registry import EngineOptions, make_engine
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.loadgen import LoadConfig
 from batchbench.pool import EnginePool
 from batchbench.profiles import Profile
 from batchbench.runner import RunResult, run
-from fixtures.workloads import Workload
+from batchbench.workload import Workload
 
 T = TypeVar("T")
 

@@ -38,10 +38,11 @@ import tomllib
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import EngineCannotRunHere, EngineDied, EngineError, EngineUnreachable
+from batchbench.adapters.base import EngineCannotRunHere, EngineDied, EngineError, EngineUnreachable
 
 if TYPE_CHECKING:  # pragma: no cover
     import docker
@@ -61,7 +62,7 @@ _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|AUTH", re.IGN
 
 REDACTED = "***"
 
-DEFAULT_SPECS = Path(__file__).resolve().parent.parent / "docker" / "images.toml"
+DEFAULT_SPECS = Path(str(files("batchbench.adapters").joinpath("images.toml")))
 
 
 class ImagePullError(EngineError):

@@ -18,9 +18,10 @@ import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from adapters.base import Engine, EngineError, now
+from batchbench.adapters.base import Engine, EngineError
+from batchbench.clock import now
 from batchbench.records import RequestRecord
-from fixtures.workloads import Request, Workload
+from batchbench.workload import Request, Workload
 
 
 @dataclass(frozen=True)

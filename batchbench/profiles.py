@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What was measured for one request: the unit every metric is computed from.
 
-All times are seconds on the harness clock (:func:`adapters.base.now`),
+All times are seconds on the harness clock (:func:`batchbench.clock.now`),
 relative to the run's start, so records from one run line up with each other
 and with the scraped server time series.
 """

@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from adapters.base import ServerMetrics
 from batchbench.metrics import Distribution, Summary
 from batchbench.records import RequestRecord
+from batchbench.server_metrics import ServerMetrics
 
 __all__ = [
     "KV_FULL",

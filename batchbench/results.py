@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from adapters.base import ServerMetrics
 from batchbench.records import RequestRecord
+from batchbench.server_metrics import ServerMetrics
 
 SCHEMA = "batchbench.results"
 SCHEMA_VERSION = 1

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adapters.base import Engine, ServerMetrics, now
 from batchbench import environment
+from batchbench.adapters.base import Engine
 from batchbench.client_load import ClientLoad, ClientMeter
+from batchbench.clock import now
 from batchbench.guardrails import server_summary
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.machine_load import MachineLoad, MachineMeter
@@ -26,7 +27,8 @@ from batchbench.metrics import Summary, summarize
 from batchbench.records import RequestRecord
 from batchbench.results import ResultsWriter
 from batchbench.scraper import Scraper
-from fixtures.workloads import Workload
+from batchbench.server_metrics import ServerMetrics
+from batchbench.workload import Workload
 
 
 @dataclass

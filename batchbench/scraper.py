@@ -12,7 +12,9 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from adapters.base import Engine, EngineError, ServerMetrics, now
+from batchbench.adapters.base import Engine, EngineError
+from batchbench.clock import now
+from batchbench.server_metrics import ServerMetrics
 
 
 class Scraper:

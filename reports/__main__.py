@@ -1,4 +1,4 @@
-"""``python -m reports build RESULTS_DIR --out OUT_DIR [--baseline EARLIER]``.
+"""``python -m batchbench.reports build RESULTS_DIR --out OUT_DIR [--baseline EARLIER]``.
 
 Exit status: 0 when the report was written, 2 when there was nothing to
 report (or the baseline could not be read), 3 with ``--fail-on-regression``
@@ -11,12 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from reports.build import ReportError, build_report
-from reports.compare import DEFAULT_THRESHOLD_PCT
+from batchbench.reports.build import ReportError, build_report
+from batchbench.reports.compare import DEFAULT_THRESHOLD_PCT
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m reports", description="Build batchbench reports.")
+    parser = argparse.ArgumentParser(prog="python -m batchbench.reports", description="Build batchbench reports.")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build report.json, report.md and report.html from results documents")
     b.add_argument("results_dir", type=Path, metavar="RESULTS_DIR", help="folder searched recursively for results")

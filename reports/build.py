@@ -1,6 +1,6 @@
 """Build report.json, report.md and report.html from a folder of results documents.
 
-Used by ``python -m reports build`` and by ``batchbench run`` once its runs
+Used by ``python -m batchbench.reports build`` and by ``batchbench run`` once its runs
 are written. Problems with individual files are warnings (the report is still
 built from the rest); having nothing to report at all is an error, raised as
 :class:`ReportError` so callers print one clear message, not a traceback.
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports import markdown, render_html
-from reports.compare import (
+from batchbench.reports import markdown, render_html
+from batchbench.reports.compare import (
     DEFAULT_THRESHOLD_PCT,
     REPORT_SCHEMA,
     REPORT_SCHEMA_VERSION,
@@ -26,10 +26,10 @@ from reports.compare import (
     compare,
     read_report_rows,
 )
-from reports.content import build_document, group_by_workload
-from reports.inputs import Inputs, discover
-from reports.model import DANGER_KV_USAGE, KEY_METRICS
-from reports.series import group_series
+from batchbench.reports.content import build_document, group_by_workload
+from batchbench.reports.inputs import Inputs, discover
+from batchbench.reports.model import DANGER_KV_USAGE, KEY_METRICS
+from batchbench.reports.series import group_series
 
 
 class ReportError(Exception):

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports.fmt import num
-from reports.model import KEY_METRICS, METRICS_BY_KEY, canonical
-from reports.series import group_series
+from batchbench.reports.fmt import num
+from batchbench.reports.model import KEY_METRICS, METRICS_BY_KEY, canonical
+from batchbench.reports.series import group_series
 
 REPORT_SCHEMA = "batchbench.report"
 REPORT_SCHEMA_VERSION = 1

@@ -13,12 +13,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from batchbench.metrics import ttft_by_bucket
-from reports import fmt, plots
-from reports.compare import BaselineComparison, best_by_metric
-from reports.document import Block, Bullets, Cell, Document, Para, Plot, Section, Table
-from reports.inputs import Inputs
-from reports.model import (
+from batchbench.reports import fmt, plots
+from batchbench.reports.compare import BaselineComparison, best_by_metric
+from batchbench.reports.document import Block, Bullets, Cell, Document, Para, Plot, Section, Table
+from batchbench.reports.inputs import Inputs
+from batchbench.reports.model import (
     BUCKET_EDGES,
     DANGER_KV_USAGE,
     KEY_METRICS,
@@ -28,7 +27,9 @@ from reports.model import (
     canonical,
     display_name,
 )
-from reports.series import group_series, series_labels
+from batchbench.reports.series import group_series, series_labels
+
+from batchbench.metrics import ttft_by_bucket
 
 _UNIT_FORMAT: dict[str, Callable[[object], str]] = {"ms": fmt.ms, "rate": fmt.rate, "fraction": fmt.pct}
 

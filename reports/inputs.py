@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchbench.reports.model import MalformedResults, Run, build_run
+
 from batchbench.results import SCHEMA, fold, load
-from reports.model import MalformedResults, Run, build_run
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from reports.document import Block, Bullets, Cell, Document, Para, Plot, Section, Table
+from batchbench.reports.document import Block, Bullets, Cell, Document, Para, Plot, Section, Table
 
 _SPECIAL = re.compile(r"([\\`*\[\]<>|#!])")
 _EDGE_UNDERSCORE = re.compile(r"(?<!\w)_|_(?!\w)")

@@ -15,14 +15,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from adapters.base import BatchingConfig, ServerMetrics
+from batchbench.adapters.base import BatchingConfig
+from batchbench.reports.fmt import num
+
 from batchbench.client_load import ClientLoad
 from batchbench.guardrails import KV_DANGER, server_summary
 from batchbench.machine_load import MachineLoad
 from batchbench.metrics import summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
 from batchbench.results import records_of
-from reports.fmt import num
+from batchbench.server_metrics import ServerMetrics
 
 #: KV-cache usage above which engines start preempting or rejecting: runs that reach it are flagged.
 DANGER_KV_USAGE = KV_DANGER

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from reports.document import Block, Bullets, Document, Para, Plot, Section, Table
+from batchbench.reports.document import Block, Bullets, Document, Para, Plot, Section, Table
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1400px; padding: 0 1rem; color: #222; }

@@ -17,8 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from reports.fmt import num
-from reports.model import KEY_METRICS, canonical
+from batchbench.reports.fmt import num
+from batchbench.reports.model import KEY_METRICS, canonical
 
 #: The label that numbers the repeats of one series (and the only label that may differ within it).
 REPEAT_LABEL = "repeat"

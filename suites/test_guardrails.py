@@ -13,14 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from batchbench.adapters.base import BatchingConfig, Engine
 
-from adapters.base import BatchingConfig, Engine
 from batchbench import results
 from batchbench.guardrails import KV_DANGER
 from batchbench.harness import Harness
 from batchbench.metrics import ttft_by_bucket
 from batchbench.profiles import chat_workload
-from fixtures.workloads import Arrival, Lengths, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, WorkloadSpec
 
 BUCKETS = (1, 2, 4, 8, 16)
 

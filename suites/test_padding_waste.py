@@ -15,12 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from batchbench.adapters.base import BatchingConfig, Engine
 
-from adapters.base import BatchingConfig, Engine
 from batchbench.harness import Harness
 from batchbench.metrics import padding_fraction
 from batchbench.runner import RunResult
-from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 BATCH = 32
 OUTPUT_TOKENS = 8  # short outputs: the suite is about prefill

@@ -58,18 +58,18 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.http import get_text
+from batchbench.adapters.prometheus import Samples
+from batchbench.adapters.router import RoutedEngine
+from batchbench.adapters.served import ServedEngine
 
-from adapters.base import BatchingConfig, Engine
-from adapters.http import get_text
-from adapters.prometheus import Samples
-from adapters.router import RoutedEngine
-from adapters.served import ServedEngine
 from batchbench.harness import Harness
 from batchbench.metrics import Distribution
 from batchbench.profiles import Profile, get_profile
 from batchbench.records import RequestRecord
 from batchbench.runner import RunResult
-from fixtures.workloads import Arrival, Lengths, Request, Workload, WorkloadSpec, interleave
+from batchbench.workload import Arrival, Lengths, Request, Workload, WorkloadSpec, interleave
 
 INTERACTIVE, BATCH = "interactive", "batch"
 #: Measured repetitions per layout, alternating; each metric is the best of these.

@@ -51,9 +51,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.registry import make_engine
 
-from adapters.base import BatchingConfig, Engine
-from adapters.registry import make_engine
 from batchbench import environment
 from batchbench.harness import Harness
 from batchbench.machine_load import BUSY_SHARE, MachineLoad
@@ -68,7 +68,7 @@ from batchbench.regimes import (
     median_of,
     point_from_run,
 )
-from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 #: Interleaved repeats of every level; their median is kept (see the module docstring).
 REPEATS = 2

@@ -25,14 +25,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from batchbench.adapters.base import BatchingConfig, Engine
 
-from adapters.base import BatchingConfig, Engine
 from batchbench import environment
 from batchbench.harness import Harness
 from batchbench.machine_load import BUSY_SHARE
 from batchbench.metrics import continuous_idle_fraction, percentile, waves_idle_fraction
 from batchbench.runner import RunResult
-from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 #: Share of the ideal gain (the idle wave slots refilled) that counts as "continuous batching works".
 #: The ideal counts decode steps; measured over time, the steps with more sequences weigh more when a

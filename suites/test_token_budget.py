@@ -88,16 +88,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.registry import engine_class
 
-from adapters.base import BatchingConfig, Engine
-from adapters.registry import engine_class
 from batchbench.harness import Harness
 from batchbench.loadgen import LoadGenerator
 from batchbench.metrics import Distribution, itl_samples
 from batchbench.profiles import Profile, get_profile
 from batchbench.records import RequestRecord
 from batchbench.runner import RunResult
-from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec, interleave
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec, interleave
 
 #: Long prompts in the burst (K): unchunked, a short request behind them waits K long steps.
 BURST = 10

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from batchbench.adapters.base import BatchingConfig
+from batchbench.adapters.hf_static import HFStaticEngine
 
-from adapters.base import BatchingConfig
-from adapters.hf_static import HFStaticEngine
 from batchbench.loadgen import LoadGenerator
 from batchbench.metrics import decode_idle_fraction, padding_fraction
 from batchbench.runner import run
-from fixtures.workloads import Arrival, Lengths, Request, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, Request, WorkloadSpec
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.engine

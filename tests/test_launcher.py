@@ -20,11 +20,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from batchbench.adapters.base import Capabilities, EngineDied, EngineError, EngineUnreachable
+from batchbench.adapters.served import ModelRef, ServedEngine
 
 import docker
-from adapters.base import Capabilities, EngineDied, EngineError, EngineUnreachable, ServerMetrics, now
-from adapters.served import ModelRef, ServedEngine
 from batchbench import launcher
+from batchbench.clock import now
 from batchbench.launcher import (
     LABEL_ENGINE,
     LABEL_RUN,
@@ -35,6 +36,7 @@ from batchbench.launcher import (
     cleanup_leftovers,
     load_specs,
 )
+from batchbench.server_metrics import ServerMetrics
 from tests.docker_stub import DockerStub
 
 TOKEN = "hf_SeCrEtToKeN_1234567890"
@@ -708,7 +710,7 @@ async def test_served_engine_reports_a_container_that_dies_before_healthy(stub: 
 
 
 def _adapter_class(engine: str):
-    module = importlib.import_module(f"adapters.{engine}")
+    module = importlib.import_module(f"batchbench.adapters.{engine}")
     for _, obj in inspect.getmembers(module, inspect.isclass):
         if issubclass(obj, ServedEngine) and not inspect.isabstract(obj) and getattr(obj, "name", None) == engine:
             return obj

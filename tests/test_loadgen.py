@@ -7,15 +7,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from batchbench.adapters.base import EngineNotHealthy, EngineUnreachable
+from batchbench.adapters.served import ModelRef
+from batchbench.adapters.vllm import VLLMEngine
 
-from adapters.base import EngineNotHealthy, EngineUnreachable
-from adapters.served import ModelRef
-from adapters.vllm import VLLMEngine
 from batchbench import results
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.metrics import itl_samples, summarize
 from batchbench.runner import run
-from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 from tests.fake_vllm import FakeVLLM
 
 

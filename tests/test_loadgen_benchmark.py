@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from batchbench.adapters.served import ModelRef
+from batchbench.adapters.vllm import VLLMEngine
 
-from adapters.served import ModelRef
-from adapters.vllm import VLLMEngine
 from batchbench.harness import LoopThread
 from batchbench.loadgen import LoadGenerator
-from fixtures.workloads import Arrival, Lengths, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, WorkloadSpec
 from tests.server_process import serving
 
 REQUESTS, TOKENS, CONCURRENCY = 256, 64, 64

@@ -6,8 +6,7 @@ from collections.abc import AsyncIterator
 from typing import ClassVar
 
 import pytest
-
-from adapters.base import (
+from batchbench.adapters.base import (
     BatchingConfig,
     Capabilities,
     Chunk,
@@ -15,10 +14,11 @@ from adapters.base import (
     EngineCannotRunHere,
     EngineNotHealthy,
     Usage,
-    now,
 )
+
+from batchbench.clock import now
 from batchbench.pool import WARM_UP, EnginePool, EngineUnavailable
-from fixtures.workloads import Request
+from batchbench.workload import Request
 
 
 class Fake(Engine):

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from adapters.base import ServerMetrics
 from batchbench.metrics import summarize
 from batchbench.records import RequestRecord
 from batchbench.regimes import (
@@ -25,6 +24,7 @@ from batchbench.regimes import (
     point_from_run,
     steady_state_ttfts,
 )
+from batchbench.server_metrics import ServerMetrics
 
 #: Sweeps of 2..10 powers of two from 1, like the profiles' sweeps.
 levels = st.integers(min_value=2, max_value=10).map(lambda n: [2**i for i in range(n)])

@@ -21,18 +21,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from batchbench.adapters.base import BatchingConfig
+from batchbench.reports.__main__ import main
+from batchbench.reports.build import build, build_report
+from batchbench.reports.compare import delta
+from batchbench.reports.markdown import escape as md_escape
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.base import BatchingConfig, ServerMetrics
 from batchbench.metrics import summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
 from batchbench.results import ResultsWriter
-from fixtures.workloads import Arrival, Lengths, Workload, WorkloadSpec
-from reports.__main__ import main
-from reports.build import build, build_report
-from reports.compare import delta
-from reports.markdown import escape as md_escape
+from batchbench.server_metrics import ServerMetrics
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"hostname": "bench-01", "platform": "Linux-6.8-x86_64", "python": "3.11.9", "cpu": "Test CPU",
@@ -234,7 +235,7 @@ def test_ttft_by_bucket_table_uses_the_harness_buckets(two_engines: Path, tmp_pa
 
 def test_python_m_reports_build_cli(two_engines: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli-out"
-    proc = subprocess.run([sys.executable, "-m", "reports", "build", str(two_engines), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "batchbench.reports", "build", str(two_engines), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.html"}

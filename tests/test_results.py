@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.base import ServerMetrics
 from batchbench import results
 from batchbench.records import RequestRecord
 from batchbench.results import SCHEMA, SCHEMA_VERSION, ResultsWriter, fold, load, records_of
+from batchbench.server_metrics import ServerMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 

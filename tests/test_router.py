@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from batchbench.adapters.base import BatchingConfig, Capabilities, Chunk, Engine, EngineRejected, Usage
+from batchbench.adapters.router import RoutedEngine, UnroutableRequest
 
-from adapters.base import BatchingConfig, Capabilities, Chunk, Engine, EngineRejected, ServerMetrics, Usage, now
-from adapters.router import RoutedEngine, UnroutableRequest
 from batchbench import results
+from batchbench.clock import now
 from batchbench.loadgen import LoadGenerator
 from batchbench.runner import run
-from fixtures.workloads import Arrival, Lengths, Request, WorkloadSpec, interleave
+from batchbench.server_metrics import ServerMetrics
+from batchbench.workload import Arrival, Lengths, Request, WorkloadSpec, interleave
 
 
 class FakeEngine(Engine):

@@ -6,8 +6,11 @@ import asyncio
 from itertools import pairwise
 from typing import cast
 
-from adapters.base import Engine, EngineUnreachable, ServerMetrics, now
+from batchbench.adapters.base import Engine, EngineUnreachable
+
+from batchbench.clock import now
 from batchbench.scraper import Scraper
+from batchbench.server_metrics import ServerMetrics
 
 INTERVAL_S = 0.02
 

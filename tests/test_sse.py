@@ -8,10 +8,9 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from batchbench.adapters.http import sse_data
 from hypothesis import given
 from hypothesis import strategies as st
-
-from adapters.http import sse_data
 
 
 class Pieces(httpx.AsyncByteStream):

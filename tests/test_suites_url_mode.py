@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def servers() -> Iterator[dict[str, str]]:
     with ExitStack() as stack:
-        yield {engine: stack.enter_context(serving("fixtures.protocol_servers", engine, "--token-delay", "0.005"))
+        yield {engine: stack.enter_context(
+                   serving("batchbench.fixtures.protocol_servers", engine, "--token-delay", "0.005"))
                for engine in ("tgi", "trtllm")}
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from adapters.base import (
+from batchbench.adapters.base import (
     BatchingConfig,
     Chunk,
     EngineError,
@@ -23,12 +22,13 @@ from adapters.base import (
     StreamProtocolError,
     Usage,
 )
-from adapters.http import make_client
-from adapters.prometheus import Samples
-from adapters.served import ModelRef
-from adapters.tgi import TGIEngine, token_ids_text
-from fixtures.protocol_servers import TGIServer, read_sse, wire_dir
-from fixtures.workloads import Request
+from batchbench.adapters.http import make_client
+from batchbench.adapters.prometheus import Samples
+from batchbench.adapters.served import ModelRef
+from batchbench.adapters.tgi import TGIEngine, token_ids_text
+from batchbench.fixtures.protocol_servers import TGIServer, read_sse, wire_dir
+
+from batchbench.workload import Request
 
 WIRE = wire_dir("tgi")
 MODEL = ModelRef("batchbench/tiny-llama", max_model_len=512)
@@ -354,7 +354,7 @@ def test_recorded_files_parse() -> None:
 
 async def test_protocol_server_runs_as_a_module_for_url_mode() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "fixtures.protocol_servers", "tgi", "--port", "0", "--token-delay", "0.001",
+        sys.executable, "-m", "batchbench.fixtures.protocol_servers", "tgi", "--port", "0", "--token-delay", "0.001",
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:

@@ -9,8 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-
-from adapters.base import (
+from batchbench.adapters.base import (
     BatchingConfig,
     Chunk,
     EngineError,
@@ -21,12 +20,13 @@ from adapters.base import (
     StreamProtocolError,
     Usage,
 )
-from adapters.http import make_client
-from adapters.prometheus import Samples
-from adapters.served import ModelRef
-from adapters.trtllm import TRTLLMEngine, to_yaml
-from fixtures.protocol_servers import TRTLLMServer, read_sse, wire_dir
-from fixtures.workloads import Request
+from batchbench.adapters.http import make_client
+from batchbench.adapters.prometheus import Samples
+from batchbench.adapters.served import ModelRef
+from batchbench.adapters.trtllm import TRTLLMEngine, to_yaml
+from batchbench.fixtures.protocol_servers import TRTLLMServer, read_sse, wire_dir
+
+from batchbench.workload import Request
 
 WIRE = wire_dir("trtllm")
 MODEL = ModelRef("batchbench/tiny-llama", served_name="tiny-llama", max_model_len=512)

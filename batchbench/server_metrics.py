@@ -1,0 +1,31 @@
+"""What an engine's server says about itself, in engine-neutral units.
+
+Each adapter maps its engine's own names (Prometheus or JSON) onto :class:`ServerMetrics`; nothing
+above the adapters knows which engine's names they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetrics:
+    """One scrape of an engine's server-side state.
+
+    Counters (preemptions, rejections) are cumulative since engine start, as
+    Prometheus exposes them; ``None`` means the engine does not expose it.
+    """
+
+    t: float
+    running: float | None = None
+    waiting: float | None = None
+    #: KV-cache usage as a fraction in [0, 1].
+    kv_usage: float | None = None
+    kv_capacity_tokens: float | None = None
+    preemptions: float | None = None
+    rejections: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
