@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.adapters.registry import EMBEDDED_ENGINES, ENGINES, EngineOptions, make_engine, parse_engine_urls
-
 from batchbench.harness import Harness
 from batchbench.pool import EngineUnavailable
 from batchbench.profiles import Profile, get_profile

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import BatchingConfig, Capabilities, Chunk, Engine, EngineDied, EngineNotHealthy, Usage
-from batchbench.fixtures import tiny_model_dir
-
 from batchbench.clock import now
+from batchbench.fixtures import tiny_model_dir
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
 

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+
 from batchbench.adapters.base import (
     EngineHTTPError,
     EngineRejected,

@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 from batchbench.adapters.base import Chunk, EngineError, EngineHTTPError, EngineRejected, StreamProtocolError, Usage
 from batchbench.adapters.http import OVERLOAD_STATUSES, parse_json_event, post_stream, sse_data
 from batchbench.adapters.served import ServedEngine
-
 from batchbench.clock import now
 from batchbench.workload import Request
 

@@ -111,7 +111,6 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     if name != "vllm":
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
     from batchbench.adapters.vllm import LOCAL_PROGRAM
-
     from batchbench.local_launch import LocalProcess
 
     if options.model is not None:

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import BatchingConfig, BatchingMode, Capabilities, Chunk, Engine, EngineError
-
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import httpx
+
 from batchbench.adapters.base import (
     BatchingConfig,
     Engine,
@@ -29,7 +30,6 @@ from batchbench.adapters.base import (
 )
 from batchbench.adapters.http import check_url, get_json, get_text, make_client
 from batchbench.adapters.prometheus import Samples
-
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 

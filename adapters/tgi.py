@@ -64,7 +64,6 @@ from batchbench.adapters.base import (
 from batchbench.adapters.http import get_json, parse_json_event, post_stream, sse_data
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.served import ModelRef, ServedEngine
-
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request

@@ -54,7 +54,6 @@ from batchbench.adapters.base import BatchingConfig, Capabilities, EngineHTTPErr
 from batchbench.adapters.http import get_json, get_text
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
-
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request

@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 from batchbench.adapters.base import BatchingConfig, Capabilities
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
-
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from batchbench.metrics import ttft_by_bucket
 from batchbench.reports import fmt, plots
 from batchbench.reports.compare import BaselineComparison, best_by_metric
 from batchbench.reports.document import Block, Bullets, Cell, Document, Para, Plot, Section, Table
@@ -28,8 +29,6 @@ from batchbench.reports.model import (
     display_name,
 )
 from batchbench.reports.series import group_series, series_labels
-
-from batchbench.metrics import ttft_by_bucket
 
 _UNIT_FORMAT: dict[str, Callable[[object], str]] = {"ms": fmt.ms, "rate": fmt.rate, "fraction": fmt.pct}
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.reports.model import MalformedResults, Run, build_run
-
 from batchbench.results import SCHEMA, fold, load
 
 

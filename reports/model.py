@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from batchbench.adapters.base import BatchingConfig
-from batchbench.reports.fmt import num
-
 from batchbench.client_load import ClientLoad
 from batchbench.guardrails import KV_DANGER, server_summary
 from batchbench.machine_load import MachineLoad
 from batchbench.metrics import summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
+from batchbench.reports.fmt import num
 from batchbench.results import records_of
 from batchbench.server_metrics import ServerMetrics
 

@@ -12,11 +12,12 @@ import io
 from collections import defaultdict
 from typing import Any
 
-from batchbench.reports.fmt import num
-from batchbench.reports.model import DANGER_KV_USAGE, Run
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from batchbench.reports.fmt import num
+from batchbench.reports.model import DANGER_KV_USAGE, Run
 
 #: The label that orders points along a latency-throughput curve, when the runs carry it.
 POINT_LABEL = "concurrency"

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from batchbench.adapters.base import BatchingConfig, Engine
 
 from batchbench import results
+from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.guardrails import KV_DANGER
 from batchbench.harness import Harness
 from batchbench.metrics import ttft_by_bucket

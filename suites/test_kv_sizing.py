@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import TINY_MODEL_DIR, engine_class
-
 from batchbench.harness import Harness
 from batchbench.metrics import kv_cache_bytes_per_token, kv_capacity_tokens
 from batchbench.regimes import KV_FULL, kv_fit_concurrency

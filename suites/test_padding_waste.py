@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from batchbench.adapters.base import BatchingConfig, Engine
 
+from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.harness import Harness
 from batchbench.metrics import padding_fraction
 from batchbench.runner import RunResult

@@ -58,12 +58,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
 from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.adapters.http import get_text
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.router import RoutedEngine
 from batchbench.adapters.served import ServedEngine
-
 from batchbench.harness import Harness
 from batchbench.metrics import Distribution
 from batchbench.profiles import Profile, get_profile

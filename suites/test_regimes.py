@@ -51,10 +51,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batchbench.adapters.base import BatchingConfig, Engine
-from batchbench.adapters.registry import make_engine
 
 from batchbench import environment
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.registry import make_engine
 from batchbench.harness import Harness
 from batchbench.machine_load import BUSY_SHARE, MachineLoad
 from batchbench.pool import EngineUnavailable

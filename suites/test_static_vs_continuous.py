@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from batchbench.adapters.base import BatchingConfig, Engine
 
 from batchbench import environment
+from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.harness import Harness
 from batchbench.machine_load import BUSY_SHARE
 from batchbench.metrics import continuous_idle_fraction, percentile, waves_idle_fraction

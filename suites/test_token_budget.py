@@ -88,9 +88,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
 from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.adapters.registry import engine_class
-
 from batchbench.harness import Harness
 from batchbench.loadgen import LoadGenerator
 from batchbench.metrics import Distribution, itl_samples

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from batchbench.reports.model import client_notes
 
 from batchbench import results
 from batchbench.client_load import BUSY_LIMIT, ClientLoad, ClientMeter
+from batchbench.reports.model import client_notes
 
 
 def spin(seconds: float) -> None:
@@ -70,7 +70,6 @@ def test_warnings_and_the_document() -> None:
 async def test_every_results_document_says_how_busy_the_client_was(tmp_path: Path) -> None:
     from batchbench.adapters.served import ModelRef
     from batchbench.adapters.vllm import VLLMEngine
-
     from batchbench.runner import run
     from batchbench.workload import Arrival, Lengths, WorkloadSpec
     from tests.fake_vllm import FakeVLLM

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from batchbench.adapters.base import BatchingConfig
 from batchbench.adapters.hf_static import HFStaticEngine
-
 from batchbench.loadgen import LoadGenerator
 from batchbench.metrics import decode_idle_fraction, padding_fraction
 from batchbench.runner import run

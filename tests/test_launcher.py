@@ -20,11 +20,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from batchbench.adapters.base import Capabilities, EngineDied, EngineError, EngineUnreachable
-from batchbench.adapters.served import ModelRef, ServedEngine
 
 import docker
 from batchbench import launcher
+from batchbench.adapters.base import Capabilities, EngineDied, EngineError, EngineUnreachable
+from batchbench.adapters.served import ModelRef, ServedEngine
 from batchbench.clock import now
 from batchbench.launcher import (
     LABEL_ENGINE,

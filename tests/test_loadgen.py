@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
+from batchbench import results
 from batchbench.adapters.base import EngineNotHealthy, EngineUnreachable
 from batchbench.adapters.served import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
-
-from batchbench import results
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.metrics import itl_samples, summarize
 from batchbench.runner import run

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from batchbench.adapters.served import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
-
 from batchbench.harness import LoopThread
 from batchbench.loadgen import LoadGenerator
 from batchbench.workload import Arrival, Lengths, WorkloadSpec

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from batchbench.reports.model import machine_notes
 
 from batchbench.machine_load import BUSY_SHARE, MachineLoad, MachineMeter
+from batchbench.reports.model import machine_notes
 
 pytestmark = pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="reads /proc (Linux only)")
 

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import ClassVar
 
 import pytest
+
 from batchbench.adapters.base import (
     BatchingConfig,
     Capabilities,
@@ -15,7 +16,6 @@ from batchbench.adapters.base import (
     EngineNotHealthy,
     Usage,
 )
-
 from batchbench.clock import now
 from batchbench.pool import WARM_UP, EnginePool, EngineUnavailable
 from batchbench.workload import Request

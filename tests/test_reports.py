@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from batchbench.adapters.base import BatchingConfig
+from batchbench.metrics import summarize, ttft_by_bucket
+from batchbench.records import RequestRecord
 from batchbench.reports.__main__ import main
 from batchbench.reports.build import build, build_report
 from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
-from hypothesis import given
-from hypothesis import strategies as st
-
-from batchbench.metrics import summarize, ttft_by_bucket
-from batchbench.records import RequestRecord
 from batchbench.results import ResultsWriter
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from batchbench.adapters.base import BatchingConfig, Capabilities, Chunk, Engine, EngineRejected, Usage
-from batchbench.adapters.router import RoutedEngine, UnroutableRequest
 
 from batchbench import results
+from batchbench.adapters.base import BatchingConfig, Capabilities, Chunk, Engine, EngineRejected, Usage
+from batchbench.adapters.router import RoutedEngine, UnroutableRequest
 from batchbench.clock import now
 from batchbench.loadgen import LoadGenerator
 from batchbench.runner import run

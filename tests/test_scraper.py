@@ -7,7 +7,6 @@ from itertools import pairwise
 from typing import cast
 
 from batchbench.adapters.base import Engine, EngineUnreachable
-
 from batchbench.clock import now
 from batchbench.scraper import Scraper
 from batchbench.server_metrics import ServerMetrics

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from batchbench.adapters.http import sse_data
 from hypothesis import given
 from hypothesis import strategies as st
+
+from batchbench.adapters.http import sse_data
 
 
 class Pieces(httpx.AsyncByteStream):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from batchbench.adapters.base import (
     BatchingConfig,
     Chunk,
@@ -27,7 +28,6 @@ from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.served import ModelRef
 from batchbench.adapters.tgi import TGIEngine, token_ids_text
 from batchbench.fixtures.protocol_servers import TGIServer, read_sse, wire_dir
-
 from batchbench.workload import Request
 
 WIRE = wire_dir("tgi")

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+
 from batchbench.adapters.base import (
     BatchingConfig,
     Chunk,
@@ -25,7 +26,6 @@ from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.served import ModelRef
 from batchbench.adapters.trtllm import TRTLLMEngine, to_yaml
 from batchbench.fixtures.protocol_servers import TRTLLMServer, read_sse, wire_dir
-
 from batchbench.workload import Request
 
 WIRE = wire_dir("trtllm")

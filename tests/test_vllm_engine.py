@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
+from batchbench import results
 from batchbench.adapters.base import BatchingConfig, EngineDied
 from batchbench.adapters.registry import TINY_MODEL_DIR, EngineOptions, make_engine
 from batchbench.adapters.served import ModelRef
 from batchbench.adapters.vllm import LOCAL_PROGRAM, VLLMEngine
-
-from batchbench import results
 from batchbench.loadgen import LoadConfig
 from batchbench.local_launch import LocalProcess
 from batchbench.metrics import kv_cache_bytes_per_token
