@@ -13,13 +13,45 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Literal
+from types import UnionType
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
 
 BatchingMode = Literal["static", "continuous"]
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _parse_field(hint: Any, text: str) -> Any:
+    """``text`` as a value of the field type ``hint`` (``int | None``, ``bool | None``, a Literal, ...)."""
+    optional = get_origin(hint) in (Union, UnionType)
+    kind = next(t for t in get_args(hint) if t is not type(None)) if optional else hint
+    if get_origin(kind) is Literal:
+        if text not in get_args(kind):
+            raise ValueError(f"expected one of {', '.join(map(str, get_args(kind)))}")
+        return text
+    if kind is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ValueError("expected true or false")
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError("expected an integer") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError("expected a number") from None
+    raise TypeError(f"no parser for a field of type {hint!r}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +97,32 @@ class BatchingConfig:
         if self.prefill_chunk_tokens is not None and self.chunked_prefill is False:
             raise ValueError("prefill_chunk_tokens caps prefill chunks: it needs chunked_prefill on, not off")
 
+    @classmethod
+    def parse(cls, spec: str) -> BatchingConfig | None:
+        """``max_batch_size=8,chunked_prefill=false`` → a config; ``default`` → None (the engine's own).
+
+        The one parser of ``--batching`` for the CLI and the pytest plugin; each value is converted to
+        its field's type, and anything that is not exactly a value of that type is an error that names
+        the key (``chunked_prefill=ture`` is not silently False).
+        """
+        if spec.strip() == "default":
+            return None
+        hints = get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            key, sep, text = item.partition("=")
+            key, text = key.strip(), text.strip()
+            if not sep or key not in hints:
+                raise ValueError(f"--batching {spec!r}: expected KEY=VALUE pairs with KEY one of: {', '.join(hints)}")
+            try:
+                values[key] = _parse_field(hints[key], text)
+            except ValueError as exc:
+                raise ValueError(f"--batching {spec!r}: {key}={text!r}: {exc}") from None
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise ValueError(f"--batching {spec!r}: {exc}") from None
+
     def label(self) -> str:
         """A short, stable id for test names and result files."""
         parts: list[str] = [self.mode]
@@ -84,6 +142,26 @@ class BatchingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """The model an engine serves.
+
+    ``path`` is a local directory or a Hugging Face id; with ``dummy_weights``
+    the engine initialises seeded random weights of that architecture (vLLM
+    ``--load-format dummy``) so nothing is downloaded. ``served_name`` is what
+    requests put in their ``model`` field.
+    """
+
+    path: str
+    dummy_weights: bool = False
+    served_name: str | None = None
+    max_model_len: int | None = None
+
+    @property
+    def request_name(self) -> str:
+        return self.served_name or self.path
 
 
 @dataclass(frozen=True)

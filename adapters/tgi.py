@@ -58,12 +58,14 @@ from batchbench.adapters.base import (
     EngineError,
     EngineHTTPError,
     EngineRejected,
+    ModelRef,
     StreamProtocolError,
     Usage,
 )
 from batchbench.adapters.http import get_json, parse_json_event, post_stream, sse_data
 from batchbench.adapters.prometheus import Samples
-from batchbench.adapters.served import ModelRef, ServedEngine
+from batchbench.adapters.served import ServedEngine
+from batchbench.adapters.spec import EngineSpec
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
@@ -308,3 +310,10 @@ class TGIEngine(ServedEngine):
             exact_output_length=False,
         )
         return doc
+
+
+SPEC = EngineSpec(
+    name="tgi",
+    engine_class=TGIEngine,
+    summary="Hugging Face text-generation-inference 3.3.x, continuous batching; takes text, cannot ignore EOS",
+)

@@ -54,6 +54,7 @@ from batchbench.adapters.base import BatchingConfig, Capabilities, EngineHTTPErr
 from batchbench.adapters.http import get_json, get_text
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
+from batchbench.adapters.spec import EngineSpec
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
@@ -288,3 +289,10 @@ class TRTLLMEngine(OpenAICompletionsEngine):
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+SPEC = EngineSpec(
+    name="trtllm",
+    engine_class=TRTLLMEngine,
+    summary="TensorRT-LLM trtllm-serve 1.x (PyTorch backend), inflight or static batching",
+)

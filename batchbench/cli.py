@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 from batchbench.adapters.base import EngineError
-from batchbench.adapters.registry import EMBEDDED_ENGINES, ENGINES, EngineOptions, make_engine, parse_engine_urls
+from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.loadgen import LoadConfig
+from batchbench.options import add_engine_arguments, engine_options
 from batchbench.pool import EnginePool
 from batchbench.profiles import Profile, chat_workload, get_profile
 from batchbench.runner import RunResult, run
@@ -31,13 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batchbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run the standard comparison and build the report")
-    run_p.add_argument("--engine", action="append", default=[], choices=sorted(ENGINES),
-                       help=f"engine (repeatable; default: {' '.join(EMBEDDED_ENGINES)})")
-    run_p.add_argument("--engine-url", action="append", default=[], metavar="NAME=URL")
-    run_p.add_argument("--model", default=None)
-    run_p.add_argument("--launch", default="auto", choices=["auto", "local", "docker"])
-    run_p.add_argument("--profile", default="quick", choices=["quick", "full"])
-    run_p.add_argument("--results-dir", type=Path, default=Path("results"))
+    add_engine_arguments(run_p.add_argument)
     run_p.add_argument("--seed", type=int, default=0)
     run_p.add_argument("--repeats", type=_positive, default=3,
                        help="runs of each layout, interleaved; the report gives their median and range (default 3)")
@@ -109,16 +104,17 @@ def _ms(seconds: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    engines = args.engine or list(EMBEDDED_ENGINES)
     profile = get_profile(args.profile)
     try:
-        urls = parse_engine_urls(args.engine_url, engines)
+        engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
+                                          launch=args.launch, profile=profile, results_dir=args.results_dir)
+        if args.batching:
+            raise ValueError("--batching: the main job runs each engine's default configuration; "
+                             "use the suites (pytest --batching ...) for a config grid")
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return 2
-    options = EngineOptions(model=args.model, urls=urls, launch=args.launch, max_model_len=profile.max_model_len,
-                            log_dir=args.results_dir / "server-logs")
-    results = asyncio.run(_compare(engines, options, profile, args.results_dir, args.seed, args.repeats))
+    results = asyncio.run(_compare(list(engines), options, profile, args.results_dir, args.seed, args.repeats))
     if not results:
         print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
         return 1

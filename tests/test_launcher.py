@@ -23,8 +23,8 @@ import pytest
 
 import docker
 from batchbench import launcher
-from batchbench.adapters.base import Capabilities, EngineDied, EngineError, EngineUnreachable
-from batchbench.adapters.served import ModelRef, ServedEngine
+from batchbench.adapters.base import Capabilities, EngineDied, EngineError, EngineUnreachable, ModelRef
+from batchbench.adapters.served import ServedEngine
 from batchbench.clock import now
 from batchbench.launcher import (
     LABEL_ENGINE,

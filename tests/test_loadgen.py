@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from batchbench import results
-from batchbench.adapters.base import EngineNotHealthy, EngineUnreachable
-from batchbench.adapters.served import ModelRef
+from batchbench.adapters.base import EngineNotHealthy, EngineUnreachable, ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.metrics import itl_samples, summarize

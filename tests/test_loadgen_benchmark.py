@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from batchbench.adapters.served import ModelRef
+from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.harness import LoopThread
 from batchbench.loadgen import LoadGenerator

@@ -9,7 +9,6 @@ from batchbench.adapters.registry import EngineOptions, make_engine, parse_engin
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.launcher import DockerLaunch
 from batchbench.local_launch import LocalProcess
-from conftest import parse_batching
 
 
 def test_engine_urls_name_their_engine() -> None:
@@ -44,16 +43,24 @@ def test_impossible_combinations_are_refused(name: str, options: EngineOptions, 
 
 
 def test_batching_grid_from_the_command_line() -> None:
-    assert parse_batching("default") is None
-    assert parse_batching("max_batch_size=16,chunked_prefill=false,memory_fraction=0.5") == BatchingConfig(
+    assert BatchingConfig.parse("default") is None
+    assert BatchingConfig.parse("max_batch_size=16,chunked_prefill=false,memory_fraction=0.5") == BatchingConfig(
         max_batch_size=16, chunked_prefill=False, memory_fraction=0.5)
-    with pytest.raises(pytest.UsageError, match="KEY one of"):
-        parse_batching("batch=16")
-    with pytest.raises(pytest.UsageError, match="positive integer"):
-        parse_batching("max_batch_size=0")
-    with pytest.raises(pytest.UsageError, match="needs chunked_prefill on"):
-        parse_batching("prefill_chunk_tokens=64,chunked_prefill=false")
-    assert parse_batching("max_batched_tokens=1024,prefill_chunk_tokens=64") == BatchingConfig(
+    with pytest.raises(ValueError, match="KEY one of"):
+        BatchingConfig.parse("batch=16")
+    with pytest.raises(ValueError, match="positive integer"):
+        BatchingConfig.parse("max_batch_size=0")
+    with pytest.raises(ValueError, match="needs chunked_prefill on"):
+        BatchingConfig.parse("prefill_chunk_tokens=64,chunked_prefill=false")
+    with pytest.raises(ValueError, match="chunked_prefill='ture': expected true or false"):
+        BatchingConfig.parse("chunked_prefill=ture")
+    with pytest.raises(ValueError, match="max_batch_size='abc': expected an integer"):
+        BatchingConfig.parse("max_batch_size=abc")
+    with pytest.raises(ValueError, match="mode='waves': expected one of static, continuous"):
+        BatchingConfig.parse("mode=waves")
+    assert BatchingConfig.parse("mode=static, chunked_prefill=ON") == BatchingConfig(
+        mode="static", chunked_prefill=True)
+    assert BatchingConfig.parse("max_batched_tokens=1024,prefill_chunk_tokens=64") == BatchingConfig(
         max_batched_tokens=1024, prefill_chunk_tokens=64)
 
 

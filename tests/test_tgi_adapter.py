@@ -20,12 +20,12 @@ from batchbench.adapters.base import (
     EngineNotHealthy,
     EngineRejected,
     EngineUnreachable,
+    ModelRef,
     StreamProtocolError,
     Usage,
 )
 from batchbench.adapters.http import make_client
 from batchbench.adapters.prometheus import Samples
-from batchbench.adapters.served import ModelRef
 from batchbench.adapters.tgi import TGIEngine, token_ids_text
 from batchbench.fixtures.protocol_servers import TGIServer, read_sse, wire_dir
 from batchbench.workload import Request

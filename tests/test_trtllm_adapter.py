@@ -18,12 +18,12 @@ from batchbench.adapters.base import (
     EngineNotHealthy,
     EngineRejected,
     EngineUnreachable,
+    ModelRef,
     StreamProtocolError,
     Usage,
 )
 from batchbench.adapters.http import make_client
 from batchbench.adapters.prometheus import Samples
-from batchbench.adapters.served import ModelRef
 from batchbench.adapters.trtllm import TRTLLMEngine, to_yaml
 from batchbench.fixtures.protocol_servers import TRTLLMServer, read_sse, wire_dir
 from batchbench.workload import Request

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from batchbench import results
-from batchbench.adapters.base import BatchingConfig, EngineDied
-from batchbench.adapters.registry import TINY_MODEL_DIR, EngineOptions, make_engine
-from batchbench.adapters.served import ModelRef
+from batchbench.adapters.base import BatchingConfig, EngineDied, ModelRef
+from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.adapters.vllm import LOCAL_PROGRAM, VLLMEngine
+from batchbench.fixtures import tiny_model_dir
 from batchbench.loadgen import LoadConfig
 from batchbench.local_launch import LocalProcess
 from batchbench.metrics import kv_cache_bytes_per_token
@@ -80,11 +80,12 @@ async def test_capacity_matches_the_kv_formula() -> None:
         sample = await engine.scrape()
     assert sample is not None
     per_token = kv_cache_bytes_per_token(num_layers=2, num_kv_heads=2, head_dim=64, bytes_per_element=2)
-    assert sample.kv_capacity_tokens == OPTIONS.cpu_kv_cache_gib * 2**30 // per_token
+    assert engine.cpu_kv_cache_gib == 1.0  # the local run's KV space (adapters/vllm.py SPEC)
+    assert sample.kv_capacity_tokens == engine.cpu_kv_cache_gib * 2**30 // per_token
 
 
 async def test_invalid_option_fails_fast_with_the_servers_reason() -> None:
-    engine = VLLMEngine(model=ModelRef(str(TINY_MODEL_DIR), dummy_weights=True), launch=LocalProcess(LOCAL_PROGRAM),
+    engine = VLLMEngine(model=ModelRef(str(tiny_model_dir()), dummy_weights=True), launch=LocalProcess(LOCAL_PROGRAM),
                         extra_args=("--no-such-flag",), startup_timeout=120)
     with pytest.raises(EngineDied) as info:
         async with engine:

