@@ -1,0 +1,54 @@
+"""batchbench's fixtures in a user's own repository: the pytest11 plugin, with no conftest.py of ours."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+USER_SUITE = '''
+from batchbench.workload import Arrival, Lengths, WorkloadSpec
+
+
+def test_my_workload(start_engine, harness, engine_name):
+    engine = start_engine(engine_name)
+    workload = WorkloadSpec("mine", 8, prompt=Lengths.fixed(16), output=Lengths.fixed(8),
+                            arrival=Arrival("closed", concurrency=4), seed=1).build()
+    result = harness.measure(engine, workload, tag="mine")
+    assert result.summary.ok == 8
+    assert result.path.is_file()
+'''
+
+
+def _pytest(repo: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=repo,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture
+def user_repo(tmp_path: Path) -> Path:
+    (tmp_path / "test_mine.py").write_text(USER_SUITE)
+    return tmp_path
+
+
+def test_help_lists_the_options_in_a_repository_of_its_own(user_repo: Path) -> None:
+    proc = _pytest(user_repo, "--help")
+    assert proc.returncode == 0, proc.stderr
+    for option in ("--engine=", "--engine-url=", "--batching=", "--profile=", "--results-dir=", "--max-live-engines"):
+        assert option in proc.stdout
+
+
+def test_a_bad_option_is_a_usage_error_before_anything_starts(user_repo: Path) -> None:
+    proc = _pytest(user_repo, "--engine", "vllm", "--batching", "chunked_prefill=ture")
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage-error exit code
+    assert "chunked_prefill='ture': expected true or false" in proc.stderr
+
+
+@pytest.mark.engine
+def test_pytest_engine_vllm_runs_a_users_suite(user_repo: Path) -> None:
+    proc = _pytest(user_repo, "--engine", "vllm", "--results-dir", "out", "-q", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 passed" in proc.stdout
+    assert list((user_repo / "out").glob("vllm_*mine*.json"))
