@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The full batchbench profile on a GPU host: vLLM, TGI and TensorRT-LLM, each in
-# its pinned container (docker/images.toml), then the report.
+# its pinned container (adapters/images.toml), then the report.
 #
 # Needs: an NVIDIA GPU with the NVIDIA Container Toolkit, a Docker Engine this
 # user may use (DOCKER_HOST, or the local socket), and batchbench installed
-# with its extras: pip install '.[dev,docker]'. Run from the repository root.
+# with its extras, editable: pip install -e '.[dev,docker]'. Run from the repository root.
 #
 # Environment:
 #   BATCHBENCH_MODEL     Hugging Face model id (default below: small, ungated,

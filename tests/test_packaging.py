@@ -88,3 +88,11 @@ def test_the_wheel_runs_the_main_job_from_an_empty_folder(fresh_venv: Path, tmp_
                 cwd=tmp_path, env=env, timeout=600)
     assert "hf-static" in proc.stdout
     assert (tmp_path / "results" / "report" / "report.html").is_file()
+
+
+def test_a_checkout_that_is_not_installed_says_how_to_fix_it() -> None:
+    # -S: no site-packages, so no editable finder; the checkout's batchbench/ is found from the working directory.
+    proc = subprocess.run([sys.executable, "-S", "-c", "import batchbench"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    assert "not installed from it in editable mode" in proc.stderr and "./bootstrap.sh" in proc.stderr
