@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from types import UnionType
-from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin, get_type_hints
 
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
@@ -214,12 +214,26 @@ class EngineError(Exception):
 
     kind: ClassVar[str] = "engine_error"
 
-    def __init__(self, engine: str, message: str, *, request_id: str | None = None) -> None:
+    def __init__(self, engine: str, message: str, *, request_id: str | None = None, permanent: bool = False) -> None:
         self.engine = engine
         self.request_id = request_id
         self.detail = message
-        where = f"engine {engine!r}" + (f", request {request_id}" if request_id else "")
-        super().__init__(f"{where}: {message}")
+        #: Waiting will not change it (a host that does not resolve, TLS to a plain-HTTP port, a server
+        #: that is not this engine): health checks stop at once instead of polling until their deadline.
+        self.permanent = permanent
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        where = f"engine {self.engine!r}" + (f", request {self.request_id}" if self.request_id else "")
+        return f"{where}: {self.detail}"
+
+    def with_detail(self, detail: str) -> Self:
+        """The same error (type, status, permanence) with a longer message, e.g. the server's log."""
+        clone = type(self).__new__(type(self))  # copy.copy would call __init__ with the formatted text
+        clone.__dict__.update(self.__dict__)
+        clone.detail = detail
+        clone.args = (clone._text(),)
+        return clone
 
 
 class EngineUnreachable(EngineError):
@@ -261,9 +275,10 @@ class EngineHTTPError(EngineError):
 
     kind = "http_error"
 
-    def __init__(self, engine: str, message: str, *, status: int, request_id: str | None = None) -> None:
+    def __init__(self, engine: str, message: str, *, status: int, request_id: str | None = None,
+                 permanent: bool = False) -> None:
         self.status = status
-        super().__init__(engine, message, request_id=request_id)
+        super().__init__(engine, message, request_id=request_id, permanent=permanent)
 
 
 class StreamProtocolError(EngineError):
@@ -372,6 +387,8 @@ class HealthPoller:
                     return
                 self.last_error = "not ready yet"
             except EngineError as exc:
+                if exc.permanent:
+                    raise
                 self.last_error = exc.detail
             if now() >= deadline:
                 raise EngineNotHealthy(

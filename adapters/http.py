@@ -8,6 +8,8 @@ body into events, so vLLM, TGI and TensorRT-LLM fail and stream the same way.
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,14 +39,34 @@ def make_client(base_url: str, *, max_connections: int = 1024) -> httpx.AsyncCli
 
 
 def check_url(engine: str, url: str) -> str:
-    """Validate a user-given engine URL early, with a message that names it."""
+    """Validate a user-given engine URL early, with a message that names it.
+
+    The OpenAI-style base URL people paste (``http://host:port/v1``) is accepted: the adapters add
+    their own paths (``/v1/completions``, ``/health``, ``/metrics``) to the server's root.
+    """
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError) as exc:
-        raise EngineUnreachable(engine, f"invalid URL {url!r}: {exc}") from exc
+        raise EngineUnreachable(engine, f"invalid URL {url!r}: {exc}", permanent=True) from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise EngineUnreachable(engine, f"invalid URL {url!r}: expected http(s)://host:port")
-    return str(parsed).rstrip("/")
+        raise EngineUnreachable(engine, f"invalid URL {url!r}: expected http(s)://host:port", permanent=True)
+    root = str(parsed).rstrip("/")
+    return root.removesuffix("/v1") if parsed.path.rstrip("/") == "/v1" else root
+
+
+def _connect_failure(engine: str, client: httpx.AsyncClient, exc: httpx.HTTPError, *,
+                     request_id: str | None = None) -> EngineUnreachable:
+    """A transport failure as EngineUnreachable, permanent when waiting cannot fix it."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, socket.gaierror):
+            return EngineUnreachable(engine, f"host {client.base_url.host!r} of {client.base_url} does not resolve "
+                                     f"({cause})", request_id=request_id, permanent=True)
+        if isinstance(cause, ssl.SSLError):
+            return EngineUnreachable(engine, f"TLS handshake with {client.base_url} failed ({cause}); is it a "
+                                     "plain-HTTP port (http://, not https://)?", request_id=request_id, permanent=True)
+        cause = cause.__cause__ or cause.__context__
+    return EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}", request_id=request_id)
 
 
 def _error_text(body: bytes) -> str:
@@ -52,7 +74,8 @@ def _error_text(body: bytes) -> str:
     try:
         doc = json.loads(text)
     except ValueError:
-        return text[:500]
+        # Not an engine's JSON error: an HTML page (a proxy, another server) says nothing in 500 characters.
+        return " ".join(text[:200].split()) + (" ..." if len(text) > 200 else "")
     if isinstance(doc, dict):
         err = doc.get("error", doc.get("message", doc))
         if isinstance(err, dict):
@@ -77,7 +100,7 @@ async def post_stream(
                 raise EngineHTTPError(engine, message, status=response.status_code, request_id=request_id)
             yield response
     except httpx.ConnectError as exc:
-        raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}", request_id=request_id) from exc
+        raise _connect_failure(engine, client, exc, request_id=request_id) from exc
     except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
         raise StreamProtocolError(
             engine, f"connection broke mid-stream ({type(exc).__name__}: {exc or 'no detail'})", request_id=request_id
@@ -125,19 +148,25 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
         yield "\n".join(data)
 
 
-async def get_json(client: httpx.AsyncClient, engine: str, path: str) -> Any:
-    """GET a JSON document, mapping failures to EngineError types."""
+async def _get(client: httpx.AsyncClient, engine: str, path: str) -> httpx.Response:
+    """GET ``path``; anything but a 200 is an EngineError (the body shortened, never a whole HTML page)."""
     try:
         response = await client.get(path)
     except httpx.ConnectError as exc:
-        raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}") from exc
+        raise _connect_failure(engine, client, exc) from exc
     except httpx.HTTPError as exc:
         raise EngineUnreachable(engine, f"{path} failed: {type(exc).__name__}: {exc}") from exc
     if response.status_code != 200:
         raise EngineHTTPError(
-            engine, f"HTTP {response.status_code} from {path}: {_error_text(response.content)}",
+            engine, f"HTTP {response.status_code} from {client.base_url}{path}: {_error_text(response.content)}",
             status=response.status_code,
         )
+    return response
+
+
+async def get_json(client: httpx.AsyncClient, engine: str, path: str) -> Any:
+    """GET a JSON document, mapping failures to EngineError types."""
+    response = await _get(client, engine, path)
     try:
         return response.json()
     except ValueError as exc:
@@ -146,18 +175,7 @@ async def get_json(client: httpx.AsyncClient, engine: str, path: str) -> Any:
 
 async def get_text(client: httpx.AsyncClient, engine: str, path: str) -> str:
     """GET a text document (health, /metrics), mapping failures to EngineError types."""
-    try:
-        response = await client.get(path)
-    except httpx.ConnectError as exc:
-        raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}") from exc
-    except httpx.HTTPError as exc:
-        raise EngineUnreachable(engine, f"{path} failed: {type(exc).__name__}: {exc}") from exc
-    if response.status_code != 200:
-        raise EngineHTTPError(
-            engine, f"HTTP {response.status_code} from {path}: {_error_text(response.content)}",
-            status=response.status_code,
-        )
-    return response.text
+    return (await _get(client, engine, path)).text
 
 
 def parse_json_event(engine: str, data: str, request_id: str) -> Any:

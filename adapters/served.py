@@ -23,6 +23,8 @@ from batchbench.adapters.base import (
     Engine,
     EngineDied,
     EngineError,
+    EngineHTTPError,
+    EngineNotHealthy,
     EngineUnreachable,
     HealthPoller,
     ModelRef,
@@ -122,7 +124,14 @@ class ServedEngine(Engine):
 
     async def probe_health(self) -> bool:
         assert self.client is not None
-        await get_text(self.client, self.name, self.health_path)
+        try:
+            await get_text(self.client, self.name, self.health_path)
+        except EngineHTTPError as exc:
+            if self.url is not None and exc.status in (404, 405):
+                # Someone else's server that has no such route is not this engine, and never will be.
+                raise EngineHTTPError(self.name, f"{self.url} is not a {self.name} server: {exc.detail}",
+                                      status=exc.status, permanent=True) from exc
+            raise
         return True
 
     async def wait_healthy(self, timeout: float) -> None:
@@ -132,7 +141,9 @@ class ServedEngine(Engine):
         except EngineError as exc:
             if self.launch is not None:
                 self.server_log_tail = await self.launch.logs()
-                raise type(exc)(self.name, f"{exc.detail}\n--- server log (tail) ---\n{self.server_log_tail}") from exc
+                raise exc.with_detail(f"{exc.detail}\n--- server log (tail) ---\n{self.server_log_tail}") from exc
+            if not exc.permanent:
+                raise EngineNotHealthy(self.name, f"nothing healthy answered at {self.url}: {exc.detail}") from exc
             raise
         if self._started_at is not None:
             self.startup_s = now() - self._started_at

@@ -1,0 +1,81 @@
+"""An engine at a wrong URL fails in seconds with a message that names the URL and says why."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batchbench.adapters.base import EngineError, EngineNotHealthy, ModelRef
+from batchbench.adapters.http import check_url
+from batchbench.adapters.vllm import VLLMEngine
+
+
+@pytest.fixture(scope="module")
+def plain_http_server() -> Iterator[str]:
+    """A web server that is not an engine: 404 on /health, with an HTML page."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+async def _connect(url: str, grace_s: float = 20.0) -> tuple[float, EngineError]:
+    """Seconds until connecting to ``url`` failed (it must fail), and the error."""
+    engine = VLLMEngine(model=ModelRef("m"), url=url, startup_timeout=grace_s)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError) as info:
+        async with engine:
+            pass
+    return time.monotonic() - t0, info.value
+
+
+async def test_a_host_that_does_not_resolve_fails_at_once() -> None:
+    elapsed, error = await _connect("http://no-such-host.invalid:8000")
+    assert elapsed < 5
+    assert error.permanent and "'no-such-host.invalid'" in str(error) and "does not resolve" in str(error)
+
+
+async def test_https_to_a_plain_http_port_fails_at_once(plain_http_server: str) -> None:
+    elapsed, error = await _connect(f"https://{plain_http_server}")
+    assert elapsed < 5
+    assert "TLS handshake" in str(error) and "http://" in str(error)
+
+
+async def test_a_server_that_is_not_an_engine_fails_at_once_without_its_whole_page(plain_http_server: str) -> None:
+    elapsed, error = await _connect(f"http://{plain_http_server}")
+    assert elapsed < 5
+    assert f"http://{plain_http_server} is not a vllm server" in str(error) and "HTTP 404" in str(error)
+    assert len(str(error)) < 400
+
+
+async def test_nothing_listening_fails_after_the_url_grace_naming_the_url() -> None:
+    elapsed, error = await _connect("http://127.0.0.1:1", grace_s=1.0)
+    assert 0.9 < elapsed < 5
+    assert isinstance(error, EngineNotHealthy) and "nothing healthy answered at http://127.0.0.1:1" in str(error)
+
+
+@pytest.mark.parametrize(("given", "root"), [
+    ("http://host:8000/v1", "http://host:8000"),
+    ("http://host:8000/v1/", "http://host:8000"),
+    ("http://host:8000/", "http://host:8000"),
+    ("https://host/prefix/v1", "https://host/prefix/v1"),  # only a bare /v1 is the OpenAI base path
+])
+def test_the_openai_base_url_people_paste_is_accepted(given: str, root: str) -> None:
+    assert check_url("vllm", given) == root
+
+
+def test_the_cli_gives_up_on_a_dead_url_within_thirty_seconds(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "batchbench", "run", "--engine", "vllm", "--engine-url",
+                           "vllm=http://127.0.0.1:1", "--results-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert time.monotonic() - t0 < 30
+    assert proc.returncode != 0 and "http://127.0.0.1:1" in proc.stderr
