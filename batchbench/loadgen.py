@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from batchbench.adapters.base import Engine, EngineError
+from batchbench.adapters.base import Engine, EngineError, StreamProtocolError
 from batchbench.clock import now
 from batchbench.records import RequestRecord
 from batchbench.workload import Request, Workload
@@ -126,10 +126,18 @@ class LoadGenerator:
         )
         sent = now()
         record.sent_s = sent - self.t0
+        received = 0
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 async for chunk in self.engine.stream(request):
                     if chunk.n_tokens:
+                        received += chunk.n_tokens
+                        if received > request.max_tokens:
+                            # An endless or runaway stream: what it sent past the limit is not the
+                            # engine's answer to this request, and must not count as its throughput.
+                            raise StreamProtocolError(
+                                self.engine.name, f"the stream sent more than max_tokens={request.max_tokens} "
+                                f"tokens ({received} so far); cut", request_id=request.request_id)
                         record.chunk_times.append(chunk.t - self.t0)
                         record.chunk_tokens.append(chunk.n_tokens)
                     if chunk.usage is not None:
