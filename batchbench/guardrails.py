@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from batchbench.server_metrics import ServerMetrics
@@ -32,7 +33,37 @@ def _increase(samples: Sequence[ServerMetrics], field: str) -> float | None:
     return sum(max(0.0, b - a) for a, b in itertools.pairwise(values))
 
 
-def server_summary(samples: Sequence[ServerMetrics]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Guardrails:
+    """What one run's scrapes say about the engine's headroom (None: the engine does not expose it)."""
+
+    #: Scrapes taken during the run.
+    samples: int
+    kv_usage_peak: float | None
+    kv_danger_threshold: float
+    #: Scrapes that carried a KV usage, and those of them at or above the threshold.
+    kv_samples: int
+    kv_danger_samples: int
+    #: Whether KV usage reached the danger zone (None: no KV usage exposed), and when first.
+    kv_danger_entered: bool | None
+    kv_danger_first_s: float | None
+    kv_danger_time_s: float | None
+    kv_capacity_tokens: float | None
+    waiting_peak: float | None
+    running_peak: float | None
+    #: Counter increases during this run (the counters are cumulative since engine start).
+    preemptions: float | None
+    rejections: float | None
+
+    @property
+    def danger_zone(self) -> bool:
+        return self.kv_danger_samples > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def server_summary(samples: Sequence[ServerMetrics]) -> Guardrails:
     """Peaks, counter increases and the KV danger-zone flag of one run's scrapes.
 
     Time in the danger zone is the sum of the intervals that start at a
@@ -45,18 +76,18 @@ def server_summary(samples: Sequence[ServerMetrics]) -> dict[str, Any]:
     waiting = [v for _, v in _values(samples, "waiting")]
     running = [v for _, v in _values(samples, "running")]
     capacity = [v for _, v in _values(samples, "kv_capacity_tokens")]
-    return {
-        "samples": len(samples),
-        "kv_usage_peak": max((v for _, v in kv), default=None),
-        "kv_danger_threshold": KV_DANGER,
-        "kv_samples": len(kv),
-        "kv_danger_samples": sum(1 for _, v in kv if v >= KV_DANGER),
-        "kv_danger_entered": entered is not None if kv else None,
-        "kv_danger_first_s": entered,
-        "kv_danger_time_s": danger_s if kv else None,
-        "kv_capacity_tokens": capacity[-1] if capacity else None,
-        "waiting_peak": max(waiting, default=None),
-        "running_peak": max(running, default=None),
-        "preemptions": _increase(samples, "preemptions"),
-        "rejections": _increase(samples, "rejections"),
-    }
+    return Guardrails(
+        samples=len(samples),
+        kv_usage_peak=max((v for _, v in kv), default=None),
+        kv_danger_threshold=KV_DANGER,
+        kv_samples=len(kv),
+        kv_danger_samples=sum(1 for _, v in kv if v >= KV_DANGER),
+        kv_danger_entered=entered is not None if kv else None,
+        kv_danger_first_s=entered,
+        kv_danger_time_s=danger_s if kv else None,
+        kv_capacity_tokens=capacity[-1] if capacity else None,
+        waiting_peak=max(waiting, default=None),
+        running_peak=max(running, default=None),
+        preemptions=_increase(samples, "preemptions"),
+        rejections=_increase(samples, "rejections"),
+    )

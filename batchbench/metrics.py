@@ -207,8 +207,9 @@ class Summary:
     goodput: float = 0.0
     #: good / requests (failed requests count as missing the SLO); None for no requests.
     goodput_fraction: float | None = None
-    #: Time-averaged number of requests streaming tokens (see :func:`mean_decoding`).
-    mean_decoding: float = 0.0
+    #: Time-averaged number of requests streaming tokens (see :func:`mean_decoding`); None in summaries
+    #: read from documents written before it was stored.
+    mean_decoding: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""

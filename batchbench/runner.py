@@ -25,7 +25,7 @@ from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.machine_load import MachineLoad, MachineMeter
 from batchbench.metrics import Summary, summarize
 from batchbench.records import RequestRecord
-from batchbench.results import ResultsWriter
+from batchbench.results import JournalWriter, LoadSettings, RunFooter, RunHeader, ScrapeStats, Slo
 from batchbench.scraper import Scraper
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Workload
@@ -75,18 +75,18 @@ async def run(
     """Replay ``workload`` against the running ``engine`` and write its results document."""
     load = load or LoadConfig()
     path = results_path(results_dir, engine, workload, tag)
-    writer = ResultsWriter(path)
-    writer.begin({
-        "run_id": path.stem,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "engine": engine.describe(),
-        "workload": workload.describe(),
-        "load": {"request_timeout_s": load.request_timeout_s, "max_in_flight": load.max_in_flight,
-                 "scrape_interval_s": scrape_interval_s},
-        "slo": {"ttft_s": ttft_slo_s, "tpot_s": tpot_slo_s},
-        "environment": environment.capture(),
-        "labels": labels or {},
-    })
+    writer = JournalWriter(path)
+    writer.begin(RunHeader(
+        run_id=path.stem,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        engine=engine.describe(),
+        workload=workload.describe(),
+        load=LoadSettings(request_timeout_s=load.request_timeout_s, max_in_flight=load.max_in_flight,
+                          scrape_interval_s=scrape_interval_s),
+        slo=Slo(ttft_s=ttft_slo_s, tpot_s=tpot_slo_s),
+        environment=environment.capture(),
+        labels=labels or {},
+    ))
     engine.begin_run()
     t0 = now()
     generator = LoadGenerator(engine, workload, on_record=writer.record, config=load)
@@ -108,16 +108,16 @@ async def run(
         report = engine.report()
         client = meter.result()
         machine = machine_meter.result()
-        writer.finish({
-            "status": status,
-            "error": error,
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "duration_s": duration,
-            "engine_report": report,
-            "scrape": {"failures": scraper.failures, "last_error": scraper.last_error},
-            "summary": summary.to_dict(),
-            "guardrails": server_summary(scraper.samples),
-            "client": client.to_dict(),
-            "machine": machine.to_dict(),
-        })
+        writer.finish(RunFooter(
+            status=status,
+            error=error,
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            duration_s=duration,
+            engine_report=report,
+            scrape=ScrapeStats(failures=scraper.failures, last_error=scraper.last_error),
+            summary=summary,
+            guardrails=server_summary(scraper.samples),
+            client=client,
+            machine=machine,
+        ))
     return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client, machine)

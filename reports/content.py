@@ -127,17 +127,16 @@ def metrics_table(runs: list[Run]) -> Table:
     cols = _column_names(runs)
     rows.append([Cell("Status")] + [Cell(status_text(r), "" if not r.partial else "warn") for r in runs])
 
-    def summary_int(r: Run, key: str) -> str:
-        return fmt.count((r.summary or {}).get(key))
+    def counts(r: Run) -> str:
+        ok, failed = (r.summary.ok, r.summary.failed) if r.summary is not None else (None, None)
+        return f"{fmt.count(ok)} / {fmt.count(failed)}"
 
     rows.append([Cell("Requests ok / failed")]
-                + [Cell(f"{summary_int(r, 'ok')} / {summary_int(r, 'failed')}",
-                        "bad" if ((r.summary or {}).get("failed") or 0) else "") for r in runs])
-    failures = [(r.summary or {}).get("failures") for r in runs]
-    if any(isinstance(f, dict) and f for f in failures):
+                + [Cell(counts(r), "bad" if r.summary is not None and r.summary.failed else "") for r in runs])
+    failures = [r.summary.failures if r.summary is not None else {} for r in runs]
+    if any(failures):
         rows.append([Cell("Failures by kind")] + [
-            Cell(", ".join(f"{k}: {v}" for k, v in sorted(f.items())) if isinstance(f, dict) and f else "—")
-            for f in failures])
+            Cell(", ".join(f"{k}: {v}" for k, v in sorted(f.items())) if f else "—") for f in failures])
     best = best_by_metric([r.to_row() for r in runs]) if len(runs) > 1 else {}
     for spec in KEY_METRICS:
         if spec.key == "request_throughput":

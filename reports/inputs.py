@@ -9,13 +9,11 @@ costs the report of every other run.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from batchbench.reports.model import MalformedResults, Run, build_run
-from batchbench.results import SCHEMA, fold, load
+from batchbench.reports.model import Run, build_run
+from batchbench.results import NotAResultsDocument, RunDocument
 
 
 @dataclass
@@ -37,43 +35,6 @@ def _relative(path: Path, root: Path) -> str:
         return path.name
 
 
-def _journal_kind(path: Path) -> str:
-    """'ours' if any line is a batchbench journal entry, 'empty' if nothing parses, else 'foreign'."""
-    parsed_any = False
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            parsed_any = True
-            if isinstance(entry, dict) and entry.get("type") in ("header", "record", "sample", "footer"):
-                return "ours"
-    return "foreign" if parsed_any else "empty"
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """The document if ``path`` is a batchbench results file, None if it is some other JSON.
-
-    Raises ValueError/OSError for a file that cannot be read or parsed.
-    """
-    obj = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
-        return None
-    return load(path)  # the harness's reader: schema-version checks live there
-
-
-def _read_journal(path: Path) -> dict[str, Any] | None:
-    kind = _journal_kind(path)
-    if kind == "foreign":
-        return None
-    if kind == "empty":
-        raise MalformedResults("empty journal (the run was killed before its header was written?)")
-    if fold(path).get("schema") != SCHEMA:
-        raise MalformedResults("journal without a batchbench header line")
-    return load(path)
-
-
 def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") -> Inputs:
     """Read every results document under ``results_dir`` (recursively), in a stable order.
 
@@ -90,20 +51,14 @@ def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") 
             continue
         rel = _relative(path, results_dir)
         try:
-            if path.suffix == ".jsonl":
-                if path.with_suffix(".json").exists():
-                    continue
-                doc = _read_journal(path)
-            else:
-                doc = _read_json(path)
-            if doc is None:
-                found.ignored.append(rel)
+            if path.suffix == ".jsonl" and path.with_suffix(".json").exists():
                 continue
-            found.runs.append(build_run(rel, doc))
-        # JSONDecodeError, UnicodeDecodeError and MalformedResults are ValueErrors; TypeError/AttributeError/KeyError
-        # come from fields of the wrong type deep inside a hand-edited or corrupted document.
-        except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
-            # Messages of OSError and batchbench.results.load name the absolute path; reports name files relatively.
+            found.runs.append(build_run(rel, RunDocument.load(path)))
+        except NotAResultsDocument:
+            found.ignored.append(rel)
+        # DocumentError, JSONDecodeError and UnicodeDecodeError are ValueErrors.
+        except (OSError, ValueError) as exc:
+            # Messages of OSError and RunDocument.load name the absolute path; reports name files relatively.
             reason = str(exc).replace(str(path), rel).replace(str(results_dir), results_dir.name)
             found.warnings.append(f"{what}{rel}: skipped, not a readable batchbench results document: {reason}")
     return found

@@ -1,12 +1,14 @@
 """One run as the report sees it: the stored summary plus the few figures a document does not store.
 
-The harness already summarised each run (``batchbench.metrics.summarize``,
-stored under ``summary``); the report reads those numbers and never
-recomputes them its own way, so a report can never disagree with the
-harness. Only what a document does not hold is derived here, with the
-harness's own helpers: TTFT per batch-size bucket, peak KV usage, preemptions
-and queue depth from the server samples, and (for a journal left by a killed
-run, which has no footer) the summary itself via ``summarize``.
+The harness already summarised each run (``batchbench.metrics.summarize``
+and ``batchbench.guardrails.server_summary``, stored in the document's
+footer); the report reads those numbers and never recomputes them its own
+way, so a report can never disagree with the harness. It reads documents
+only through :class:`batchbench.results.RunDocument`. Only what a document
+does not hold is derived here, with the harness's own helpers: TTFT per
+batch-size bucket, and (for a journal left by a killed run, which has no
+footer) the summary via ``summarize`` and the guardrails via
+``RunDocument.guardrails``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from batchbench.adapters.base import BatchingConfig
-from batchbench.client_load import ClientLoad
-from batchbench.guardrails import KV_DANGER, server_summary
-from batchbench.machine_load import MachineLoad
-from batchbench.metrics import summarize, ttft_by_bucket
-from batchbench.records import RequestRecord
+from batchbench.guardrails import KV_DANGER, Guardrails
+from batchbench.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.reports.fmt import num
-from batchbench.results import records_of
+from batchbench.results import RunDocument
 from batchbench.server_metrics import ServerMetrics
 
 #: KV-cache usage above which engines start preempting or rejecting: runs that reach it are flagged.
@@ -35,7 +34,7 @@ Better = Literal["lower", "higher"]
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """A key metric: where it lives in the summary, its unit and which direction is better."""
+    """A key metric: where it lives in the summary (attribute names), its unit and which direction is better."""
 
     key: str
     title: str
@@ -58,10 +57,7 @@ KEY_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("rejection_rate", "Rejection rate", "fraction", "lower", ("rejection_rate",)),
 )
 METRICS_BY_KEY = {m.key: m for m in KEY_METRICS}
-
-
-class MalformedResults(ValueError):
-    """A results document that cannot be reported (required fields missing or of the wrong type)."""
+assert all(m.path[0] in Summary.__dataclass_fields__ for m in KEY_METRICS)
 
 
 @dataclass
@@ -83,6 +79,15 @@ class ServerStats:
     @property
     def danger_zone(self) -> bool:
         return self.danger_samples > 0
+
+    @classmethod
+    def of(cls, g: Guardrails) -> ServerStats:
+        """The report's names for the harness's guardrails (the names report.json has always used)."""
+        return cls(
+            samples=g.samples, peak_kv_usage=g.kv_usage_peak, danger_samples=g.kv_danger_samples,
+            kv_samples=g.kv_samples, kv_capacity_tokens=g.kv_capacity_tokens, preemptions=g.preemptions,
+            rejections=g.rejections, max_waiting=g.waiting_peak, max_running=g.running_peak,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,10 +116,10 @@ class Run:
     started_at: str | None
     duration_s: float | None
     #: The harness's summary; for a cut-short journal, ``summarize`` over its records.
-    summary: dict[str, Any] | None
+    summary: Summary | None
     summary_source: Literal["document", "derived", "none"]
     server: ServerStats
-    samples: list[dict[str, Any]]
+    samples: list[ServerMetrics]
     engine_report: dict[str, Any]
     engine_description: dict[str, Any]
     environment: dict[str, Any]
@@ -149,11 +154,11 @@ class Run:
 
     def mean_decoding(self) -> float | None:
         """Mean requests decoding at once (None in documents written before it was stored)."""
-        return num((self.summary or {}).get("mean_decoding"))
+        return num(self.summary.mean_decoding) if self.summary is not None else None
 
     def to_row(self) -> dict[str, Any]:
         """The machine-readable row of report.json (also what a later build reads as its baseline)."""
-        s = self.summary or {}
+        s = self.summary
         return {
             "source": self.source,
             "run_id": self.run_id,
@@ -167,10 +172,10 @@ class Run:
             "started_at": self.started_at,
             "duration_s": self.duration_s,
             "summary_source": self.summary_source,
-            "requests": s.get("requests"),
-            "ok": s.get("ok"),
-            "failed": s.get("failed"),
-            "failures": s.get("failures"),
+            "requests": s.requests if s is not None else None,
+            "ok": s.ok if s is not None else None,
+            "failed": s.failed if s is not None else None,
+            "failures": dict(s.failures) if s is not None else None,
             "metrics": {m.key: self.metric(m.key) for m in KEY_METRICS},
             "prompt_pad_fraction": self.pad_fraction(),
             "decode_idle_fraction": self.decode_idle_fraction(),
@@ -181,13 +186,11 @@ class Run:
         }
 
 
-def metric_of(summary: dict[str, Any] | None, path: tuple[str, ...]) -> float | None:
-    """A number inside a (possibly partial or malformed) summary, or None."""
+def metric_of(summary: Summary | None, path: tuple[str, ...]) -> float | None:
+    """A number inside a summary (``("ttft", "p50")``: the p50 of its TTFT distribution), or None."""
     node: Any = summary
     for part in path:
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
+        node = getattr(node, part, None)
     return num(node)
 
 
@@ -202,70 +205,29 @@ def batching_label(batching: dict[str, Any]) -> str:
         return f"{mode}-{rest}" if rest else mode
 
 
-def server_stats(samples: list[dict[str, Any]]) -> ServerStats:
-    """The harness's own guardrail summary (batchbench.guardrails) of the scraped samples."""
-    fields = ServerMetrics.__dataclass_fields__
-    parsed = [ServerMetrics(**{k: num(v) for k, v in s.items() if k in fields})
-              for s in samples if isinstance(s, dict) and num(s.get("t")) is not None]
-    g = server_summary(parsed)
-    return ServerStats(
-        samples=g["samples"], peak_kv_usage=g["kv_usage_peak"], danger_samples=g["kv_danger_samples"],
-        kv_samples=g["kv_samples"], kv_capacity_tokens=g["kv_capacity_tokens"], preemptions=g["preemptions"],
-        rejections=g["rejections"], max_waiting=g["waiting_peak"], max_running=g["running_peak"],
-    )
-
-
-def _observed_duration(records: list[RequestRecord], samples: list[dict[str, Any]]) -> float:
+def _observed_duration(doc: RunDocument) -> float:
     """How long a cut-short run lasted, as far as its journal shows (its last timestamp)."""
     times: list[float] = [0.0]
-    for r in records:
+    for r in doc.records:
         times.extend(t for t in (r.sent_s, r.done_s, *(r.chunk_times[-1:])) if t is not None)
-    times.extend(t for s in samples if (t := num(s.get("t"))) is not None)
+    times.extend(s.t for s in doc.server_metrics)
     return max(times)
 
 
-def _require(doc: dict[str, Any], key: str, kind: type) -> Any:
-    value = doc.get(key)
-    if not isinstance(value, kind):
-        raise MalformedResults(f"{key!r} is missing or not a {kind.__name__}")
-    return value
-
-
-def build_run(source: str, doc: dict[str, Any]) -> Run:
-    """Reduce a loaded results document to a :class:`Run`; raise :class:`MalformedResults` if it cannot be."""
-    engine_desc = _require(doc, "engine", dict)
-    engine = engine_desc.get("engine")
-    if not isinstance(engine, str) or not engine:
-        raise MalformedResults("'engine.engine' (the engine name) is missing")
-    batching = engine_desc.get("batching") if isinstance(engine_desc.get("batching"), dict) else {}
-    workload = _require(doc, "workload", dict)
-    if not isinstance(workload.get("name"), str):
-        raise MalformedResults("'workload.name' is missing")
-    raw_records = doc.get("records", [])
-    raw_samples = doc.get("server_metrics", [])
-    if not isinstance(raw_records, list) or not isinstance(raw_samples, list):
-        raise MalformedResults("'records' and 'server_metrics' must be lists")
-    summary = doc.get("summary")
-    if summary is not None and not isinstance(summary, dict):
-        raise MalformedResults("'summary' is not an object")
-
-    notes: list[str] = []
-    records: list[RequestRecord] | None
-    try:
-        records = records_of(doc)
-    except (TypeError, ValueError, AttributeError) as exc:
-        records = None
-        notes.append(f"request records unreadable ({exc}); TTFT buckets and CDF omitted")
-
-    status = str(doc.get("status") or "partial")
+def build_run(source: str, doc: RunDocument) -> Run:
+    """Reduce a results document to a :class:`Run`."""
+    header, footer = doc.header, doc.footer
+    notes: list[str] = list(doc.problems)
+    records = doc.records
+    summary = footer.summary if footer is not None else None
     summary_source: Literal["document", "derived", "none"] = "document"
-    duration = num(doc.get("duration_s"))
+    duration = footer.duration_s if footer is not None else None
     if summary is None:
         summary_source = "none"
         if records:
-            duration = _observed_duration(records, raw_samples)
+            duration = _observed_duration(doc)
             try:
-                summary = summarize(records, duration_s=duration).to_dict() if duration > 0 else None
+                summary = summarize(records, duration_s=duration) if duration > 0 else None
             except ValueError as exc:  # inconsistent records: report the run without figures
                 notes.append(f"no stored summary, and the records cannot be summarised: {exc}")
             else:
@@ -273,64 +235,41 @@ def build_run(source: str, doc: dict[str, Any]) -> Run:
                     summary_source = "derived"
                     notes.append("no stored summary (run cut short): summarised from the journal's records "
                                  "with batchbench.metrics.summarize over the observed duration")
-    client = doc.get("client")
-    if isinstance(client, dict):
-        notes += client_notes(client)
-    machine = doc.get("machine")
-    if isinstance(machine, dict):
-        notes += machine_notes(machine)
+    if footer is not None and footer.client is not None:
+        notes += footer.client.warnings()
+    if footer is not None and footer.machine is not None:
+        notes += footer.machine.warnings()
     ttft_buckets: dict[str, dict[str, Any] | None] | None = None
-    ttfts: list[float] | None = None
-    if records is not None:
-        ttfts = sorted(t for r in records if r.ok and (t := r.ttft_s) is not None)
-        sized = [r for r in records if r.in_flight_at_send >= BUCKET_EDGES[0]]
-        if sized:
-            buckets = ttft_by_bucket(sized, lambda r: r.in_flight_at_send, BUCKET_EDGES)
-            ttft_buckets = {label: (d.to_dict() if d is not None else None) for label, d in buckets.items()}
-    report = doc.get("engine_report")
-    env = doc.get("environment")
-    labels = doc.get("labels")
+    ttfts = sorted(t for r in records if r.ok and (t := r.ttft_s) is not None)
+    sized = [r for r in records if r.in_flight_at_send >= BUCKET_EDGES[0]]
+    if sized:
+        buckets = ttft_by_bucket(sized, lambda r: r.in_flight_at_send, BUCKET_EDGES)
+        ttft_buckets = {label: (d.to_dict() if d is not None else None) for label, d in buckets.items()}
     return Run(
         source=source,
-        run_id=str(doc.get("run_id") or source),
-        engine=engine,
-        batching=batching,
-        batching_label=batching_label(batching),
-        workload_name=workload["name"],
-        workload_hash=str(workload.get("hash") or ""),
-        workload=workload,
-        labels=labels if isinstance(labels, dict) else {},
-        status=status,
-        error=str(doc["error"]) if doc.get("error") else None,
-        started_at=str(doc["started_at"]) if doc.get("started_at") else None,
-        duration_s=duration,
+        run_id=header.run_id or source,
+        engine=header.engine_name,
+        batching=header.batching,
+        batching_label=batching_label(header.batching),
+        workload_name=header.workload_name,
+        workload_hash=header.workload_hash,
+        workload=header.workload,
+        labels=header.labels,
+        status=doc.status,
+        error=footer.error if footer is not None and footer.error else None,
+        started_at=header.started_at or None,
+        duration_s=num(duration),
         summary=summary,
         summary_source=summary_source,
-        server=server_stats(raw_samples),
-        samples=[s for s in raw_samples if isinstance(s, dict)],
-        engine_report=report if isinstance(report, dict) else {},
-        engine_description=engine_desc,
-        environment=env if isinstance(env, dict) else {},
+        server=ServerStats.of(doc.guardrails()),
+        samples=doc.server_metrics,
+        engine_report=footer.engine_report if footer is not None else {},
+        engine_description=header.engine,
+        environment=header.environment,
         ttft_buckets=ttft_buckets,
         ttfts=ttfts,
         notes=notes,
     )
-
-
-def client_notes(client: dict[str, Any]) -> list[str]:
-    """The run's warnings about its own load generator (batchbench.client_load), if any."""
-    try:
-        return ClientLoad.from_dict(client).warnings()
-    except ValueError as exc:
-        return [f"client load unreadable ({exc})"]
-
-
-def machine_notes(machine: dict[str, Any]) -> list[str]:
-    """The run's warnings about other work on its machine (batchbench.machine_load), if any."""
-    try:
-        return MachineLoad.from_dict(machine).warnings()
-    except ValueError as exc:
-        return [f"machine load unreadable ({exc})"]
 
 
 def labels_text(labels: dict[str, Any]) -> str:

@@ -148,7 +148,7 @@ def ttft_cdf(runs: list[Run], title: str, colors: dict[str, Any]) -> bytes | Non
 def _series(run: Run, name: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for s in run.samples:
-        t, v = num(s.get("t")), num(s.get(name))
+        t, v = num(s.t), num(getattr(s, name))
         if t is not None and v is not None:
             xs.append(t)
             ys.append(v)

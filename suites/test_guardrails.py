@@ -35,14 +35,14 @@ def test_guardrail_metrics_are_exposed(harness: Harness, start_engine: Callable[
     result = harness.measure(engine, workload, tag="guardrails", labels={"suite": "guardrails"},
                              benchmark=benchmark, scrape_interval_s=0.1)
     doc = results.load(result.path)
-    guard = doc["guardrails"]
+    guard = doc.guardrails()
     buckets = ttft_by_bucket(result.records, lambda r: r.in_flight_at_send, BUCKETS)
-    gpus = len(doc["environment"]["gpus"]) or 1  # per accelerator; a CPU run counts as one
+    gpus = len(doc.header.environment["gpus"]) or 1  # per accelerator; a CPU run counts as one
     benchmark.extra_info.update({
         "ttft_by_bucket": {k: (None if d is None else {"p50": d.p50, "p99": d.p99}) for k, d in buckets.items()},
         "output_tokens_per_s_per_accelerator": result.summary.output_token_throughput / gpus,
         "rejection_rate": result.summary.rejection_rate,
-        "guardrails": guard,
+        "guardrails": guard.to_dict(),
     })
 
     assert result.summary.ok == len(workload.requests)
@@ -53,11 +53,11 @@ def test_guardrail_metrics_are_exposed(harness: Harness, start_engine: Callable[
     if not engine.capabilities.server_metrics:
         pytest.skip(f"{engine_name} exposes no server metrics")
     # A time series, not a single reading: the scraper kept sampling through the run.
-    assert guard["samples"] >= 5
-    assert guard["running_peak"] is not None and guard["running_peak"] >= 1
-    assert guard["waiting_peak"] is not None
+    assert guard.samples >= 5
+    assert guard.running_peak is not None and guard.running_peak >= 1
+    assert guard.waiting_peak is not None
     if engine.capabilities.reports_kv_capacity:
-        assert guard["kv_capacity_tokens"] and guard["kv_usage_peak"] is not None and guard["kv_usage_peak"] > 0
+        assert guard.kv_capacity_tokens and guard.kv_usage_peak is not None and guard.kv_usage_peak > 0
 
 
 def test_kv_danger_zone_is_flagged_when_entered(harness: Harness, start_engine: Callable[..., Engine],
@@ -80,8 +80,11 @@ def test_kv_danger_zone_is_flagged_when_entered(harness: Harness, start_engine: 
         result = harness.measure(engine, load, tag=f"kv-{tag}", labels={"suite": "guardrails", "kv": tag},
                                  scrape_interval_s=0.05)
         assert result.summary.failed == 0, result.summary.failures
-        flags[tag] = results.load(result.path)["guardrails"]
+        flags[tag] = results.load(result.path).guardrails()
     harness.release(engine_name, tight)
-    assert flags["tight"]["kv_danger_entered"] is True
-    assert flags["tight"]["kv_usage_peak"] >= KV_DANGER and flags["tight"]["kv_danger_time_s"] > 0
-    assert flags["roomy"]["kv_danger_entered"] is False and flags["roomy"]["kv_usage_peak"] < KV_DANGER
+    tight_kv, roomy_kv = flags["tight"], flags["roomy"]
+    assert tight_kv.kv_danger_entered is True
+    assert tight_kv.kv_usage_peak is not None and tight_kv.kv_usage_peak >= KV_DANGER
+    assert tight_kv.kv_danger_time_s is not None and tight_kv.kv_danger_time_s > 0
+    assert roomy_kv.kv_danger_entered is False
+    assert roomy_kv.kv_usage_peak is not None and roomy_kv.kv_usage_peak < KV_DANGER

@@ -12,7 +12,15 @@ import pytest
 
 from batchbench import results
 from batchbench.client_load import BUSY_LIMIT, ClientLoad, ClientMeter
-from batchbench.reports.model import client_notes
+from batchbench.reports.model import build_run
+from batchbench.results import RunDocument, RunFooter, RunHeader
+
+
+def client_notes(client: dict[str, object]) -> list[str]:
+    """What the report says about a document whose footer has this ``client`` section."""
+    header = RunHeader(run_id="r", engine={"engine": "e", "batching": {}}, workload={"name": "w", "hash": ""})
+    raw = RunDocument(header=header, footer=RunFooter(status="complete")).to_dict() | {"client": client}
+    return build_run("r.json", RunDocument.from_dict(raw)).notes
 
 
 def spin(seconds: float) -> None:
@@ -83,5 +91,6 @@ async def test_every_results_document_says_how_busy_the_client_was(tmp_path: Pat
     finally:
         await server.stop()
     doc = results.load(result.path)
-    assert doc["client"] == result.client.to_dict()
+    assert doc.footer is not None and doc.footer.client == result.client
+    assert doc.to_dict()["client"] == result.client.to_dict()
     assert 0 < result.client.wall_s <= result.duration_s + 0.05 and 0 < result.client.cpu_s

@@ -168,9 +168,10 @@ async def test_interrupted_run_keeps_every_record_measured(fake: FakeVLLM, tmp_p
             await task
     (path,) = tmp_path.glob("*.json")
     doc = results.load(path)
-    assert doc["status"] == "interrupted" and "CancelledError" in doc["error"]
-    recs = results.records_of(doc)
+    assert doc.footer is not None
+    assert doc.status == "interrupted" and doc.footer.error is not None and "CancelledError" in doc.footer.error
+    recs = doc.records
     assert sum(r.ok for r in recs) == 5
     assert [r.error_kind for r in recs if not r.ok] == ["cancelled"]
-    assert doc["summary"]["ok"] == 5
-    assert doc["workload"]["hash"] == wl.hash()
+    assert doc.footer.summary is not None and doc.footer.summary.ok == 5
+    assert doc.header.workload_hash == wl.hash()

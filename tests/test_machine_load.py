@@ -12,9 +12,19 @@ from contextlib import contextmanager
 import pytest
 
 from batchbench.machine_load import BUSY_SHARE, MachineLoad, MachineMeter
-from batchbench.reports.model import machine_notes
+from batchbench.reports.model import build_run
+from batchbench.results import RunDocument, RunFooter, RunHeader
 
 pytestmark = pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="reads /proc (Linux only)")
+
+
+
+def machine_notes(machine: dict[str, object]) -> list[str]:
+    """What the report says about a document whose footer has this ``machine`` section."""
+    header = RunHeader(run_id="r", engine={"engine": "e", "batching": {}}, workload={"name": "w", "hash": ""})
+    raw = RunDocument(header=header, footer=RunFooter(status="complete")).to_dict() | {"machine": machine}
+    return build_run("r.json", RunDocument.from_dict(raw)).notes
+
 
 SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 

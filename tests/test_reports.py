@@ -25,13 +25,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchbench.adapters.base import BatchingConfig
-from batchbench.metrics import summarize, ttft_by_bucket
+from batchbench.guardrails import server_summary
+from batchbench.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
 from batchbench.reports.__main__ import main
 from batchbench.reports.build import build, build_report
 from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
-from batchbench.results import ResultsWriter
+from batchbench.results import JournalWriter, LoadSettings, RunDocument, RunFooter, RunHeader, ScrapeStats, Slo
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
@@ -102,13 +103,13 @@ def write_run(folder: Path, *, engine: str = "vllm", batching: BatchingConfig | 
     workload = workload or chat_workload(concurrency)
     labels = {"concurrency": concurrency} if labels is None else labels
     name = name or f"{engine}_{batching.label()}_{workload.name}_c{concurrency}"
-    writer = ResultsWriter(folder / f"{name}.json")
-    writer.begin({
-        "run_id": name, "started_at": "2025-01-01T00:00:00+0000",
-        "engine": {"engine": engine, "batching": batching.to_dict(), "versions": {engine: "1.0"}},
-        "workload": workload.describe(), "load": {"request_timeout_s": 60, "max_in_flight": None},
-        "slo": {"ttft_s": None, "tpot_s": None}, "environment": ENV, "labels": labels,
-    })
+    writer = JournalWriter(folder / f"{name}.json")
+    writer.begin(RunHeader(
+        run_id=name, started_at="2025-01-01T00:00:00+0000",
+        engine={"engine": engine, "batching": batching.to_dict(), "versions": {engine: "1.0"}},
+        workload=workload.describe(), load=LoadSettings(request_timeout_s=60, max_in_flight=None),
+        slo=Slo(ttft_s=None, tpot_s=None), environment=ENV, labels=labels,
+    ))
     records = make_records(workload, ttft=ttft, tpot=tpot, concurrency=concurrency, failed=failed)
     samples = make_samples(peak_kv=peak_kv, preempt_step=preempt_step)
     for r in records:
@@ -116,8 +117,7 @@ def write_run(folder: Path, *, engine: str = "vllm", batching: BatchingConfig | 
     for s in samples:
         writer.sample(s)
     if not finish:
-        assert writer._journal is not None
-        writer._journal.close()  # what a kill leaves: the journal, flushed line by line
+        writer.close()  # what a kill leaves: the journal, flushed line by line
         with open(writer.journal_path, "a", encoding="utf-8") as fh:
             fh.write('{"type":"record","request_id":"torn')  # the write the kill cut short
         return writer.journal_path
@@ -125,10 +125,20 @@ def write_run(folder: Path, *, engine: str = "vllm", batching: BatchingConfig | 
     summary = summarize(records, duration_s=duration).to_dict()
     for key, value in (stored or {}).items():
         _deep_set(summary, key, value)
-    writer.finish({"status": "complete", "error": None, "finished_at": "2025-01-01T00:01:00+0000",
-                   "duration_s": duration, "engine_report": engine_report or {},
-                   "scrape": {"failures": 0, "last_error": None}, "summary": summary})
+    writer.finish(RunFooter(status="complete", error=None, finished_at="2025-01-01T00:01:00+0000",
+                            duration_s=duration, engine_report=engine_report or {},
+                            scrape=ScrapeStats(failures=0, last_error=None), summary=read_summary(summary),
+                            guardrails=server_summary(samples)))
     return writer.path
+
+
+def read_summary(summary: dict[str, Any]) -> Summary:
+    """A summary given as its JSON form (so a test can set any stored figure), read as the document reads it."""
+    header = RunHeader(run_id="x", engine={"engine": "x", "batching": {}}, workload={"name": "x", "hash": ""})
+    raw = RunDocument(header=header, footer=RunFooter(status="complete")).to_dict() | {"summary": summary}
+    footer = RunDocument.from_dict(raw).footer
+    assert footer is not None and footer.summary is not None
+    return footer.summary
 
 
 def build_quiet(results: Path, out: Path, *, plots: bool = False, **kwargs: Any) -> tuple[Any, list[str]]:
@@ -540,3 +550,20 @@ def test_markdown_escaping_keeps_tables_intact() -> None:
     assert md_escape("a|b\nc") == "a\\|b c"
     assert md_escape("<b>x</b>") == "\\<b\\>x\\</b\\>"
     assert md_escape("run_id_1") == "run_id_1"
+
+
+def test_guardrails_are_the_stored_ones_and_computed_only_for_a_partial_run(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    path = write_run(results, engine="vllm", peak_kv=0.5)
+    doc = json.loads(path.read_text())
+    doc["guardrails"] |= {"kv_usage_peak": 0.95, "kv_danger_samples": 2, "waiting_peak": 42.0}
+    path.write_text(json.dumps(doc))
+    write_run(results, engine="tgi", peak_kv=0.9, finish=False)  # journal only: no stored guardrails
+    build_quiet(results, tmp_path / "out")
+    rows = {r["engine"]: r for r in json.loads((tmp_path / "out" / "report.json").read_text())["runs"]}
+    assert rows["vllm"]["server"]["peak_kv_usage"] == 0.95 and rows["vllm"]["server"]["danger_zone"] is True
+    assert rows["vllm"]["server"]["max_waiting"] == 42.0  # the samples say 3: the stored figure wins
+    expected = server_summary(make_samples(peak_kv=0.9))
+    assert rows["tgi"]["status"] == "partial"
+    assert rows["tgi"]["server"]["peak_kv_usage"] == pytest.approx(expected.kv_usage_peak)
+    assert rows["tgi"]["server"]["danger_zone"] is True and rows["tgi"]["server"]["max_waiting"] == 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,13 +12,31 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchbench import results
+from batchbench.client_load import ClientLoad
+from batchbench.guardrails import Guardrails, server_summary
+from batchbench.machine_load import MachineLoad
+from batchbench.metrics import Distribution, Summary, summarize
 from batchbench.records import RequestRecord
-from batchbench.results import SCHEMA, SCHEMA_VERSION, ResultsWriter, fold, load, records_of
+from batchbench.results import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    DocumentError,
+    JournalWriter,
+    LoadSettings,
+    NotAResultsDocument,
+    RunDocument,
+    RunFooter,
+    RunHeader,
+    ScrapeStats,
+    Slo,
+    load,
+)
 from batchbench.server_metrics import ServerMetrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +75,8 @@ server_samples = st.builds(
     kv_capacity_tokens=maybe_float, preemptions=maybe_float, rejections=maybe_float,
 )
 
-HEADER = {"run_id": "r1", "engine": {"name": "stub"}, "labels": {"k": "v"}}
+HEADER = RunHeader(run_id="r1", engine={"engine": "stub", "batching": {}}, workload={"name": "w", "hash": "h"},
+                   labels={"k": "v"})
 
 
 def make_record(i: int) -> RequestRecord:
@@ -81,7 +101,7 @@ def test_journal_holds_each_record_as_soon_as_record_returns(recs: list[RequestR
                                                              samples: list[ServerMetrics]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "nested" / "run.json"
-        writer = ResultsWriter(path)
+        writer = JournalWriter(path)
         writer.begin(HEADER)
         assert writer.journal_path == path.with_suffix(".jsonl")
         for s in samples:
@@ -96,11 +116,13 @@ def test_journal_holds_each_record_as_soon_as_record_returns(recs: list[RequestR
         assert not path.exists()
         for target in (path, writer.journal_path):
             doc = load(target)
-            assert doc["status"] == "partial"
-            assert doc["schema"] == SCHEMA and doc["schema_version"] == SCHEMA_VERSION
-            assert doc["run_id"] == "r1" and doc["labels"] == {"k": "v"}
-            assert records_of(doc) == recs
-            assert doc["server_metrics"] == [s.to_dict() for s in samples]
+            assert doc.status == "partial" and doc.footer is None
+            assert doc.read_version == SCHEMA_VERSION
+            assert doc.to_dict()["schema"] == SCHEMA and doc.to_dict()["schema_version"] == SCHEMA_VERSION
+            assert doc.header == HEADER
+            assert doc.header.run_id == "r1" and doc.header.labels == {"k": "v"}
+            assert doc.records == recs
+            assert doc.server_metrics == samples
 
 
 @settings(max_examples=80, deadline=None)
@@ -109,7 +131,7 @@ def test_torn_journal_drops_only_the_incomplete_line(recs: list[RequestRecord], 
     """Cut the journal at any byte after the header: exactly the records written out in full survive."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "run.json"
-        writer = ResultsWriter(path)
+        writer = JournalWriter(path)
         writer.begin(HEADER)
         for rec in recs:
             writer.record(rec)
@@ -126,21 +148,21 @@ def test_torn_journal_drops_only_the_incomplete_line(recs: list[RequestRecord], 
                 whole += 1
             end += len(line)
         doc = load(path)
-        assert doc["status"] == "partial"
-        assert records_of(doc) == recs[:whole]
+        assert doc.status == "partial"
+        assert doc.records == recs[:whole]
 
 
 def test_torn_last_line_example(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
-    writer = ResultsWriter(path)
+    writer = JournalWriter(path)
     writer.begin(HEADER)
     for i in range(3):
         writer.record(make_record(i))
     with open(writer.journal_path, "a", encoding="utf-8") as fh:
         fh.write('{"type":"record","request_id":"req-3","prompt_len":1')  # died mid-write
     doc = load(path)
-    assert [r.request_id for r in records_of(doc)] == ["req-0", "req-1", "req-2"]
-    assert records_of(doc) == [make_record(i) for i in range(3)]
+    assert [r.request_id for r in doc.records] == ["req-0", "req-1", "req-2"]
+    assert doc.records == [make_record(i) for i in range(3)]
 
 
 # ---------------------------------------------------------------------------
@@ -153,7 +175,7 @@ def test_finish_writes_document_removes_journal_and_round_trips(recs: list[Reque
                                                                 samples: list[ServerMetrics]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "run.json"
-        writer = ResultsWriter(path)
+        writer = JournalWriter(path)
         writer.begin(HEADER)
         # Records and samples interleaved, as a run writes them.
         for i in range(max(len(recs), len(samples))):
@@ -161,30 +183,33 @@ def test_finish_writes_document_removes_journal_and_round_trips(recs: list[Reque
                 writer.record(recs[i])
             if i < len(samples):
                 writer.sample(samples[i])
-        returned = writer.finish({"status": "complete", "duration_s": 1.5})
+        footer = RunFooter(status="complete", duration_s=1.5)
+        returned = writer.finish(footer)
 
         assert path.exists()
         assert not writer.journal_path.exists()
         assert sorted(p.name for p in Path(tmp).iterdir()) == ["run.json"]  # no temp file left behind
         on_disk = json.loads(path.read_text(encoding="utf-8"))
-        assert on_disk == returned
+        assert on_disk == returned.to_dict()
         doc = load(path)
-        assert doc == returned
-        assert doc["status"] == "complete" and doc["duration_s"] == 1.5
-        assert doc["schema"] == SCHEMA and doc["schema_version"] == SCHEMA_VERSION
-        assert "type" not in doc
-        assert all("type" not in r for r in doc["records"])
-        back = records_of(doc)
+        assert doc == returned == RunDocument(header=HEADER, records=recs, server_metrics=samples, footer=footer)
+        assert doc.status == "complete" and doc.footer is not None and doc.footer.duration_s == 1.5
+        assert on_disk["status"] == "complete" and on_disk["duration_s"] == 1.5
+        assert on_disk["schema"] == SCHEMA and on_disk["schema_version"] == SCHEMA_VERSION
+        assert "type" not in on_disk
+        assert all("type" not in r for r in on_disk["records"])
+        back = doc.records
         assert back == recs
         assert [RequestRecord.from_dict(r.to_dict()) for r in back] == recs
-        assert doc["server_metrics"] == [s.to_dict() for s in samples]
+        assert on_disk["server_metrics"] == [s.to_dict() for s in samples]
+        assert doc.server_metrics == samples
 
 
 def test_finish_replaces_the_document_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The final file is written elsewhere in full and renamed into place: a reader never sees half of it."""
     path = tmp_path / "run.json"
     path.write_text("previous contents", encoding="utf-8")
-    writer = ResultsWriter(path)
+    writer = JournalWriter(path)
     writer.begin(HEADER)
     for i in range(5):
         writer.record(make_record(i))
@@ -203,41 +228,42 @@ def test_finish_replaces_the_document_atomically(tmp_path: Path, monkeypatch: py
         real_replace(src, dst)
 
     monkeypatch.setattr(results.os, "replace", spy)
-    writer.finish({"status": "complete"})
+    writer.finish(RunFooter(status="complete"))
     assert len(seen) == 1
     assert not seen[0][0].exists()
-    assert load(path)["records"] == [make_record(i).to_dict() for i in range(5)]
+    assert load(path).records == [make_record(i) for i in range(5)]
 
 
 def test_failed_finish_keeps_the_journal(tmp_path: Path) -> None:
     """If the footer cannot be written the run is not lost: the journal still loads as partial."""
     path = tmp_path / "run.json"
-    writer = ResultsWriter(path)
+    writer = JournalWriter(path)
     writer.begin(HEADER)
     for i in range(3):
         writer.record(make_record(i))
     with pytest.raises(TypeError):
-        writer.finish({"status": "complete", "bad": object()})
+        writer.finish(RunFooter(status="complete", engine_report={"bad": object()}))
     assert writer.journal_path.exists() and not path.exists()
     doc = load(path)
-    assert doc["status"] == "partial"
-    assert records_of(doc) == [make_record(i) for i in range(3)]
+    assert doc.status == "partial"
+    assert doc.records == [make_record(i) for i in range(3)]
 
 
 def test_fold_without_footer_is_partial_and_with_footer_takes_its_status(tmp_path: Path) -> None:
     journal = tmp_path / "run.jsonl"
     lines = [
-        {"type": "header", "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": "x"},
+        {"type": "header", "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": "x",
+         "engine": {"engine": "stub", "batching": {}}, "workload": {"name": "w", "hash": "h"}},
         {"type": "record", **make_record(0).to_dict()},
         {"type": "sample", **ServerMetrics(t=0.5, running=2.0).to_dict()},
     ]
     journal.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-    doc = fold(journal)
-    assert doc["status"] == "partial" and len(doc["records"]) == 1 and len(doc["server_metrics"]) == 1
+    doc = load(journal)
+    assert doc.status == "partial" and len(doc.records) == 1 and len(doc.server_metrics) == 1
     with open(journal, "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"type": "footer", "status": "interrupted", "error": "boom"}) + "\n")
-    doc = fold(journal)
-    assert doc["status"] == "interrupted" and doc["error"] == "boom"
+    doc = load(journal)
+    assert doc.status == "interrupted" and doc.footer is not None and doc.footer.error == "boom"
 
 
 # ---------------------------------------------------------------------------
@@ -259,7 +285,7 @@ def test_fold_without_footer_is_partial_and_with_footer_takes_its_status(tmp_pat
 def test_load_rejects_non_batchbench_json(tmp_path: Path, content: Any) -> None:
     path = tmp_path / "other.json"
     path.write_text(json.dumps(content), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"is not a batchbench results document"):
+    with pytest.raises(NotAResultsDocument, match=r"is not a batchbench results document"):
         load(path)
 
 
@@ -293,11 +319,12 @@ def test_load_rejects_a_journal_without_header(tmp_path: Path) -> None:
 CHILD = """
 import os, signal, sys
 from pathlib import Path
-from batchbench.results import ResultsWriter
+from batchbench.results import JournalWriter, RunHeader
 from batchbench.records import RequestRecord
 
-writer = ResultsWriter(Path(sys.argv[1]))
-writer.begin({"run_id": "crashed"})
+writer = JournalWriter(Path(sys.argv[1]))
+writer.begin(RunHeader(run_id="crashed", engine={"engine": "stub", "batching": {}},
+                       workload={"name": "w", "hash": "h"}))
 for i in range(5):
     writer.record(RequestRecord(f"req-{i}", prompt_len=10 + i, max_tokens=20, scheduled_s=0.1 * i,
                                 sent_s=0.1 * i + 0.01, done_s=1.0 + i, chunk_times=[0.5 + i, 0.75 + i],
@@ -320,5 +347,269 @@ def test_records_survive_a_killed_process(tmp_path: Path, how: str) -> None:
     assert child.returncode == (-signal.SIGKILL if how == "sigkill" else 1), child.stderr
     assert not path.exists() and path.with_suffix(".jsonl").exists()
     doc = load(path)
-    assert doc["status"] == "partial" and doc["run_id"] == "crashed"
-    assert records_of(doc) == [make_record(i) for i in range(5)]
+    assert doc.status == "partial" and doc.header.run_id == "crashed"
+    assert doc.records == [make_record(i) for i in range(5)]
+
+
+# ---------------------------------------------------------------------------
+# the typed document: write -> journal -> fold -> load gives back what was written
+
+json_scalars = st.none() | st.booleans() | ints | floats | short_text
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(short_text, inner, max_size=3), max_leaves=8)
+json_objects = st.dictionaries(short_text, json_values, max_size=4)
+maybe_int = st.none() | ints
+distributions = st.none() | st.builds(Distribution, count=ints, mean=floats, min=floats, p50=floats, p90=floats,
+                                      p99=floats, max=floats)
+summaries = st.builds(
+    Summary, duration_s=floats, requests=ints, ok=ints, failed=ints, failures=st.dictionaries(short_text, ints),
+    rejected=ints, rejection_rate=maybe_float, ttft=distributions, tpot=distributions, itl=distributions,
+    e2e=distributions, e2e_from_schedule=distributions, schedule_lag=distributions, request_throughput=floats,
+    output_token_throughput=floats, total_token_throughput=floats, ttft_slo_s=maybe_float, tpot_slo_s=maybe_float,
+    good=ints, goodput=floats, goodput_fraction=maybe_float, mean_decoding=maybe_float,
+)
+guardrails = st.builds(
+    Guardrails, samples=ints, kv_usage_peak=maybe_float, kv_danger_threshold=floats, kv_samples=ints,
+    kv_danger_samples=ints, kv_danger_entered=st.none() | st.booleans(), kv_danger_first_s=maybe_float,
+    kv_danger_time_s=maybe_float, kv_capacity_tokens=maybe_float, waiting_peak=maybe_float,
+    running_peak=maybe_float, preemptions=maybe_float, rejections=maybe_float,
+)
+headers = st.builds(
+    RunHeader, run_id=short_text, started_at=maybe_text,
+    engine=st.builds(lambda name, batching, more: {**more, "engine": name, "batching": batching},
+                     st.text(min_size=1, max_size=10), json_objects, json_objects),
+    workload=st.builds(lambda name, digest, more: {**more, "name": name, "hash": digest},
+                       short_text, short_text, json_objects),
+    load=st.builds(LoadSettings, request_timeout_s=maybe_float, max_in_flight=maybe_int,
+                   scrape_interval_s=maybe_float),
+    slo=st.builds(Slo, ttft_s=maybe_float, tpot_s=maybe_float),
+    environment=json_objects, labels=json_objects,
+)
+footers = st.builds(
+    RunFooter, status=st.sampled_from(["complete", "interrupted"]), error=maybe_text, finished_at=maybe_text,
+    duration_s=maybe_float, engine_report=json_objects,
+    scrape=st.builds(ScrapeStats, failures=ints, last_error=maybe_text),
+    summary=st.none() | summaries, guardrails=st.none() | guardrails,
+    client=st.none() | st.builds(ClientLoad, cpu_s=floats, wall_s=floats, busy_fraction=floats),
+    machine=st.none() | st.builds(MachineLoad, foreign_share=maybe_float),
+)
+
+
+def write_document(path: Path, doc: RunDocument) -> RunDocument | None:
+    """Write ``doc`` as a run would, finishing it only if it has a footer; what finish() returned."""
+    writer = JournalWriter(path)
+    writer.begin(doc.header)
+    for i in range(max(len(doc.records), len(doc.server_metrics))):
+        if i < len(doc.records):
+            writer.record(doc.records[i])
+        if i < len(doc.server_metrics):
+            writer.sample(doc.server_metrics[i])
+    if doc.footer is None:
+        writer.close()
+        return None
+    return writer.finish(doc.footer)
+
+
+@settings(max_examples=60, deadline=None)
+@given(headers, st.lists(request_records, max_size=5), st.lists(server_samples, max_size=4), st.none() | footers)
+def test_a_document_round_trips_through_journal_fold_and_load(header: RunHeader, recs: list[RequestRecord],
+                                                              samples: list[ServerMetrics],
+                                                              footer: RunFooter | None) -> None:
+    original = RunDocument(header=header, records=recs, server_metrics=samples, footer=footer)
+    assert RunDocument.from_json(original.to_json()) == original
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.json"
+        returned = write_document(path, original)
+        if footer is None:
+            assert not path.exists()
+        else:
+            assert returned == original and not path.with_suffix(".jsonl").exists()
+        back = load(path)
+        assert back == original
+        assert back.status == (footer.status if footer is not None else "partial")
+        assert back.problems == []
+        assert json.loads(back.to_json()) == original.to_dict()
+
+
+@pytest.mark.parametrize("last", ["record", "footer"])
+def test_a_journal_cut_anywhere_in_its_last_line_loads_as_partial(tmp_path: Path, last: str) -> None:
+    """Cut at every byte of the last line: the earlier records and samples survive, the run reads as partial."""
+    earlier = [make_record(i) for i in range(3)]
+    samples = [ServerMetrics(t=0.25 * i, kv_usage=0.1 * i) for i in range(2)]
+    footer = RunFooter(status="complete", duration_s=4.5)
+    path = tmp_path / "run.json"
+    writer = JournalWriter(path)
+    writer.begin(HEADER)
+    for s in samples:
+        writer.sample(s)
+    for r in earlier:
+        writer.record(r)
+    if last == "record":
+        writer.record(make_record(3))
+    else:  # the footer line exactly as finish() writes it, without the fold that would follow
+        footer_keys = {f.name for f in dataclasses.fields(RunFooter)}
+        on_disk = RunDocument(header=HEADER, footer=footer).to_dict()
+        writer._write({"type": "footer", **{k: v for k, v in on_disk.items() if k in footer_keys}})
+    writer.close()
+    raw = writer.journal_path.read_bytes()
+    last_start = raw.rstrip(b"\n").rindex(b"\n") + 1
+    last_json_end = len(raw) - 1  # the last line's JSON text ends before its newline
+    for cut in range(last_start, last_json_end):
+        writer.journal_path.write_bytes(raw[:cut])
+        doc = load(path)
+        assert doc.status == "partial" and doc.footer is None, cut
+        assert doc.records == earlier and doc.server_metrics == samples, cut
+        assert doc.header == HEADER
+    for cut in (last_json_end, len(raw)):  # the whole line, with or without its newline
+        writer.journal_path.write_bytes(raw[:cut])
+        doc = load(path)
+        if last == "record":
+            assert doc.status == "partial" and doc.records == [*earlier, make_record(3)]
+        else:
+            assert doc.footer == footer and doc.records == earlier
+
+
+# ---------------------------------------------------------------------------
+# versions
+
+
+V1_DOCUMENT: dict[str, Any] = {
+    # Written by batchbench before version 2: fold()'s key order; no guardrails, client or machine in the
+    # footer, no mean_decoding in the summary, no scrape_interval_s in the load settings.
+    "records": [make_record(0).to_dict(), make_record(1).to_dict()],
+    "server_metrics": [ServerMetrics(t=0.0, kv_usage=0.5, preemptions=3.0).to_dict(),
+                       ServerMetrics(t=0.5, kv_usage=0.9, preemptions=5.0).to_dict()],
+    "status": "complete", "schema": SCHEMA, "schema_version": 1, "run_id": "old",
+    "started_at": "2025-01-01T00:00:00+0000", "engine": {"engine": "vllm", "batching": {"mode": "continuous"}},
+    "workload": {"name": "chat", "hash": "abc"}, "load": {"request_timeout_s": 60, "max_in_flight": 8},
+    "slo": {"ttft_s": None, "tpot_s": None}, "environment": {"python": "3.11"}, "labels": {},
+    "error": None, "finished_at": "2025-01-01T00:01:00+0000", "duration_s": 2.0, "engine_report": {},
+    "scrape": {"failures": 0, "last_error": None},
+    "summary": {k: v for k, v in summarize([make_record(0), make_record(1)], duration_s=2.0).to_dict().items()
+                if k != "mean_decoding"},
+}
+
+
+def test_a_version_1_document_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(V1_DOCUMENT), encoding="utf-8")
+    doc = load(path)
+    assert doc.read_version == 1 and doc.status == "complete" and doc.header.run_id == "old"
+    assert doc.header.load == LoadSettings(request_timeout_s=60.0, max_in_flight=8, scrape_interval_s=None)
+    assert doc.records == [make_record(0), make_record(1)]
+    assert doc.footer is not None and doc.footer.summary is not None
+    assert doc.footer.summary.mean_decoding is None  # not recorded then; never read as 0
+    assert doc.footer.summary.ok == 2
+    assert doc.footer.guardrails is None and doc.footer.client is None and doc.footer.machine is None
+    # Guardrails a v1 document did not store come from its samples, through the runner's own function.
+    assert doc.guardrails() == server_summary(doc.server_metrics)
+    assert doc.guardrails().kv_danger_entered is True and doc.guardrails().preemptions == 2.0
+    # Written again, it is a version 2 document that reads back the same.
+    assert doc.to_dict()["schema_version"] == SCHEMA_VERSION == 2
+    assert RunDocument.from_dict(doc.to_dict()) == doc
+
+
+def test_unknown_keys_of_a_newer_minor_change_are_ignored(tmp_path: Path) -> None:
+    writer = JournalWriter(tmp_path / "run.json")
+    writer.begin(HEADER)
+    writer.record(make_record(0))
+    expected = writer.finish(RunFooter(status="complete", summary=summarize([make_record(0)], duration_s=2.0)))
+    raw = json.loads(writer.path.read_text(encoding="utf-8"))
+    raw["new_top_level"] = {"x": 1}
+    raw["load"]["new_setting"] = 3
+    raw["records"][0]["new_timing"] = 0.5
+    raw["summary"]["new_metric"] = 1.0
+    raw["summary"]["ttft"]["p999"] = 1.0
+    writer.path.write_text(json.dumps(raw), encoding="utf-8")
+    assert load(writer.path) == expected
+
+
+def test_the_stored_guardrails_are_read_not_recomputed(tmp_path: Path) -> None:
+    samples = [ServerMetrics(t=0.0, kv_usage=0.1), ServerMetrics(t=1.0, kv_usage=0.2)]
+    stored = dataclasses.replace(server_summary(samples), kv_usage_peak=0.99, kv_danger_samples=7)
+    doc = RunDocument(header=HEADER, server_metrics=samples, footer=RunFooter(status="complete", guardrails=stored))
+    write_document(tmp_path / "run.json", doc)
+    back = load(tmp_path / "run.json")
+    assert back.guardrails() == stored != server_summary(samples)
+    partial = RunDocument(header=HEADER, server_metrics=samples)
+    assert partial.guardrails() == server_summary(samples)
+
+
+@pytest.mark.parametrize("section, message", [
+    ("client", "client load unreadable (not a client-load document: could not convert string to float: 'x')"),
+    ("machine", "machine load unreadable (not a machine-load document: foreign_share is 'lots')"),
+])
+def test_an_unreadable_load_section_is_a_problem_not_a_crash(section: str, message: str) -> None:
+    raw = RunDocument(header=HEADER, footer=RunFooter(status="complete")).to_dict()
+    raw[section] = {"cpu_s": "x", "wall_s": 1, "busy_fraction": 0} if section == "client" else {"foreign_share": "lots"}
+    doc = RunDocument.from_dict(raw)
+    assert doc.problems == [message]
+    assert doc.footer is not None and getattr(doc.footer, section) is None
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.pop("engine"), r"'engine' is missing"),
+    (lambda d: d["engine"].pop("engine"), r"'engine.engine' \(the engine name\) is missing"),
+    (lambda d: d["workload"].pop("name"), r"'workload.name' is missing"),
+    (lambda d: d["records"][0].update(sent_s="soon"), r"'records\[0\].sent_s' is 'soon', not a number"),
+    (lambda d: d["summary"].update(ok=1.5), r"'summary.ok' is 1.5, not an integer"),
+    (lambda d: d.update(schema_version="2"), r"'schema_version' is '2', not a version number"),
+])
+def test_a_malformed_document_is_refused_naming_the_key(tmp_path: Path, change: Any, message: str) -> None:
+    doc = RunDocument(header=HEADER, records=[make_record(0)],
+                      footer=RunFooter(status="complete", summary=summarize([make_record(0)], duration_s=2.0)))
+    raw = doc.to_dict()
+    change(raw)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    with pytest.raises(DocumentError, match=message) as info:
+        load(path)
+    assert not isinstance(info.value, NotAResultsDocument)
+    assert str(path) in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# the JSON Schema users get
+
+
+def test_the_committed_schema_is_the_generated_one() -> None:
+    committed = json.loads((REPO / "results.schema.json").read_text(encoding="utf-8"))
+    assert committed == results.json_schema(), "regenerate: python -m batchbench.results schema > results.schema.json"
+    jsonschema.Draft202012Validator.check_schema(committed)
+
+
+def test_the_schema_command_prints_it() -> None:
+    out = subprocess.run([sys.executable, "-m", "batchbench.results", "schema"], check=True, cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout) == results.json_schema()
+
+
+async def test_a_document_written_by_the_runner_validates_against_the_schema(tmp_path: Path) -> None:
+    from batchbench.adapters.served import ModelRef
+    from batchbench.adapters.vllm import VLLMEngine
+    from batchbench.runner import run
+    from batchbench.workload import Arrival, Lengths, WorkloadSpec
+    from tests.fake_vllm import FakeVLLM
+
+    server = await FakeVLLM(token_delay_s=0.001).start()
+    try:
+        wl = WorkloadSpec("schema", 6, prompt=Lengths.fixed(4), output=Lengths.fixed(8),
+                          arrival=Arrival("closed", concurrency=3)).build()
+        async with VLLMEngine(model=ModelRef("fake-model"), url=server.url) as engine:
+            result = await run(engine, wl, results_dir=tmp_path, ttft_slo_s=1.0, labels={"suite": "schema"})
+    finally:
+        await server.stop()
+    validator = jsonschema.Draft202012Validator(results.json_schema())
+    raw = json.loads(result.path.read_text(encoding="utf-8"))
+    assert sorted(e.message for e in validator.iter_errors(raw)) == []
+    doc = load(result.path)
+    assert doc.status == "complete" and len(doc.records) == 6 and doc.records == result.records
+    assert doc.footer is not None and doc.footer.summary == result.summary
+    assert doc.footer.client == result.client and doc.footer.machine == result.machine
+    assert doc.guardrails() == server_summary(result.samples)
+    # A partial document (a killed run's journal, folded) validates too, and a footer half-present does not.
+    partial = RunDocument(header=doc.header, records=doc.records, server_metrics=doc.server_metrics).to_dict()
+    assert list(validator.iter_errors(partial)) == []
+    assert list(validator.iter_errors(partial | {"summary": raw["summary"]}))
+    assert list(validator.iter_errors({k: v for k, v in raw.items() if k != "guardrails"}))
+    assert list(validator.iter_errors(raw | {"client": raw["client"] | {"extra": 1}}))

