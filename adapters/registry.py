@@ -104,14 +104,14 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     if launch_mode == "docker":
         if options.model is None:
             raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
-        from batchbench.launcher import DockerLaunch
+        from batchbench.adapters.launch.docker import DockerLaunch
 
         model = ModelRef(options.model, max_model_len=options.max_model_len)
         return cls(batching, model=model, launch=DockerLaunch.for_engine(name), startup_timeout=timeout)
     if name != "vllm":
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
+    from batchbench.adapters.launch.local import LocalProcess
     from batchbench.adapters.vllm import LOCAL_PROGRAM
-    from batchbench.local_launch import LocalProcess
 
     if options.model is not None:
         model = ModelRef(options.model, max_model_len=options.max_model_len)
