@@ -138,12 +138,12 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
             raise ValueError(f"engine {name!r} has no container; give --engine-url or use --launch local")
         if options.model is None:
             raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
-        from batchbench.launcher import DockerLaunch
+        from batchbench.adapters.launch.docker import DockerLaunch
 
         return cls(batching, model=model, launch=DockerLaunch.for_engine(name), startup_timeout=timeout)
     if spec.local is None:
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
-    from batchbench.local_launch import LocalProcess
+    from batchbench.adapters.launch.local import LocalProcess
 
     launch = LocalProcess(list(spec.local.program), log_dir=options.log_dir, niceness=options.server_niceness)
     return cls(batching, model=model, launch=launch, startup_timeout=timeout, **spec.local.adapter_options)

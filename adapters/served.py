@@ -1,20 +1,21 @@
 """Engines reached over HTTP: at a URL the user gives, or launched by batchbench.
 
 :class:`ServedEngine` owns the parts every HTTP engine shares: where the
-server comes from (a :class:`Launch`, or a URL), the HTTP client, waiting for
-health, scraping /metrics, and turning a connection failure into "the engine
-died" when the launched server is gone. Subclasses add the wire format
-(:meth:`stream`), the metric names (:meth:`normalize`) and the flags that
-their engine's server takes (:meth:`server_args`).
+server comes from (a :class:`batchbench.adapters.launch.Launch`, or a URL),
+the HTTP client, waiting for health, scraping /metrics, and turning a
+connection failure into "the engine died" when the launched server is gone.
+Subclasses add the wire format (:meth:`stream`), the metric names
+(:meth:`normalize`) and the flags that their engine's server takes
+(:meth:`server_args`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import httpx
 
@@ -31,34 +32,10 @@ from batchbench.adapters.base import (
     StreamProtocolError,
 )
 from batchbench.adapters.http import check_url, get_json, get_text, make_client
+from batchbench.adapters.launch import Launch
 from batchbench.adapters.prometheus import Samples
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
-
-
-class Launch(Protocol):
-    """How a server batchbench starts is started, watched and torn down."""
-
-    async def start(
-        self, argv_for: Callable[[str, int], list[str]], env: dict[str, str], files: Mapping[str, str] | None = None
-    ) -> str:
-        """Start the server; return its base URL.
-
-        ``argv_for(host, port)`` gives the engine's own arguments for the
-        address the launch picked (a free loopback port, or the port inside
-        a container); the launch puts its program in front. ``files`` (path
-        relative to the server's working directory → content) are put where
-        the server can read them before it starts.
-        """
-
-    def dead(self) -> str | None:
-        """Why the server is gone (exit status), or None while it runs."""
-
-    async def logs(self, tail: int = 50) -> str:
-        """The last lines of the server's output, for error messages and results."""
-
-    async def stop(self) -> None:
-        """Stop and remove the server. Safe to call twice."""
 
 
 class ServedEngine(Engine):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.launch.cleanup import REGISTRY as LAUNCHED
 from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.loadgen import LoadConfig
 from batchbench.pool import EnginePool
@@ -55,6 +56,9 @@ class Harness:
         self.options = options
         self.profile = profile
         self.results_dir = results_dir
+        # Servers are started on the loop's thread, where no signal handler can be installed: install
+        # them here (the session's main thread) so a SIGTERM/SIGHUP/Ctrl-C of pytest stops them too.
+        LAUNCHED.install()
         self.loop = LoopThread()
         self.pool = EnginePool(lambda name, batching: make_engine(name, batching, options), max_live=max_live)
 

@@ -31,7 +31,7 @@ mkdir -p "$RESULTS"
 cleanup() {
     local status=$?
     echo "== removing this run's containers ($BATCHBENCH_RUN_ID)"
-    "$PYTHON" -m batchbench.launcher cleanup --run-id "$BATCHBENCH_RUN_ID" || true
+    "$PYTHON" -m batchbench.adapters.launch cleanup --run-id "$BATCHBENCH_RUN_ID" || true
     exit "$status"
 }
 trap cleanup EXIT
@@ -40,7 +40,7 @@ trap 'exit 143' TERM
 
 if [[ "${BATCHBENCH_KEEP_OTHER_RUNS:-0}" != "1" ]]; then
     echo "== removing leftover batchbench containers of earlier runs"
-    "$PYTHON" -m batchbench.launcher cleanup
+    "$PYTHON" -m batchbench.adapters.launch cleanup
 fi
 
 echo "== host"
@@ -54,11 +54,11 @@ echo "== host"
 nvidia-smi | tee "$RESULTS/nvidia-smi.txt"
 nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,power.limit,clocks.max.sm \
     --format=csv >"$RESULTS/nvidia-smi.csv"
-"$PYTHON" -m batchbench.launcher images | tee "$RESULTS/images.txt"
+"$PYTHON" -m batchbench.adapters.launch images | tee "$RESULTS/images.txt"
 
 # Pull before measuring, so no engine's start-up time includes a 10-60 GB download.
 echo "== pulling the pinned images"
-"$PYTHON" -m batchbench.launcher pull vllm tgi trtllm | tee -a "$RESULTS/images.txt"
+"$PYTHON" -m batchbench.adapters.launch pull vllm tgi trtllm | tee -a "$RESULTS/images.txt"
 
 echo "== full profile"
 status=0

@@ -1,4 +1,4 @@
-"""A local stand-in for the Docker Engine API, for testing batchbench.launcher without a daemon.
+"""A local stand-in for the Docker Engine API, for testing batchbench.adapters.launch.docker without a daemon.
 
 It serves, over HTTP on 127.0.0.1, the endpoints the docker SDK calls for
 batchbench's flow, and records every call (method, path without the API

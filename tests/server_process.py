@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from batchbench.local_launch import free_port
+from batchbench.adapters.launch.local import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

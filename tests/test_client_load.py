@@ -76,7 +76,7 @@ def test_warnings_and_the_document() -> None:
 
 
 async def test_every_results_document_says_how_busy_the_client_was(tmp_path: Path) -> None:
-    from batchbench.adapters.served import ModelRef
+    from batchbench.adapters.base import ModelRef
     from batchbench.adapters.vllm import VLLMEngine
     from batchbench.runner import run
     from batchbench.workload import Arrival, Lengths, WorkloadSpec

@@ -11,6 +11,7 @@ folder, but the ``.pth`` files inside that folder, which install the editable fi
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -34,8 +35,13 @@ def _run(args: list[str], *, cwd: Path, timeout: float = 300, env: dict[str, str
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Built from a copy: setuptools writes build/ and *.egg-info/ into the tree it builds.
+    src = tmp_path_factory.mktemp("src") / "batchbench"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "results", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache",
+        ".benchmarks"))
     out = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT)],
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(src)],
          cwd=out, timeout=600)
     (built,) = out.glob("batchbench-*.whl")
     return built
@@ -74,7 +80,7 @@ def test_installed_beside_pypis_fixtures_both_import(fresh_venv: Path, tmp_path:
         "assert hasattr(fixtures, 'Fixture'), fixtures.__file__  # testing-cabal's fixtures, not ours\n"
         "print(fixtures.__file__); print(batchbench.fixtures.__file__)\n"
         "assert batchbench.fixtures.tiny_model_dir().joinpath('config.json').is_file()\n"
-        "from batchbench.launcher import load_specs\n"
+        "from batchbench.adapters.launch.images import load_specs\n"
         "assert set(r.specs()) <= set(load_specs()) | {n for n, s in r.specs().items() if not s.container}\n"
     )
     out = _run([str(fresh_venv / "bin" / "python"), "-c", code], cwd=tmp_path).stdout.splitlines()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from batchbench.adapters.base import BatchingConfig
+from batchbench.adapters.launch.docker import DockerLaunch
+from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.registry import EngineOptions, make_engine, parse_engine_urls
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.launcher import DockerLaunch
-from batchbench.local_launch import LocalProcess
 
 
 def test_engine_urls_name_their_engine() -> None:

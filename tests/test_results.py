@@ -585,7 +585,7 @@ def test_the_schema_command_prints_it() -> None:
 
 
 async def test_a_document_written_by_the_runner_validates_against_the_schema(tmp_path: Path) -> None:
-    from batchbench.adapters.served import ModelRef
+    from batchbench.adapters.base import ModelRef
     from batchbench.adapters.vllm import VLLMEngine
     from batchbench.runner import run
     from batchbench.workload import Arrival, Lengths, WorkloadSpec

@@ -12,11 +12,11 @@ import pytest
 
 from batchbench import results
 from batchbench.adapters.base import BatchingConfig, EngineDied, ModelRef
+from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.adapters.vllm import LOCAL_PROGRAM, VLLMEngine
 from batchbench.fixtures import tiny_model_dir
 from batchbench.loadgen import LoadConfig
-from batchbench.local_launch import LocalProcess
 from batchbench.metrics import kv_cache_bytes_per_token
 from batchbench.runner import run
 from batchbench.workload import Arrival, Lengths, WorkloadSpec

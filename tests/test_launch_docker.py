@@ -22,20 +22,14 @@ from pathlib import Path
 import pytest
 
 import docker
-from batchbench import launcher
 from batchbench.adapters.base import Capabilities, EngineDied, EngineError, EngineUnreachable, ModelRef
+from batchbench.adapters.launch import __main__ as launch_cli
+from batchbench.adapters.launch import docker as docker_launch
+from batchbench.adapters.launch.cleanup import CleanupRegistry
+from batchbench.adapters.launch.docker import LABEL_ENGINE, LABEL_RUN, DockerLaunch, ImagePullError, cleanup_leftovers
+from batchbench.adapters.launch.images import load_specs
 from batchbench.adapters.served import ServedEngine
 from batchbench.clock import now
-from batchbench.launcher import (
-    LABEL_ENGINE,
-    LABEL_RUN,
-    ContainerSpec,
-    DockerLaunch,
-    ImagePullError,
-    _Registry,
-    cleanup_leftovers,
-    load_specs,
-)
 from batchbench.server_metrics import ServerMetrics
 from tests.docker_stub import DockerStub
 
@@ -71,7 +65,7 @@ def client(stub: DockerStub):
 
 @pytest.fixture
 def registry():
-    r = _Registry()
+    r = CleanupRegistry()
     yield r
     r.teardown()
     r.uninstall()
@@ -110,53 +104,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-# ------------------------------------------------------------- images.toml
-
-
-def test_images_toml_pins_every_engine() -> None:
-    assert set(SPECS) >= {"vllm", "tgi", "trtllm"}
-    vllm, tgi, trt = SPECS["vllm"], SPECS["tgi"], SPECS["trtllm"]
-    assert vllm.image.startswith("vllm/vllm-openai:v")
-    assert tgi.image.startswith("ghcr.io/huggingface/text-generation-inference:")
-    assert trt.image.startswith("nvcr.io/nvidia/tensorrt-llm/release:")
-    for spec in SPECS.values():
-        tag = spec.image.rsplit(":", 1)[1]
-        assert tag and tag != "latest"
-        assert spec.health_path == "/health"
-    # vLLM's image entrypoint is `vllm serve`, TGI's runs text-generation-launcher:
-    # only arguments follow. TensorRT-LLM's release image needs the command.
-    assert (vllm.program, tgi.program, trt.program) == ((), (), ("trtllm-serve",))
-    assert (vllm.port, tgi.port, trt.port) == (8000, 80, 8000)
-    assert trt.ipc_mode == "host" and dict(trt.ulimits) == {"memlock": -1, "stack": 67108864}
-    assert vllm.shm_size == "16g" and tgi.shm_size == "1g" and vllm.ipc_mode is None
-    assert tgi.hf_home == "/data" and vllm.hf_home == "/root/.cache/huggingface"
-
-
-@pytest.mark.parametrize(
-    ("table", "message"),
-    [
-        ('image = "x/y:1"\nport = 1\nbogus = 1', "unknown keys"),
-        ('image = "x/y"\nport = 1', "explicit tag"),
-        ('image = "x/y:latest"\nport = 1', "not 'latest'"),
-        ('image = "x/y:1"', "missing 'port'"),
-        ('image = "x/y:1"\nport = 0', "port must be"),
-        ('image = "x/y:1"\nport = 1\nprogram = "a b"', "program must be"),
-    ],
-)
-def test_load_specs_rejects_bad_tables(tmp_path: Path, table: str, message: str) -> None:
-    path = tmp_path / "images.toml"
-    path.write_text(f"[eng]\n{table}\n")
-    with pytest.raises(ValueError, match=message):
-        load_specs(path)
-
-
-def test_load_specs_honours_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "images.toml"
-    path.write_text('[eng]\nimage = "registry.example:5000/x/y:1.0"\nport = 9000\n')
-    monkeypatch.setenv("BATCHBENCH_IMAGES", str(path))
-    assert load_specs() == {"eng": ContainerSpec(engine="eng", image="registry.example:5000/x/y:1.0", port=9000)}
 
 
 # ------------------------------------------------------- the happy sequence
@@ -295,7 +242,7 @@ async def test_hf_cache_defaults_to_the_users_cache(stub: DockerStub, client, re
     await launch.start(Argv(), {})
     expected = str(Path("~/.cache/huggingface").expanduser())
     assert create_body(stub)["HostConfig"]["Binds"] == [f"{expected}:/root/.cache/huggingface:rw"]
-    assert create_body(stub)["Labels"][LABEL_RUN] == launcher.default_run_id()
+    assert create_body(stub)["Labels"][LABEL_RUN] == docker_launch.default_run_id()
     await launch.stop()
 
 
@@ -538,27 +485,27 @@ def test_cleanup_leftovers_removes_only_labelled_containers(stub: DockerStub, cl
 def test_cli_cleanup(stub: DockerStub, capsys) -> None:
     stub.add_container("bb-a", {LABEL_RUN: "r9"})
     keep = stub.add_container("bb-b", {LABEL_RUN: "r8"})
-    assert launcher.main(["--docker-host", stub.base_url, "cleanup", "--run-id", "r9"]) == 0
+    assert launch_cli.main(["--docker-host", stub.base_url, "cleanup", "--run-id", "r9"]) == 0
     assert "removed 1 batchbench container(s) of run r9: bb-a" in capsys.readouterr().out
     assert set(stub.containers) == {keep}
 
 
 def test_cli_cleanup_unreachable(capsys) -> None:
     url = f"tcp://127.0.0.1:{free_port()}"
-    assert launcher.main(["--docker-host", url, "cleanup"]) == 1
+    assert launch_cli.main(["--docker-host", url, "cleanup"]) == 1
     assert f"docker engine not reachable at {url}" in capsys.readouterr().err
 
 
 def test_cli_pull_and_images(stub: DockerStub, capsys) -> None:
     stub.add_image(SPECS["tgi"].image)
-    assert launcher.main(["--docker-host", stub.base_url, "pull", "tgi", "trtllm"]) == 0
+    assert launch_cli.main(["--docker-host", stub.base_url, "pull", "tgi", "trtllm"]) == 0
     out = capsys.readouterr().out
     assert "tgi: ghcr.io/huggingface/text-generation-inference:3.3.7 already present" in out
     assert "trtllm: nvcr.io/nvidia/tensorrt-llm/release:1.2.1 pulled" in out
     assert [c.query["fromImage"] for c in stub.calls_to("POST", "/images/create")] == [
         "nvcr.io/nvidia/tensorrt-llm/release"
     ]
-    assert launcher.main(["images"]) == 0
+    assert launch_cli.main(["images"]) == 0
     assert "trtllm\tnvcr.io/nvidia/tensorrt-llm/release:1.2.1\tport 8000\ttrtllm-serve" in capsys.readouterr().out
 
 

