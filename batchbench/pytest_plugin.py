@@ -31,6 +31,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("batchbench")
     add_engine_arguments(group.addoption)
     group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
+    group.addoption("--require-engines", action="store_true",
+                    help="fail (instead of skip) the tests of a selected engine that cannot run here: a nightly "
+                         "job must not pass with nothing measured")
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,11 @@ def harness(bench: BenchConfig, pytestconfig: pytest.Config) -> Iterator[Harness
 
 
 @pytest.fixture(scope="session")
-def start_engine(harness: Harness) -> Callable[..., Engine]:
+def start_engine(harness: Harness, pytestconfig: pytest.Config) -> Callable[..., Engine]:
     """``start_engine(name, batching=None)``: the shared started engine, or a skip with the reason
-    when this environment cannot run it (a missing package, no Docker engine)."""
+    when this environment cannot run it (a missing package, no Docker engine); with
+    ``--require-engines`` that is a failure instead."""
+    required = pytestconfig.getoption("--require-engines")
 
     def start(name: str, batching: BatchingConfig | None = None) -> Engine:
         if batching is not None and harness.options.url_for(name) is not None:
@@ -92,6 +97,8 @@ def start_engine(harness: Harness) -> Callable[..., Engine]:
         try:
             return harness.engine(name, batching)
         except EngineUnavailable as exc:
+            if required:
+                pytest.fail(f"--require-engines: {exc}", pytrace=False)
             pytest.skip(str(exc))
 
     return start

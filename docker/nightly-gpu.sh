@@ -63,7 +63,7 @@ echo "== pulling the pinned images"
 echo "== full profile"
 status=0
 "$PYTHON" -m pytest suites/ --engine vllm --engine tgi --engine trtllm --model "$MODEL" \
-    --profile full --results-dir "$RESULTS" || status=$?
+    --profile full --results-dir "$RESULTS" --require-engines || status=$?
 
 # A report of a partial run is still worth having; the run's status is pytest's.
 echo "== report"

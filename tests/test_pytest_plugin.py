@@ -52,3 +52,13 @@ def test_pytest_engine_vllm_runs_a_users_suite(user_repo: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout
     assert list((user_repo / "out").glob("vllm_*mine*.json"))
+
+
+def test_an_engine_that_cannot_run_skips_or_with_require_engines_fails(user_repo: Path) -> None:
+    # No Docker engine here: tgi in a container cannot run, which is a skip with the reason ...
+    args = ("--engine", "tgi", "--model", "org/model", "--launch", "docker", "-rs")
+    skipped = _pytest(user_repo, *args, timeout=120)
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    # ... unless the run requires its engines, as the nightly GPU job does.
+    failed = _pytest(user_repo, *args, "--require-engines", timeout=120)
+    assert failed.returncode == 1 and "1 failed" in failed.stdout and "--require-engines" in failed.stdout
