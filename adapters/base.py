@@ -341,6 +341,15 @@ class Engine(ABC):
     def begin_run(self) -> None:
         """Start engine-side accounting afresh: one engine instance serves many runs."""
 
+    async def reset_cache(self) -> bool:
+        """Drop what the engine cached from earlier requests (its prefix cache), so the next run starts cold.
+
+        Optional: the default does nothing. Returns True when the engine cleared its cache, False when it
+        has nothing to clear or offers no way to (then runs may see warm prefixes); raises an
+        :class:`EngineError` when the engine refuses (e.g. requests still running).
+        """
+        return False
+
     def report(self) -> dict[str, Any]:
         """Engine-side accounting gathered since :meth:`begin_run` (e.g. padding), JSON-able."""
         return {}

@@ -178,6 +178,22 @@ async def get_text(client: httpx.AsyncClient, engine: str, path: str) -> str:
     return (await _get(client, engine, path)).text
 
 
+async def post_text(client: httpx.AsyncClient, engine: str, path: str, *, params: dict[str, Any] | None = None) -> str:
+    """POST without a body (an engine's control route), mapping failures to EngineError types."""
+    try:
+        response = await client.post(path, params=params)
+    except httpx.ConnectError as exc:
+        raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise EngineUnreachable(engine, f"{path} failed: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise EngineHTTPError(
+            engine, f"HTTP {response.status_code} from {path}: {_error_text(response.content)}",
+            status=response.status_code,
+        )
+    return response.text
+
+
 def parse_json_event(engine: str, data: str, request_id: str) -> Any:
     """Decode one SSE data payload, naming the engine and request when it is not JSON."""
     try:

@@ -12,16 +12,22 @@ Flags, request fields and metric names were checked against vLLM 0.32.0
   ``vllm:kv_cache_usage_perc`` (a fraction despite the name),
   ``vllm:num_preemptions_total``, ``vllm:admission_rejections_total`` and
   ``vllm:cache_config_info{kv_cache_size_tokens=...}``.
+- ``POST /reset_prefix_cache`` (``entrypoints/serve/dev/cache/api_router.py``)
+  answers ``{"success": bool}``, false while requests hold blocks; vLLM
+  registers it only with ``VLLM_SERVER_DEV_MODE=1``
+  (``entrypoints/launchers/api_server/routers.py``), otherwise it is a 404.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import BatchingConfig, Capabilities
+from batchbench.adapters.base import BatchingConfig, Capabilities, EngineError, EngineHTTPError
+from batchbench.adapters.http import post_text
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec, LocalRun
@@ -146,6 +152,27 @@ class VLLMEngine(OpenAICompletionsEngine):
 
     def request_headers(self, request: Request) -> dict[str, str]:
         return {"X-Request-Id": request.request_id}
+
+    async def reset_cache(self) -> bool:
+        """``POST /reset_prefix_cache``; False where the server has no such route (dev mode off).
+
+        A vLLM that batchbench starts runs without prefix caching, so there is nothing to reset; an
+        engine at a URL may cache, and resets only if its operator set ``VLLM_SERVER_DEV_MODE=1``.
+        """
+        assert self.client is not None, "reset_cache() before start()"
+        try:
+            text = await post_text(self.client, self.name, "/reset_prefix_cache")
+        except EngineHTTPError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        try:
+            success = json.loads(text).get("success")
+        except (ValueError, AttributeError):
+            success = None
+        if success is not True:
+            raise EngineError(self.name, f"prefix cache not reset (blocks still held by requests?): {text[:200]!r}")
+        return True
 
     def normalize(self, samples: Samples) -> ServerMetrics:
         capacity = samples.label("vllm:cache_config_info", "kv_cache_size_tokens")

@@ -1,7 +1,7 @@
 """A test server in a process of its own, on a free port, yielded once its /health answers.
 
-Used for the fake and protocol servers (tests/fake_vllm.py, fixtures/protocol_servers.py) where the
-client under test must not share their CPU or event loop.
+Used for the protocol servers (``python -m batchbench.fixtures.protocol ENGINE``) where the client under
+test must not share their CPU or event loop.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``batchbench run``, the README's main job, end to end against a fake vLLM server."""
+"""``batchbench run``, the README's main job, end to end against the vLLM protocol server."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.server_process import serving
 
 @pytest.fixture(scope="module")
 def fake_vllm_url() -> Iterator[str]:
-    with serving("tests.fake_vllm", "--token-delay", "0.001") as url:
+    with serving("batchbench.fixtures.protocol", "vllm", "--token-delay", "0.001", "--max-running", "1024") as url:
         yield url
 
 

@@ -78,18 +78,19 @@ def test_warnings_and_the_document() -> None:
 async def test_every_results_document_says_how_busy_the_client_was(tmp_path: Path) -> None:
     from batchbench.adapters.base import ModelRef
     from batchbench.adapters.vllm import VLLMEngine
+    from batchbench.fixtures.protocol.vllm import VLLMServer
     from batchbench.runner import run
     from batchbench.workload import Arrival, Lengths, WorkloadSpec
-    from tests.fake_vllm import FakeVLLM
 
-    server = await FakeVLLM(token_delay_s=0.002).start()
+    server = VLLMServer(model="fake-model", token_delay=0.002, max_running=1024)
+    await server.start_async()
     try:
         wl = WorkloadSpec("client", 8, prompt=Lengths.fixed(4), output=Lengths.fixed(16),
                           arrival=Arrival("closed", concurrency=4)).build()
         async with VLLMEngine(model=ModelRef("fake-model"), url=server.url) as engine:
             result = await run(engine, wl, results_dir=tmp_path)
     finally:
-        await server.stop()
+        await server.stop_async()
     doc = results.load(result.path)
     assert doc.footer is not None and doc.footer.client == result.client
     assert doc.to_dict()["client"] == result.client.to_dict()

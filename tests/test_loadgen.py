@@ -1,4 +1,4 @@
-"""The load generator, the vLLM wire format and fault handling, against a local fake vLLM server."""
+"""The load generator, the vLLM wire format and fault handling, against the vLLM protocol server."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 from batchbench import results
 from batchbench.adapters.base import EngineNotHealthy, EngineUnreachable, ModelRef
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.fixtures.protocol.vllm import VLLMServer
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.metrics import itl_samples, summarize
 from batchbench.runner import run
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
-from tests.fake_vllm import FakeVLLM
 
 
 def workload(n: int, *, out: int = 5, arrival: Arrival | None = None, name: str = "t") -> Workload:
@@ -23,18 +23,26 @@ def workload(n: int, *, out: int = 5, arrival: Arrival | None = None, name: str 
                         arrival=arrival or Arrival("offline")).build()
 
 
+def fake_vllm(**kwargs: object) -> VLLMServer:
+    """The vLLM protocol server in the test's own event loop: as wide as the load, faults after one token."""
+    options: dict = {"model": "fake-model", "token_delay": 0.0, "max_running": 1024, "max_queue": 1024,
+                     "kv_capacity_tokens": 4096, "fault_after": 1}
+    return VLLMServer(**{**options, **kwargs})
+
+
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeVLLM]:
-    server = await FakeVLLM().start()
+async def fake() -> AsyncIterator[VLLMServer]:
+    server = fake_vllm()
+    await server.start_async()
     yield server
-    await server.stop()
+    await server.stop_async()
 
 
 def engine_at(url: str, timeout: float = 10.0) -> VLLMEngine:
     return VLLMEngine(model=ModelRef("fake-model"), url=url, startup_timeout=timeout)
 
 
-async def test_records_use_the_engines_token_counts(fake: FakeVLLM) -> None:
+async def test_records_use_the_engines_token_counts(fake: VLLMServer) -> None:
     wl = workload(4, out=7)
     async with engine_at(fake.url) as engine:
         records = await LoadGenerator(engine, wl).run()
@@ -45,9 +53,9 @@ async def test_records_use_the_engines_token_counts(fake: FakeVLLM) -> None:
         assert r.chunk_times == sorted(r.chunk_times) and r.sent_s <= r.chunk_times[0] <= r.done_s
 
 
-async def test_multi_token_chunks_count_every_token(fake: FakeVLLM) -> None:
+async def test_multi_token_chunks_count_every_token(fake: VLLMServer) -> None:
     wl = workload(1, out=6)
-    fake.faults[wl.requests[0].request_id] = "pairs"
+    fake.request_faults[wl.requests[0].request_id] = "pairs"
     async with engine_at(fake.url) as engine:
         (record,) = await LoadGenerator(engine, wl).run()
     assert record.chunk_tokens == [2, 2, 2] and record.output_tokens == 6
@@ -56,11 +64,9 @@ async def test_multi_token_chunks_count_every_token(fake: FakeVLLM) -> None:
     assert sum(itl) == pytest.approx(record.chunk_times[-1] - record.chunk_times[0])
 
 
-async def test_open_loop_sends_on_schedule_while_the_engine_is_slow(fake: FakeVLLM) -> None:
+async def test_open_loop_sends_on_schedule_while_the_engine_is_slow(fake: VLLMServer) -> None:
     """No coordinated omission: a slow engine does not slow the arrivals, and its queueing shows in latency."""
-    fake.slots, fake.token_delay_s = 1, 0.01  # one request at a time, 50 ms each
-    await fake.stop()
-    await fake.start()
+    fake.tune(max_running=1, token_delay=0.01)  # one request at a time, 50 ms each
     wl = workload(8, out=5, arrival=Arrival("poisson", rate=100.0))
     async with engine_at(fake.url) as engine:
         records = await LoadGenerator(engine, wl).run()
@@ -75,9 +81,9 @@ async def test_open_loop_sends_on_schedule_while_the_engine_is_slow(fake: FakeVL
     assert max(r.e2e_s or 0 for r in records) >= 0.25
 
 
-async def test_client_bound_shows_as_schedule_lag(fake: FakeVLLM) -> None:
+async def test_client_bound_shows_as_schedule_lag(fake: VLLMServer) -> None:
     """When the client's own in-flight bound holds a request back, the wait is reported, not hidden."""
-    fake.token_delay_s = 0.01
+    fake.tune(token_delay=0.01)
     wl = workload(5, out=5, arrival=Arrival("offline"))
     async with engine_at(fake.url) as engine:
         records = await LoadGenerator(engine, wl, config=LoadConfig(max_in_flight=1)).run()
@@ -89,8 +95,8 @@ async def test_client_bound_shows_as_schedule_lag(fake: FakeVLLM) -> None:
     assert s.e2e_from_schedule.max > s.e2e.max
 
 
-async def test_closed_loop_holds_concurrency(fake: FakeVLLM) -> None:
-    fake.token_delay_s = 0.002
+async def test_closed_loop_holds_concurrency(fake: VLLMServer) -> None:
+    fake.tune(token_delay=0.002)
     wl = workload(12, out=4, arrival=Arrival("closed", concurrency=3))
     async with engine_at(fake.url) as engine:
         records = await LoadGenerator(engine, wl).run()
@@ -98,8 +104,8 @@ async def test_closed_loop_holds_concurrency(fake: FakeVLLM) -> None:
     assert max(r.in_flight_at_send for r in records) == 3
 
 
-async def test_static_waves_wait_for_the_whole_wave(fake: FakeVLLM) -> None:
-    fake.token_delay_s = 0.002
+async def test_static_waves_wait_for_the_whole_wave(fake: VLLMServer) -> None:
+    fake.tune(token_delay=0.002)
     wl = WorkloadSpec("w", 9, prompt=Lengths.fixed(4), output=Lengths.uniform(2, 12),
                       arrival=Arrival("waves", concurrency=4), seed=3).build()
     async with engine_at(fake.url) as engine:
@@ -112,17 +118,17 @@ async def test_static_waves_wait_for_the_whole_wave(fake: FakeVLLM) -> None:
         assert min(r.sent_s for r in waves[k + 1]) >= max(r.done_s for r in waves[k])
 
 
-async def test_faults_fail_only_their_request_with_a_named_reason(fake: FakeVLLM) -> None:
+async def test_faults_fail_only_their_request_with_a_named_reason(fake: VLLMServer) -> None:
     wl = workload(8, out=5)
-    modes = ["429", "503", "malformed", "truncate", "hang", "error_event"]
+    modes = ["429", "503", "malformed", "truncated", "hang", "error_event"]
     for request, mode in zip(wl.requests, modes):
-        fake.faults[request.request_id] = mode
+        fake.request_faults[request.request_id] = mode
     async with engine_at(fake.url) as engine:
         records = await LoadGenerator(engine, wl, config=LoadConfig(request_timeout_s=1.0)).run()
     by_id = {r.request_id: r for r in records}
     kinds = {mode: by_id[r.request_id].error_kind for r, mode in zip(wl.requests, modes)}
     assert kinds == {"429": "rejected", "503": "rejected", "malformed": "protocol_error",
-                     "truncate": "protocol_error", "hang": "timeout", "error_event": "http_error"}
+                     "truncated": "protocol_error", "hang": "timeout", "error_event": "http_error"}
     for request, _ in zip(wl.requests, modes):
         rec = by_id[request.request_id]
         assert not rec.ok and "vllm" in rec.error and request.request_id in rec.error
@@ -139,25 +145,26 @@ async def test_wrong_url_and_unhealthy_engine_are_named() -> None:
     with pytest.raises(EngineNotHealthy, match=r"engine 'vllm'.*cannot connect"):
         async with engine_at("http://127.0.0.1:9", timeout=1.0):
             pass
-    unhealthy = await FakeVLLM(healthy=False).start()
+    unhealthy = fake_vllm(fault="unhealthy")
+    url = await unhealthy.start_async()
     try:
         with pytest.raises(EngineNotHealthy, match="HTTP 503"):
-            async with engine_at(unhealthy.url, timeout=1.0):
+            async with engine_at(url, timeout=1.0):
                 pass
     finally:
-        await unhealthy.stop()
+        await unhealthy.stop_async()
 
 
-async def test_url_mode_discovers_the_served_model(fake: FakeVLLM) -> None:
+async def test_url_mode_discovers_the_served_model(fake: VLLMServer) -> None:
     async with VLLMEngine(model=ModelRef(""), url=fake.url) as engine:
         assert engine.model.request_name == "fake-model"
         sample = await engine.scrape()
     assert sample is not None and sample.kv_capacity_tokens == 4096 and sample.running == 0
 
 
-async def test_interrupted_run_keeps_every_record_measured(fake: FakeVLLM, tmp_path: Path) -> None:
+async def test_interrupted_run_keeps_every_record_measured(fake: VLLMServer, tmp_path: Path) -> None:
     wl = workload(6, out=3)
-    fake.faults[wl.requests[5].request_id] = "hang"
+    fake.request_faults[wl.requests[5].request_id] = "hang"
     async with engine_at(fake.url) as engine:
         task = asyncio.create_task(run(engine, wl, results_dir=tmp_path, load=LoadConfig(request_timeout_s=60)))
         while len(list(tmp_path.glob("*.jsonl"))) == 0 or fake.served < 5:

@@ -1,6 +1,6 @@
 """Benchmark: what the load generator itself costs per streamed chunk.
 
-The harness must not be the bottleneck it measures. The fake vLLM server runs
+The harness must not be the bottleneck it measures. The vLLM protocol server runs
 in its own process (so its CPU is not counted), streams tokens as fast as it
 can, and the client's own CPU time per chunk is recorded with pytest-benchmark:
 ``pytest tests/test_loadgen_benchmark.py --benchmark-json=out.json``. At the
@@ -28,7 +28,8 @@ REQUESTS, TOKENS, CONCURRENCY = 256, 64, 64
 
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[str]:
-    with serving("tests.fake_vllm") as url:
+    with serving("batchbench.fixtures.protocol", "vllm", "--model", "fake-model", "--token-delay", "0",
+                 "--max-running", "1024") as url:
         yield url
 
 

@@ -587,18 +587,19 @@ def test_the_schema_command_prints_it() -> None:
 async def test_a_document_written_by_the_runner_validates_against_the_schema(tmp_path: Path) -> None:
     from batchbench.adapters.base import ModelRef
     from batchbench.adapters.vllm import VLLMEngine
+    from batchbench.fixtures.protocol.vllm import VLLMServer
     from batchbench.runner import run
     from batchbench.workload import Arrival, Lengths, WorkloadSpec
-    from tests.fake_vllm import FakeVLLM
 
-    server = await FakeVLLM(token_delay_s=0.001).start()
+    server = VLLMServer(model="fake-model", token_delay=0.001)
+    await server.start_async()
     try:
         wl = WorkloadSpec("schema", 6, prompt=Lengths.fixed(4), output=Lengths.fixed(8),
                           arrival=Arrival("closed", concurrency=3)).build()
         async with VLLMEngine(model=ModelRef("fake-model"), url=server.url) as engine:
             result = await run(engine, wl, results_dir=tmp_path, ttft_slo_s=1.0, labels={"suite": "schema"})
     finally:
-        await server.stop()
+        await server.stop_async()
     validator = jsonschema.Draft202012Validator(results.json_schema())
     raw = json.loads(result.path.read_text(encoding="utf-8"))
     assert sorted(e.message for e in validator.iter_errors(raw)) == []

@@ -1,7 +1,7 @@
-"""The comparison suites run unchanged against TGI and trtllm-serve in URL mode.
+"""The comparison suites run unchanged against TGI, trtllm-serve and SGLang in URL mode.
 
 No GPU here: the engines are the local protocol servers that speak their wire
-formats (fixtures/protocol_servers.py). This is the path a user takes with
+formats (fixtures/protocol/). This is the path a user takes with
 ``--engine tgi --engine-url tgi=http://host:port`` against a real deployment.
 """
 
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def servers() -> Iterator[dict[str, str]]:
     with ExitStack() as stack:
         yield {engine: stack.enter_context(
-                   serving("batchbench.fixtures.protocol_servers", engine, "--token-delay", "0.005"))
-               for engine in ("tgi", "trtllm")}
+                   serving("batchbench.fixtures.protocol", engine, "--token-delay", "0.005"))
+               for engine in ("tgi", "trtllm", "sglang")}
 
 
 def test_suites_pass_against_protocol_servers(servers: dict[str, str], tmp_path: Path) -> None:
