@@ -124,7 +124,9 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
     next read is dropped.
     """
     data: list[str] = []
-    pending = b""
+    # The unfinished last line, appended to in place: a long line arriving in many reads costs its
+    # length once, not once per read (``pending + piece`` copied it all again each time).
+    pending = bytearray()
     skip_lf = False  # the last piece ended with CR: an LF opening the next one is the rest of that CRLF
     async for piece in response.aiter_bytes():
         if skip_lf and piece.startswith(b"\n"):
@@ -132,8 +134,13 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
         skip_lf = piece.endswith(b"\r")
         if b"\r" in piece:
             piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines = (pending + piece).split(b"\n")
-        pending = lines.pop()
+        cut = piece.rfind(b"\n")
+        if cut < 0:
+            pending += piece
+            continue
+        pending += piece[:cut]
+        lines = pending.split(b"\n")
+        pending = bytearray(piece[cut + 1:])
         for line in lines:
             if not line:
                 if data:

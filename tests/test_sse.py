@@ -87,3 +87,13 @@ def test_a_break_anywhere_in_the_stream_changes_nothing(eol: str) -> None:
     for cut in range(len(body) + 1):
         assert events_of([body[:cut], body[cut:]]) == want, (eol, cut)
     assert events_of([body[i:i + 1] for i in range(len(body))]) == want
+
+
+def test_a_very_long_line_in_many_reads_is_one_event(benchmark) -> None:  # noqa: ANN001
+    """One 4 MiB event in 4 KiB reads (a runaway engine, a huge prompt echo). Its cost is in the benchmark:
+    the unfinished line is appended to in place, not copied again on every read."""
+    payload = "x" * (4 << 20)
+    body = f"data: {payload}\n\ndata: [DONE]\n\n".encode()
+    pieces = [body[i:i + 4096] for i in range(0, len(body), 4096)]
+    events = benchmark.pedantic(events_of, args=(pieces,), rounds=3, iterations=1)
+    assert events == [payload, "[DONE]"]
