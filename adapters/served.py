@@ -14,6 +14,7 @@ import asyncio
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import httpx
@@ -178,6 +179,17 @@ class ServedEngine(Engine):
             if dead is None:
                 raise
             raise EngineDied(self.name, f"server exited ({dead}) during the request", request_id=request_id) from exc
+
+    def server_log(self) -> Path | None:
+        """A local launch's log file (``log_path``); a container's logs are read through the launch instead."""
+        log = getattr(self.launch, "log_path", None) if self.launch is not None else None
+        return log if isinstance(log, Path) else None
+
+    def server_process_groups(self) -> frozenset[int] | None:
+        """A server launched here as a local process: its process group (the launch's ``pid`` leads it).
+        At a URL or in a container its processes are not ours to tell apart: None."""
+        pid = getattr(self.launch, "pid", None) if self.launch is not None else None
+        return frozenset({pid}) if isinstance(pid, int) else None
 
     async def scrape(self) -> ServerMetrics | None:
         if self.client is None:

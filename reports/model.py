@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from batchbench.adapters.base import BatchingConfig
 from batchbench.client_load import ClientLoad
-from batchbench.guardrails import KV_DANGER, server_summary
+from batchbench.guardrails import server_summary
 from batchbench.machine_load import MachineLoad
 from batchbench.metrics import summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
@@ -25,8 +25,6 @@ from batchbench.reports.fmt import num
 from batchbench.results import records_of
 from batchbench.server_metrics import ServerMetrics
 
-#: KV-cache usage above which engines start preempting or rejecting: runs that reach it are flagged.
-DANGER_KV_USAGE = KV_DANGER
 #: Batch-size bucket edges for TTFT: buckets 1, 2-3, 4-7, 8-15, 16+.
 BUCKET_EDGES = (1, 2, 4, 8, 16)
 
@@ -70,7 +68,7 @@ class ServerStats:
 
     samples: int = 0
     peak_kv_usage: float | None = None
-    #: Samples at or above :data:`DANGER_KV_USAGE`, of those that carried kv_usage.
+    #: Samples at or above :data:`KV_DANGER`, of those that carried kv_usage.
     danger_samples: int = 0
     kv_samples: int = 0
     kv_capacity_tokens: float | None = None
