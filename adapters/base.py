@@ -10,9 +10,11 @@ above this layer knows which engine it is measuring.
 from __future__ import annotations
 
 import asyncio
+import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import UnionType
 from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin, get_type_hints
 
@@ -183,6 +185,38 @@ class Capabilities:
     exact_output_length: bool = True
 
 
+@dataclass(frozen=True)
+class KVLayout:
+    """How an engine lays out its KV cache and reports its capacity, so the capacity it reports can be
+    predicted from the model config (:mod:`batchbench.theory`) without knowing which engine it is."""
+
+    #: Tokens per block: the cache holds whole blocks.
+    block_tokens: int
+    #: The engine's context window (what a full-length request is), when it matters to the report.
+    max_model_len: int | None = None
+    #: The engine reports its capacity as the number of full-length requests that fit, times
+    #: ``max_model_len`` (fractions of a request included), rather than as its blocks' tokens.
+    reports_full_length_requests: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, not {self.block_tokens!r}")
+        if self.reports_full_length_requests and not self.max_model_len:
+            raise ValueError("a capacity reported in full-length requests needs max_model_len")
+
+    def blocks(self, capacity_tokens: int) -> int:
+        """Blocks asked for to hold ``capacity_tokens`` (rounded up to whole blocks)."""
+        return math.ceil(capacity_tokens / self.block_tokens)
+
+    def reported_capacity(self, capacity_tokens: int) -> int:
+        """The capacity in tokens the engine reports for a cache of ``capacity_tokens`` (whole blocks of it)."""
+        blocks = capacity_tokens // self.block_tokens
+        if not self.reports_full_length_requests:
+            return blocks * self.block_tokens
+        assert self.max_model_len is not None
+        return int(blocks / math.ceil(self.max_model_len / self.block_tokens) * self.max_model_len)
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Token totals as the engine itself reports them; never re-tokenised."""
@@ -243,7 +277,8 @@ class EngineUnreachable(EngineError):
 
 
 class EngineCannotRunHere(EngineUnreachable):
-    """This machine lacks what the engine needs (no Docker engine to launch it in): a reason to skip."""
+    """This environment lacks what the engine needs (its package, a Docker engine to launch it in): a reason to
+    skip, with this message, wherever the engine is started (the engine cache, a suite's private engine)."""
 
     kind = "cannot_run_here"
 
@@ -300,19 +335,64 @@ class Engine(ABC):
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
 
+    #: Tokens per KV-cache block when BatchingConfig.kv_capacity_tokens sizes the cache (it is allocated in
+    #: whole blocks); None: the engine's KV capacity cannot be set in blocks.
+    kv_block_size: ClassVar[int | None] = None
+    #: Blocks the engine keeps back from the cache it is given (never holding a sequence's KV).
+    kv_reserved_blocks: ClassVar[int] = 0
+
     def __init__(self, batching: BatchingConfig | None = None, *, startup_timeout: float = 300.0) -> None:
         self.batching = batching or BatchingConfig()
-        if self.batching.mode not in self.capabilities.batching_modes:
+        type(self).check_config(self.batching)
+        self.startup_timeout = startup_timeout
+
+    @classmethod
+    def check_config(cls, batching: BatchingConfig, *, max_model_len: int | None = None) -> None:
+        """Raise ValueError, saying why, if the engine would refuse to start with this configuration
+        (and this context window, when given); adapters add their engine's own rules."""
+        if batching.mode not in cls.capabilities.batching_modes:
             raise ValueError(
-                f"engine {self.name!r} cannot run {self.batching.mode} batching "
-                f"(it supports: {', '.join(sorted(self.capabilities.batching_modes))})"
+                f"engine {cls.name!r} cannot run {batching.mode} batching "
+                f"(it supports: {', '.join(sorted(cls.capabilities.batching_modes))})"
             )
-        if self.batching.prefill_chunk_tokens is not None and not self.capabilities.prefill_chunk_cap:
+        if batching.prefill_chunk_tokens is not None and not cls.capabilities.prefill_chunk_cap:
             raise ValueError(
-                f"engine {self.name!r} has no per-request cap on prefill tokens per step; "
+                f"engine {cls.name!r} has no per-request cap on prefill tokens per step; "
                 "leave BatchingConfig.prefill_chunk_tokens unset"
             )
-        self.startup_timeout = startup_timeout
+
+    @classmethod
+    def min_kv_capacity_tokens(cls, max_model_len: int) -> int:
+        """The smallest ``kv_capacity_tokens`` the engine starts with: one full-length sequence, beside the
+        blocks it keeps back."""
+        return max_model_len + cls.kv_reserved_blocks * (cls.kv_block_size or 0)
+
+    def kv_layout(self) -> KVLayout | None:
+        """How this engine, as configured, lays out and reports its KV cache; None: not known."""
+        return None
+
+    def kv_space_bytes(self) -> int | None:
+        """The memory this engine was given for its KV cache, in bytes; None when it sizes the cache itself
+        (from accelerator memory) or it is not known (an engine at a URL)."""
+        return None
+
+    def server_log(self) -> Path | None:
+        """The log file of the server this engine launched here, if it has one."""
+        return None
+
+    @classmethod
+    def kv_block_override(cls, server_log: str) -> tuple[int, int] | None:
+        """When the engine was given its KV cache in blocks and its server log says so: (blocks its KV space
+        would have held, blocks it was given). None: the log does not say (or the engine does not log it)."""
+        return None
+
+    def server_process_groups(self) -> frozenset[int] | None:
+        """The process groups of the servers this engine launched: its own processes, not other work.
+
+        Empty: it serves inside this process (nothing of its own elsewhere). None: its processes are
+        not known here (an engine at a URL or in a container), so the machine's load cannot be told apart.
+        """
+        return frozenset()
 
     @abstractmethod
     async def start(self) -> None:

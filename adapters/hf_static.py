@@ -111,6 +111,8 @@ class HFStaticEngine(Engine):
         self._pending: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._running = 0
+        #: Requests served in full since start (the ``completed`` counter of :meth:`scrape`).
+        self._completed = 0
         self._error: BaseException | None = None
         self._t0 = now()
         self.startup_s: float | None = None
@@ -134,6 +136,7 @@ class HFStaticEngine(Engine):
         self._t0 = now()
         self._pending = asyncio.Queue()
         self._error = None
+        self._completed = 0
         self._model = await asyncio.to_thread(self._load)
         self._worker = asyncio.create_task(self._batch_loop(), name="hf-static-batcher")
         self.startup_s = now() - self._t0
@@ -246,12 +249,14 @@ class HFStaticEngine(Engine):
             yield Chunk(t=t, n_tokens=1)
         if produced < request.max_tokens:
             raise EngineDied(self.name, f"batcher failed: {self._error!r}", request_id=request.request_id)
+        self._completed += 1
         yield Chunk(t=now(), n_tokens=0, usage=Usage(request.prompt_len, produced), finish_reason="length")
 
     async def scrape(self) -> ServerMetrics:
         return ServerMetrics(
             t=now(), running=float(self._running),
             waiting=float(self._pending.qsize()) if self._pending is not None else None,
+            completed=float(self._completed),
         )
 
     def describe(self) -> dict[str, Any]:

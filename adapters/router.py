@@ -39,6 +39,7 @@ def _merge_capabilities(engines: Iterable[Engine]) -> Capabilities:
         pads_batches=any(c.pads_batches for c in caps),
         reports_kv_capacity=all(c.reports_kv_capacity for c in caps),
         chunked_prefill=all(c.chunked_prefill for c in caps),
+        prefill_chunk_cap=all(c.prefill_chunk_cap for c in caps),
         exact_output_length=all(c.exact_output_length for c in caps),
     )
 
@@ -150,7 +151,18 @@ class RoutedEngine(Engine):
             kv_capacity_tokens=_sum(s.kv_capacity_tokens for s in samples),
             preemptions=_sum(s.preemptions for s in samples),
             rejections=_sum(s.rejections for s in samples),
+            completed=_sum(s.completed for s in samples),
         )
+
+    def server_process_groups(self) -> frozenset[int] | None:
+        """Every pool's own processes; None when some pool's are not known."""
+        groups: set[int] = set()
+        for _, engine in self.pools:
+            found = engine.server_process_groups()
+            if found is None:
+                return None
+            groups |= found
+        return frozenset(groups)
 
     @staticmethod
     def pool_name(keys: tuple[str, ...]) -> str:

@@ -15,6 +15,7 @@ import asyncio
 from abc import abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
@@ -167,6 +168,16 @@ class ServedEngine(Engine):
                 raise
             raise EngineDied(self.name, f"server exited ({dead}) during the request", request_id=request_id) from exc
 
+    def server_log(self) -> Path | None:
+        """A local launch's log file (``log_path``); a container's logs are read through the launch instead."""
+        return self.launch.log_file() if self.launch is not None else None
+
+    def server_process_groups(self) -> frozenset[int] | None:
+        """A server launched here as a local process: its process group (the launch's ``pid`` leads it).
+        At a URL or in a container its processes are not ours to tell apart: None."""
+        group = self.launch.process_group() if self.launch is not None else None
+        return frozenset({group}) if group is not None else None
+
     async def scrape(self) -> ServerMetrics | None:
         if self.client is None:
             return None
@@ -182,5 +193,5 @@ class ServedEngine(Engine):
             "url": self.base_url,
             "server_args": self.server_argv,
             "startup_s": self.startup_s,
-            "launch": describe() if (describe := getattr(self.launch, "describe", None)) else None,
+            "launch": self.launch.describe() if self.launch is not None else None,
         }

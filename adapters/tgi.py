@@ -291,6 +291,7 @@ class TGIEngine(ServedEngine):
             kv_capacity_tokens=capacity,
             preemptions=None,
             rejections=sum(overloaded) if overloaded else zero,
+            completed=value("tgi_request_success", "tgi_request_success_total"),
         )
 
     def describe(self) -> dict[str, Any]:

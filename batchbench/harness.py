@@ -1,5 +1,11 @@
 """What a comparison test needs: started engines and measured, recorded runs.
 
+Suites use only the public methods: :meth:`Harness.engine` (shared, cached engines),
+:meth:`Harness.private_engine` (an unshared engine with its own options, always stopped),
+:meth:`Harness.measure` (a recorded run), :meth:`Harness.replay` (an unrecorded one) and
+:meth:`Harness.scrape` (the engine's server metrics now). The event loop underneath is the
+harness's own business.
+
 Engines and the load generator live on one event loop in a background
 thread for the whole pytest session, so suites are plain synchronous tests
 and pytest-benchmark can time a run for real (``benchmark.pedantic`` calls
@@ -9,19 +15,23 @@ a synchronous function, which here blocks until the run on the loop is done).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import BatchingConfig, Engine, EngineCannotRunHere
 from batchbench.adapters.launch.cleanup import REGISTRY as LAUNCHED
 from batchbench.adapters.registry import EngineOptions, make_engine
-from batchbench.loadgen import LoadConfig
-from batchbench.pool import EnginePool
+from batchbench.engines import EngineCache
+from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.profiles import Profile
+from batchbench.records import RequestRecord
 from batchbench.runner import RunResult, run
+from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Workload
 
 T = TypeVar("T")
@@ -59,15 +69,55 @@ class Harness:
         # Servers are started on the loop's thread, where no signal handler can be installed: install
         # them here (the session's main thread) so a SIGTERM/SIGHUP/Ctrl-C of pytest stops them too.
         LAUNCHED.install()
-        self.loop = LoopThread()
-        self.pool = EnginePool(lambda name, batching: make_engine(name, batching, options), max_live=max_live)
+        self._loop = LoopThread()
+        self._engines = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=max_live)
+
+    @property
+    def max_live_engines(self) -> int:
+        """How many shared engines may run at once (``--max-live-engines``)."""
+        return self._engines.max_live
 
     def engine(self, name: str, batching: BatchingConfig | None = None) -> Engine:
-        """A started engine (shared: started once per name and config)."""
-        return self.loop.call(self.pool.get(name, batching))
+        """A started, warmed-up engine (shared: started once per name and config).
+
+        Raises :class:`EngineCannotRunHere` when this environment cannot run it.
+        """
+        return self._loop.call(self._engines.get(name, batching))
 
     def release(self, name: str, batching: BatchingConfig | None = None) -> None:
-        self.loop.call(self.pool.release(name, batching))
+        """Stop a shared engine now (e.g. after a test that pushed it past its limits)."""
+        self._loop.call(self._engines.release(name, batching))
+
+    @contextmanager
+    def private_engine(self, name: str, batching: BatchingConfig | None = None, **overrides: Any) -> Iterator[Engine]:
+        """An unshared engine, launched here with the session's options changed by ``overrides``
+        (e.g. ``max_model_len=256``), healthy inside the ``with`` and always stopped after it.
+
+        Not warmed up: the caller decides what its first requests are. Raises
+        :class:`EngineCannotRunHere` when the engine cannot run here, including when the session
+        reaches it at a URL (whoever runs it there chose its configuration).
+        """
+        if self.options.url_for(name) is not None:
+            raise EngineCannotRunHere(name, "is reached at a URL; a private engine must be launched here with its "
+                                            f"own configuration ({batching.label() if batching else 'default'})")
+        options = dataclasses.replace(self.options, **overrides)
+        try:
+            engine = make_engine(name, batching, options)
+        except ImportError as exc:
+            raise EngineCannotRunHere(name, f"cannot run here: {exc}") from exc
+        self._loop.call(engine.__aenter__())  # stops what it started if it never becomes healthy
+        try:
+            yield engine
+        finally:
+            self._loop.call(engine.__aexit__(None, None, None))
+
+    def scrape(self, engine: Engine) -> ServerMetrics | None:
+        """The engine's server metrics now (None: it has none)."""
+        return self._loop.call(engine.scrape())
+
+    def replay(self, engine: Engine, workload: Workload, load: LoadConfig | None = None) -> list[RequestRecord]:
+        """Run ``workload`` on ``engine`` without recording it (e.g. to warm an engine up on it)."""
+        return self._loop.call(LoadGenerator(engine, workload, config=load).run())
 
     def measure(
         self,
@@ -90,7 +140,7 @@ class Harness:
         labels = {"profile": self.profile.name, **(labels or {})}
 
         def once() -> RunResult:
-            return self.loop.call(run(engine, workload, results_dir=self.results_dir, tag=tag, load=load,
+            return self._loop.call(run(engine, workload, results_dir=self.results_dir, tag=tag, load=load,
                                       labels=labels, **run_options))
 
         if benchmark is None:
@@ -109,6 +159,6 @@ class Harness:
 
     def close(self) -> None:
         try:
-            self.loop.call(self.pool.close())
+            self._loop.call(self._engines.close())
         finally:
-            self.loop.close()
+            self._loop.close()

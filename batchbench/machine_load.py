@@ -11,10 +11,12 @@ plus steal, over the machine's capacity during the run. The report flags a
 disturbed run, and suites that compare runs re-measure or skip rather than
 assert on the machine's load.
 
-Measured: this process (the load generator, and an in-process engine such
-as hf-static) and the process group of a server this harness launched. Not
-measurable: an engine at a URL or in a container (its processes are not
-ours to tell apart); there the share is None and a run counts as quiet.
+Measured: this process (the load generator, and an engine that serves in
+process) and the process groups of the servers the engine says it launched
+(:meth:`Engine.server_process_groups <batchbench.adapters.base.Engine.server_process_groups>`;
+a routed layout: every pool's). Not measurable: an engine at a URL or in a
+container (its processes are not ours to tell apart); there the share is
+None and a run counts as quiet.
 Linux only (``/proc``).
 """
 
@@ -75,17 +77,17 @@ class MachineMeter:
     time the hypervisor gave to other machines (steal).
     """
 
-    def __init__(self, server_pgid: int | None, engine_in_process: bool) -> None:
-        self.server_pgid = server_pgid
-        self.enabled = Path("/proc/stat").is_file() and (server_pgid is not None or engine_in_process)
+    def __init__(self, own_groups: frozenset[int] | None) -> None:
+        """``own_groups``: the engine's server process groups (empty: it serves in this process); None: its
+        processes are unknown, and nothing is measured."""
+        self.own_groups = None if own_groups is None else frozenset(str(g) for g in own_groups)
+        self.enabled = Path("/proc/stat").is_file() and own_groups is not None
         self._start: tuple[int, int, dict[int, int]] | None = None
 
     @classmethod
     def for_engine(cls, engine: Engine) -> MachineMeter:
-        """A meter that knows ``engine``'s processes: a server launched here (its process group) or this one."""
-        launch = getattr(engine, "launch", None)
-        in_process = launch is None and getattr(engine, "url", None) is None
-        return cls(getattr(launch, "pid", None), engine_in_process=in_process)
+        """A meter that knows ``engine``'s own processes, as the engine states them."""
+        return cls(engine.server_process_groups())
 
     @staticmethod
     def _stat_fields(pid: str) -> list[str] | None:
@@ -103,7 +105,7 @@ class MachineMeter:
             if not entry.name.isdigit() or entry.name == own:
                 continue
             fields = self._stat_fields(entry.name)
-            if fields is None or (self.server_pgid is not None and fields[2] == str(self.server_pgid)):
+            if fields is None or (self.own_groups and fields[2] in self.own_groups):
                 continue
             ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
         return ticks

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, Engine
-from batchbench.adapters.registry import EngineOptions
+from batchbench.adapters.base import BatchingConfig, Engine, EngineCannotRunHere
+from batchbench.adapters.registry import EngineOptions, engine_class
 from batchbench.harness import Harness
 from batchbench.options import add_engine_arguments, batching_grid, engine_options
-from batchbench.pool import EngineUnavailable
 from batchbench.profiles import Profile, get_profile
 
 
@@ -96,12 +95,18 @@ def start_engine(harness: Harness, pytestconfig: pytest.Config) -> Callable[...,
             pytest.skip(f"engine {name!r} at a URL runs its own configuration; this test needs {batching.label()}")
         try:
             return harness.engine(name, batching)
-        except EngineUnavailable as exc:
+        except EngineCannotRunHere as exc:
             if required:
                 pytest.fail(f"--require-engines: {exc}", pytrace=False)
             pytest.skip(str(exc))
 
     return start
+
+
+def skip_unless_capable(engine_name: str, capability: str, why: str) -> None:
+    """Skip, with the reason, a test that needs ``Capabilities.<capability>`` on an engine without it."""
+    if not getattr(engine_class(engine_name).capabilities, capability):
+        pytest.skip(f"engine {engine_name!r} lacks {capability} ({why})")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

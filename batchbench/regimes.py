@@ -10,7 +10,7 @@ trades latency for throughput. Three regimes appear in order:
 2. **sweet-spot**: the knee, the last point that still paid for itself: from
    here no higher concurrency buys a worthwhile gain.
 3. **memory-bound** (an engine that reports its KV cache): the cache is full
-   (usage >= 0.85, preemptions, requests waiting for blocks), so extra requests
+   (usage >= :data:`~batchbench.guardrails.KV_DANGER`, preemptions, requests waiting for blocks), so extra requests
    queue instead of joining the batch; throughput is flat or falls (preempted
    requests are recomputed) while TTFT p99 rises sharply: a request at the
    back of the queue waits whole generations for blocks to free.
@@ -25,17 +25,17 @@ be tested on synthetic curves and applied to any engine's sweep.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from batchbench.guardrails import KV_DANGER
 from batchbench.metrics import Distribution, Summary
 from batchbench.records import RequestRecord
+from batchbench.repeats import median
 from batchbench.server_metrics import ServerMetrics
 
 __all__ = [
-    "KV_FULL",
     "REGIME_RANK",
     "SCALING_GAIN",
     "LabelledPoint",
@@ -46,7 +46,6 @@ __all__ = [
     "classify_regimes",
     "corroborated_best",
     "gain_per_doubling",
-    "kv_fit_concurrency",
     "median_of",
     "point_from_run",
     "steady_state_ttfts",
@@ -64,10 +63,6 @@ REGIME_RANK: dict[Regime, int] = {"under-utilised": 0, "sweet-spot": 1, "memory-
 #: sqrt(2). Past that point each doubling costs more latency (x 2 / gain) than it buys throughput.
 SCALING_GAIN = math.sqrt(2) - 1
 
-#: KV usage from which the cache counts as full. vLLM admits a request when its prompt's
-#: blocks fit and grows it a block at a time, so a cache that is 85% used cannot take one more
-#: sequence of a few blocks without waiting or preempting on any realistically sized cache.
-KV_FULL = 0.85
 
 
 @dataclass(frozen=True)
@@ -106,7 +101,7 @@ class LabelledPoint:
     gain_from_previous: float | None
     #: The best gain per doubling any higher concurrency of the sweep offers from here (None for the last).
     best_gain_ahead: float | None
-    #: KV usage >= KV_FULL or preemptions during the run.
+    #: KV usage >= KV_DANGER or preemptions during the run.
     memory_pressure: bool
     #: More requests waiting engine-side at the peak than at the sweet spot.
     growing_queue: bool
@@ -127,7 +122,7 @@ class RegimeReport:
     #: What regime 3 is called for this engine: "memory-bound" with KV data, else "saturated".
     has_kv_data: bool
     scaling_gain: float
-    kv_full: float
+    kv_danger: float
 
     @property
     def labels(self) -> dict[int, Regime]:
@@ -175,7 +170,7 @@ def gain_per_doubling(c_from: int, t_from: float, c_to: int, t_to: float) -> flo
 
 
 def classify_regimes(
-    points: Sequence[SweepPoint], *, scaling_gain: float = SCALING_GAIN, kv_full: float = KV_FULL
+    points: Sequence[SweepPoint], *, scaling_gain: float = SCALING_GAIN, kv_danger: float = KV_DANGER
 ) -> RegimeReport:
     """Label each sweep point with its regime and find the sweet spot.
 
@@ -194,7 +189,7 @@ def classify_regimes(
     - Every point past the sweet spot is in **regime 3**: more concurrency no
       longer buys throughput, so it only adds latency. It is **memory-bound**
       on an engine that reports KV usage when the point shows why: KV usage
-      >= ``kv_full``, preemptions, or more requests waiting than at the sweet
+      >= ``kv_danger``, preemptions, or more requests waiting than at the sweet
       spot (requests held back for blocks). Otherwise (no KV data at all, or
       a plateau with a cache that is not full) it is **saturated**: queueing
       or compute, not memory.
@@ -208,8 +203,8 @@ def classify_regimes(
         raise ValueError("a sweep needs at least one point")
     if not 0 < scaling_gain:
         raise ValueError(f"scaling_gain must be > 0, not {scaling_gain!r}")
-    if not 0 < kv_full <= 1:
-        raise ValueError(f"kv_full must be in (0, 1], not {kv_full!r}")
+    if not 0 < kv_danger <= 1:
+        raise ValueError(f"kv_danger must be in (0, 1], not {kv_danger!r}")
     ordered = sorted(points, key=lambda p: p.concurrency)
     levels = [p.concurrency for p in ordered]
     if len(set(levels)) != len(levels):
@@ -225,7 +220,7 @@ def classify_regimes(
 
     labelled = []
     for i, p in enumerate(ordered):
-        pressure = (p.peak_kv_usage is not None and p.peak_kv_usage >= kv_full) or bool(p.preemptions)
+        pressure = (p.peak_kv_usage is not None and p.peak_kv_usage >= kv_danger) or bool(p.preemptions)
         queue = p.peak_waiting is not None and p.peak_waiting > (sweet.peak_waiting or 0)
         regime: Regime
         if i < knee:
@@ -240,7 +235,7 @@ def classify_regimes(
             ordered[i - 1].concurrency, ordered[i - 1].throughput, p.concurrency, p.throughput)
         ratio = p.ttft_p99 / sweet.ttft_p99 if sweet.ttft_p99 > 0 else math.inf
         labelled.append(LabelledPoint(p, regime, previous, ahead[i], pressure, queue, ratio))
-    return RegimeReport(tuple(labelled), sweet.concurrency, has_kv, scaling_gain, kv_full)
+    return RegimeReport(tuple(labelled), sweet.concurrency, has_kv, scaling_gain, kv_danger)
 
 
 def corroborated_best(values: Sequence[float], agreement: float) -> float | None:
@@ -292,6 +287,9 @@ def best_of(repeats: Sequence[SweepPoint]) -> SweepPoint:
 def median_of(repeats: Sequence[SweepPoint]) -> SweepPoint:
     """Combine repeated measurements of one concurrency by their medians (memory evidence: the highest).
 
+    The median is the repeat protocol's (:mod:`batchbench.repeats`); which repeats to combine (the
+    quiet ones) is the caller's :meth:`~batchbench.repeats.Repeats.kept`.
+
     Where the speed a run sees varies both ways (a stall slows a run; a short
     run can also land in an unusually fast second), the median is the
     estimate that neither a single stalled nor a single lucky repeat moves:
@@ -310,9 +308,9 @@ def median_of(repeats: Sequence[SweepPoint]) -> SweepPoint:
 
     return SweepPoint(
         concurrency=repeats[0].concurrency,
-        throughput=statistics.median(p.throughput for p in repeats),
-        ttft_p50=statistics.median(p.ttft_p50 for p in repeats),
-        ttft_p99=statistics.median(p.ttft_p99 for p in repeats),
+        throughput=median([p.throughput for p in repeats]),
+        ttft_p50=median([p.ttft_p50 for p in repeats]),
+        ttft_p99=median([p.ttft_p99 for p in repeats]),
         peak_kv_usage=peak([p.peak_kv_usage for p in repeats]),
         preemptions=peak([p.preemptions for p in repeats]),
         peak_waiting=peak([p.peak_waiting for p in repeats]),
@@ -371,19 +369,3 @@ def point_from_run(
         preemptions=preemptions,
         peak_waiting=peak([s.waiting for s in samples]),
     )
-
-
-def kv_fit_concurrency(capacity_tokens: int, prompt_len: int, output_len: int, block_size: int) -> int:
-    """How many sequences of one shape fit in a paged KV cache at once: regime 3's predicted onset.
-
-    A sequence holds KV for its prompt and every output token but the last
-    (the last one is returned, never fed back), in whole blocks; the cache
-    holds ``capacity_tokens // block_size`` blocks. Past this concurrency a
-    closed loop keeps more sequences in flight than the cache can hold.
-    """
-    for name, value in (("capacity_tokens", capacity_tokens), ("prompt_len", prompt_len),
-                        ("output_len", output_len), ("block_size", block_size)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, not {value!r}")
-    blocks_per_sequence = math.ceil((prompt_len + output_len - 1) / block_size)
-    return (capacity_tokens // block_size) // blocks_per_sequence

@@ -14,8 +14,8 @@ from typing import Any
 class ServerMetrics:
     """One scrape of an engine's server-side state.
 
-    Counters (preemptions, rejections) are cumulative since engine start, as
-    Prometheus exposes them; ``None`` means the engine does not expose it.
+    Counters (preemptions, rejections, completed) are cumulative since engine
+    start, as Prometheus exposes them; ``None`` means the engine does not expose it.
     """
 
     t: float
@@ -26,6 +26,8 @@ class ServerMetrics:
     kv_capacity_tokens: float | None = None
     preemptions: float | None = None
     rejections: float | None = None
+    #: Requests the engine itself counts as finished (every finish reason), cumulative.
+    completed: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

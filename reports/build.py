@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchbench.guardrails import KV_DANGER
 from batchbench.reports import markdown, render_html
 from batchbench.reports.compare import (
     DEFAULT_THRESHOLD_PCT,
@@ -28,7 +29,7 @@ from batchbench.reports.compare import (
 )
 from batchbench.reports.content import build_document, group_by_workload
 from batchbench.reports.inputs import Inputs, discover
-from batchbench.reports.model import DANGER_KV_USAGE, KEY_METRICS
+from batchbench.reports.model import KEY_METRICS
 from batchbench.reports.series import group_series
 
 
@@ -80,7 +81,7 @@ def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_a
         "schema": REPORT_SCHEMA,
         "schema_version": REPORT_SCHEMA_VERSION,
         "generated_at": generated_at,
-        "kv_danger_threshold": DANGER_KV_USAGE,
+        "kv_danger_threshold": KV_DANGER,
         "metrics": {m.key: {"title": m.title, "better": m.better, "summary_path": list(m.path)} for m in KEY_METRICS},
         "runs": [r.to_row() for _, members in groups for r in members],
         # Repeats of one measurement (reports/series.py): the medians comparisons use, with their spread.

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from batchbench.guardrails import KV_DANGER
 from batchbench.metrics import ttft_by_bucket
 from batchbench.reports import fmt, plots
 from batchbench.reports.compare import BaselineComparison, best_by_metric
@@ -20,7 +21,6 @@ from batchbench.reports.document import Block, Bullets, Cell, Document, Para, Pl
 from batchbench.reports.inputs import Inputs
 from batchbench.reports.model import (
     BUCKET_EDGES,
-    DANGER_KV_USAGE,
     KEY_METRICS,
     METRICS_BY_KEY,
     MetricSpec,
@@ -49,7 +49,7 @@ def status_text(run: Run) -> str:
 def _danger_text(run: Run) -> str:
     s = run.server
     return (f"⚠ {run.display_name()} ({run.workload_name}) entered the KV danger zone: peak KV usage "
-            f"{fmt.pct(s.peak_kv_usage)} ≥ {fmt.pct(DANGER_KV_USAGE)} in {s.danger_samples} of "
+            f"{fmt.pct(s.peak_kv_usage)} ≥ {fmt.pct(KV_DANGER)} in {s.danger_samples} of "
             f"{s.kv_samples} samples")
 
 

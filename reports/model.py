@@ -18,14 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from batchbench.adapters.base import BatchingConfig
-from batchbench.guardrails import KV_DANGER, Guardrails
+from batchbench.guardrails import Guardrails
 from batchbench.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.reports.fmt import num
 from batchbench.results import RunDocument
 from batchbench.server_metrics import ServerMetrics
 
-#: KV-cache usage above which engines start preempting or rejecting: runs that reach it are flagged.
-DANGER_KV_USAGE = KV_DANGER
 #: Batch-size bucket edges for TTFT: buckets 1, 2-3, 4-7, 8-15, 16+.
 BUCKET_EDGES = (1, 2, 4, 8, 16)
 
@@ -66,7 +64,7 @@ class ServerStats:
 
     samples: int = 0
     peak_kv_usage: float | None = None
-    #: Samples at or above :data:`DANGER_KV_USAGE`, of those that carried kv_usage.
+    #: Samples at or above :data:`KV_DANGER`, of those that carried kv_usage.
     danger_samples: int = 0
     kv_samples: int = 0
     kv_capacity_tokens: float | None = None

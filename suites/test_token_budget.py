@@ -2,17 +2,19 @@
 
 Short interactive requests stream open loop; a burst of K long prompts (close
 to max_model_len) lands a quarter of the way in. What the short requests
-queued behind the burst see is decided by vLLM V1's scheduler
-(``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``; limits in
-``vllm/config/scheduler.py``), read for vLLM 0.32.0:
+queued behind the burst see is decided by the engine's scheduler. For an
+iteration-level scheduler with a per-step token budget, a sequence cap and a
+per-request prefill cap (the capabilities this suite needs; the adapter of the
+engine measured here cites the scheduler source and version this was read
+from), it goes like this:
 
 - Each step has a token budget, ``max_num_batched_tokens``. Running requests
   are served first (a decode costs one token), then waiting requests in
   arrival order (fcfs) while budget and seats (``max_num_seqs``) remain.
 - Chunked prefill off: a waiting prompt longer than the budget left stops
   admission for the step (``break``), so whatever arrived after it waits.
-  vLLM refuses to start with chunked prefill off and a budget below
-  max_model_len (``SchedulerConfig.verify_max_model_len``), so the unchunked
+  The engine refuses to start with chunked prefill off and a budget below
+  max_model_len (``Engine.check_config`` says so up front), so the unchunked
   cells use exactly max_model_len: each long prompt is one step, and a short
   request arriving with the burst waits K long steps.
 - Chunked prefill on: a prompt takes ``min(rest of its prompt, budget left)``.
@@ -20,16 +22,16 @@ queued behind the burst see is decided by vLLM V1's scheduler
   but the long prompt then takes all the budget they leave, step after step,
   so a short request arriving behind the burst still waits until the whole
   burst is prefilled (in budget-sized chunks: more steps than unchunked).
-  Chunking alone does not lower short-request TTFT in V1.
+  Chunking alone does not lower short-request TTFT.
 - ``long_prefill_token_threshold`` T caps the tokens one prefill takes per
   step, for running and waiting requests alike (not applied when a request is
   the only one eligible). The K prompts of the burst are then prefilled side
   by side, T tokens each per step, and with K x T well under the budget every
   step keeps budget for newcomers: a short request is admitted in the next
   step. That is the setting under which chunked prefill lowers short-request
-  TTFT. (vLLM 0.32.0 has no ``max_num_partial_prefills``; this threshold is
-  V1's knob. It is only set with chunking on: with chunking off it would still
-  cut a prompt to T tokens, i.e. chunk it.)
+  TTFT. (This threshold is the scheduler's knob for it, not a cap on how many
+  partial prefills run at once. It is only set with chunking on: with chunking
+  off it would still cut a prompt to T tokens, i.e. chunk it.)
 
 The threshold is BatchingConfig.prefill_chunk_tokens, which engines without
 such a cap refuse (Capabilities.prefill_chunk_cap).
@@ -50,7 +52,7 @@ chunked-lpt-budget2048      on       2048    all    64         full
 
 "all" seats is every request of a run, so the cap never binds; 10 seats is
 the burst alone, so while it is in the engine short requests wait for seats.
-Quick runs the cells the assertions compare (each vLLM config is a server
+Quick runs the cells the assertions compare (each config is a server
 start, ~30-70 s on 2 CPUs); the full profile's other cells are reported, with
 their seat caps checked.
 
@@ -90,12 +92,12 @@ from typing import Any
 import pytest
 
 from batchbench.adapters.base import BatchingConfig, Engine
-from batchbench.adapters.registry import engine_class
+from batchbench.adapters.registry import engine_class, specs
 from batchbench.harness import Harness
-from batchbench.loadgen import LoadGenerator
 from batchbench.metrics import Distribution, itl_samples
 from batchbench.profiles import Profile, get_profile
 from batchbench.records import RequestRecord
+from batchbench.repeats import RepeatProtocol
 from batchbench.runner import RunResult
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec, interleave
 
@@ -164,7 +166,7 @@ def grid(profile: Profile) -> list[Cell]:
         return Cell(name, config, quick)
 
     return [
-        # Unchunked cells: the budget can only be max_model_len (vLLM refuses less), and no threshold.
+        # Unchunked cells: the budget can only be max_model_len (the engine refuses less), and no threshold.
         cell("unchunked", False, m, s.seats_all, 0, True),
         cell("chunked", True, b, s.seats_all, 0, True),
         cell("chunked-lpt", True, b, s.seats_all, t, True),
@@ -172,18 +174,6 @@ def grid(profile: Profile) -> list[Cell]:
         cell(f"unchunked-seqs{s.seats_few}", False, m, s.seats_few, 0, False),
         cell(f"chunked-lpt-budget{m}", True, m, s.seats_all, t, False),
     ]
-
-
-def vllm_refuses(config: BatchingConfig, max_model_len: int) -> str | None:
-    """Why vLLM 0.32.0 would refuse this config at start (``SchedulerConfig.verify_max_model_len``), or None."""
-    budget, seqs = config.max_batched_tokens or 0, config.max_batch_size or 0
-    if not config.chunked_prefill and budget < max_model_len:
-        return f"chunked prefill off needs max_num_batched_tokens >= max_model_len ({budget} < {max_model_len})"
-    if budget < seqs:
-        return f"max_num_batched_tokens ({budget}) must be >= max_num_seqs ({seqs})"
-    if (config.prefill_chunk_tokens or 0) > max_model_len:
-        return f"long_prefill_token_threshold ({config.prefill_chunk_tokens}) > max_model_len"
-    return None
 
 
 def workload(profile: Profile, *, seed: int = 7) -> Workload:
@@ -249,14 +239,14 @@ class CellRunner:
     def engine(self, cell: Cell) -> Engine:
         engine = self.start_engine(self.engine_name, cell.config)
         if id(engine) not in self._warm:
-            # The workload once, unrecorded: the pool's warm-up stops at 256-token prompts, and a fresh
-            # engine's first run of this workload (steps of sizes it had not run before) was measured
+            # The workload once, unrecorded: the engine cache's warm-up stops at 256-token prompts, and a
+            # fresh engine's first run of this workload (steps of sizes it had not run before) was measured
             # several times slower than the runs after it.
-            self.harness.loop.call(LoadGenerator(engine, self.wl).run())
+            self.harness.replay(engine, self.wl)
             self._warm.add(id(engine))
         return engine
 
-    def measure(self, cell: Cell, engine: Engine, benchmark: Any = None) -> dict[str, float]:
+    def measure(self, cell: Cell, engine: Engine, benchmark: Any = None) -> RunResult:
         c = cell.config
         repeat = len(self.runs.setdefault(cell.name, []))
         labels = {"suite": "token_budget", "cell": cell.name, "chunked": c.chunked_prefill, "repeat": repeat,
@@ -265,19 +255,22 @@ class CellRunner:
         result = self.harness.measure(engine, self.wl, tag=f"{cell.name}-r{repeat}", labels=labels,
                                       benchmark=benchmark)
         assert result.summary.failed == 0, f"{cell.name}: {result.summary.failures}"
-        metrics = run_metrics(result)
-        self.runs[cell.name].append(metrics)
-        return metrics
+        self.runs[cell.name].append(run_metrics(result))
+        return result
 
     def alternate(self, a: Cell, b: Cell, benchmark: Any = None) -> tuple[dict[str, float], dict[str, float]]:
         """REPEATS runs of each of two cells, alternating (both engines live), so that a slow period of
         the machine hits both; the best of each cell's runs here."""
-        engines = self.engine(a), self.engine(b)
-        runs_a, runs_b = [], []
-        for i in range(REPEATS):
-            runs_a.append(self.measure(a, engines[0]))
-            runs_b.append(self.measure(b, engines[1], benchmark if i == REPEATS - 1 else None))
-        return best(runs_a), best(runs_b)
+        cells = {a.name: a, b.name: b}
+        engines = {a.name: self.engine(a), b.name: self.engine(b)}
+
+        def measure(name: str, i: int) -> RunResult:
+            last = name == b.name and i == REPEATS - 1
+            return self.measure(cells[name], engines[name], benchmark if last else None)
+
+        # The repeat protocol's interleaved passes (a, b, a, b); every run counts: best of, module docstring.
+        series = RepeatProtocol(repeats=REPEATS).run(list(cells), measure)
+        return best([run_metrics(r) for r in series[a.name].runs]), best([run_metrics(r) for r in series[b.name].runs])
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -299,8 +292,8 @@ def test_token_budget_vs_sequence_cap(
     if not capabilities.prefill_chunk_cap:
         pytest.skip(f"engine {engine_name!r} has no per-request prefill cap (Capabilities.prefill_chunk_cap is "
                     "False): the grid compares chunking with and without one")
-    if harness.pool.max_live < 2:
-        pytest.skip(f"--max-live-engines {harness.pool.max_live}: the comparisons alternate two live engines")
+    if harness.max_live_engines < 2:
+        pytest.skip(f"--max-live-engines {harness.max_live_engines}: the comparisons alternate two live engines")
     profile = harness.profile
     s = sizes(profile)
     cells = {c.name: c for c in grid(profile) if c.quick or profile.name != "quick"}
@@ -343,8 +336,14 @@ def test_token_budget_vs_sequence_cap(
 # --------------------------------------------------------------------------- no engine needed
 
 
+def grid_engines() -> list[type[Engine]]:
+    """Every registered engine this suite can run: chunked prefill switchable and a per-request prefill cap."""
+    return [spec.engine_class for spec in specs().values()
+            if spec.engine_class.capabilities.chunked_prefill and spec.engine_class.capabilities.prefill_chunk_cap]
+
+
 @pytest.mark.parametrize("profile_name", ["quick", "full"])
-def test_every_cell_is_a_config_vllm_starts_with(profile_name: str) -> None:
+def test_every_cell_is_a_config_the_engines_start_with(profile_name: str) -> None:
     profile = get_profile(profile_name)
     s = sizes(profile)
     assert s.long_prompt + LONG_OUTPUT <= s.max_model_len  # the long prompts are served, not refused
@@ -354,9 +353,13 @@ def test_every_cell_is_a_config_vllm_starts_with(profile_name: str) -> None:
     assert s.seats_few == BURST < s.seats_all
     names = [c.name for c in grid(profile)]
     assert len(set(names)) == len(names) and {"unchunked", "chunked", "chunked-lpt"} <= set(names)
-    for c in grid(profile):
-        assert vllm_refuses(c.config, s.max_model_len) is None, c
-    assert vllm_refuses(BatchingConfig(max_batched_tokens=512, chunked_prefill=False), 2048) is not None
+    engines = grid_engines()
+    assert engines, "no registered engine can run the grid"
+    for cls in engines:
+        for c in grid(profile):
+            cls.check_config(c.config, max_model_len=s.max_model_len)  # raises ValueError if it would refuse
+        with pytest.raises(ValueError):  # unchunked, a budget below max_model_len: a long prompt never fits
+            cls.check_config(BatchingConfig(max_batched_tokens=512, chunked_prefill=False), max_model_len=2048)
 
 
 def test_the_burst_lands_among_the_short_requests() -> None:

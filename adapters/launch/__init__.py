@@ -17,7 +17,8 @@ Like the rest of the adapter layer, nothing here imports the harness.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 
 class Launch(Protocol):
@@ -43,3 +44,13 @@ class Launch(Protocol):
 
     async def stop(self) -> None:
         """Stop and remove the server. Safe to call twice."""
+
+    def process_group(self) -> int | None:
+        """The server's process group when it runs here as our child (its processes are then told apart
+        from other work on the machine); None in a container, whose processes are not ours."""
+
+    def log_file(self) -> Path | None:
+        """Where the server's whole output is kept on this machine, if anywhere."""
+
+    def describe(self) -> dict[str, Any]:
+        """How the server was launched, for the results (no secrets)."""

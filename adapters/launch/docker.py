@@ -243,6 +243,12 @@ class DockerLaunch:
     def _redact(self, text: str) -> str:
         return redact(text, self._secrets)
 
+    def process_group(self) -> int | None:
+        return None
+
+    def log_file(self) -> Path | None:
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Image, container and configuration, for the results; never a secret."""
         return {

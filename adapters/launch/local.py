@@ -24,6 +24,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from batchbench.adapters.launch.cleanup import REGISTRY, CleanupRegistry
 
@@ -153,6 +154,16 @@ class LocalProcess:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    def process_group(self) -> int | None:
+        # Started in a session of its own: the server's pid leads its process group.
+        return self.pid
+
+    def log_file(self) -> Path | None:
+        return self.log_path
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "local", "pid": self.pid}
 
     def dead(self) -> str | None:
         if self.proc is None:

@@ -1,4 +1,4 @@
-"""The engine pool: shared started engines, bounded, warmed up, always stopped."""
+"""The engine cache: shared started engines, bounded, warmed up, always stopped."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from batchbench.adapters.base import (
     Usage,
 )
 from batchbench.clock import now
-from batchbench.pool import WARM_UP, EnginePool, EngineUnavailable
+from batchbench.engines import WARM_UP, EngineCache
 from batchbench.workload import Request
 
 
@@ -54,15 +54,15 @@ async def test_engines_are_shared_warmed_and_evicted_oldest_first() -> None:
         made.append(Fake(batching))
         return made[-1]
 
-    pool = EnginePool(factory, max_live=2)
-    a = await pool.get("fake", BatchingConfig(max_batch_size=1))
-    assert await pool.get("fake", BatchingConfig(max_batch_size=1)) is a
+    cache = EngineCache(factory, max_live=2)
+    a = await cache.get("fake", BatchingConfig(max_batch_size=1))
+    assert await cache.get("fake", BatchingConfig(max_batch_size=1)) is a
     assert a.served == len(WARM_UP.requests)  # warmed up once, before anything is measured
-    b = await pool.get("fake", BatchingConfig(max_batch_size=2))
-    await pool.get("fake", BatchingConfig(max_batch_size=1))  # a is now the most recent
-    await pool.get("fake", BatchingConfig(max_batch_size=3))  # evicts b
+    b = await cache.get("fake", BatchingConfig(max_batch_size=2))
+    await cache.get("fake", BatchingConfig(max_batch_size=1))  # a is now the most recent
+    await cache.get("fake", BatchingConfig(max_batch_size=3))  # evicts b
     assert b.events == ["start", "stop"] and a.events == ["start"]
-    await pool.close()
+    await cache.close()
     assert all(e.events[-1] == "stop" for e in made) and len(made) == 3
 
 
@@ -74,18 +74,18 @@ async def test_a_failed_start_is_remembered_and_unrunnable_engines_are_skippable
         calls += 1
         return Fake(batching, fail=EngineNotHealthy("fake", "never healthy"))
 
-    pool = EnginePool(failing)
+    cache = EngineCache(failing)
     for _ in range(2):
         with pytest.raises(EngineNotHealthy, match="never healthy"):
-            await pool.get("fake")
+            await cache.get("fake")
     assert calls == 1
 
-    pool = EnginePool(lambda n, b: Fake(b, fail=EngineCannotRunHere("fake", "no docker engine")))
-    with pytest.raises(EngineUnavailable, match="no docker engine"):
-        await pool.get("fake")
+    cache = EngineCache(lambda n, b: Fake(b, fail=EngineCannotRunHere("fake", "no docker engine")))
+    with pytest.raises(EngineCannotRunHere, match="no docker engine"):
+        await cache.get("fake")
 
     def missing(name: str, batching: BatchingConfig | None) -> Engine:
         raise ImportError("No module named 'vllm'")
 
-    with pytest.raises(EngineUnavailable, match="cannot run here: No module named 'vllm'"):
-        await EnginePool(missing).get("fake")
+    with pytest.raises(EngineCannotRunHere, match="cannot run here: No module named 'vllm'"):
+        await EngineCache(missing).get("fake")

