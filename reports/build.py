@@ -9,6 +9,7 @@ built from the rest); having nothing to report at all is an error, raised as
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -121,12 +122,35 @@ def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = No
                              threshold_pct=threshold_pct)
     generated_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     doc = build_document(inputs, generated_at=generated_at, baseline=comparison, with_plots=plots)
+    contents = {
+        "report.json": json.dumps(report_json(inputs, comparison, generated_at), indent=1) + "\n",
+        "report.md": markdown.render(doc),
+        "report.html": render_html.render(doc),
+    }
+    return BuildResult(out_dir, inputs, comparison, _write_all(out_dir, contents))
+
+
+def _write_all(out_dir: Path, contents: dict[str, str]) -> list[Path]:
+    """Write every file in full beside its final name first, then rename them all into place.
+
+    A full disk mid-write leaves the previous report whole (never a truncated report.html beside a new
+    report.json) and removes the temporary files.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = [out_dir / "report.json", out_dir / "report.md", out_dir / "report.html"]
-    files[0].write_text(json.dumps(report_json(inputs, comparison, generated_at), indent=1) + "\n", encoding="utf-8")
-    files[1].write_text(markdown.render(doc), encoding="utf-8")
-    files[2].write_text(render_html.render(doc), encoding="utf-8")
-    return BuildResult(out_dir, inputs, comparison, files)
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name, text in contents.items():
+            tmp = out_dir / f".{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            staged.append((tmp, out_dir / name))
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        (out_dir / f".{name}.tmp").unlink(missing_ok=True)
+        raise
+    for tmp, final in staged:
+        os.replace(tmp, final)
+    return [final for _, final in staged]
 
 
 def build(results_dir: Path, out_dir: Path, baseline: Path | None = None,

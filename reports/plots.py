@@ -157,8 +157,8 @@ def _series(run: Run, name: str) -> tuple[list[float], list[float]]:
     return [xs[i] for i in order], [ys[i] for i in order]
 
 
-def _timeline_axis(ax: Axes, xs: list[float], ys: list[float], color: Any, label: str) -> None:
-    ax.plot(xs, ys, color=color, linewidth=1.5, label=label)
+def _timeline_axis(ax: Axes, xs: list[float], ys: list[float], color: Any, label: str, style: str = "-") -> None:
+    ax.plot(xs, ys, style, color=color, linewidth=1.5, label=label)
     ax.grid(True, alpha=0.3)
 
 
@@ -183,7 +183,9 @@ def server_timeline(run: Run, color: Any) -> bytes | None:
     ax_kv.set_ylabel("KV usage")
     ax_kv.legend(fontsize=8, loc="upper left")
     if waiting:
-        _timeline_axis(ax_q, w_t, waiting, "tab:orange", "waiting")
+        # Black and dashed: no engine's colour (the default cycle's C1 is tab:orange, which vLLM's
+        # "running" line took, so the two lines were one colour).
+        _timeline_axis(ax_q, w_t, waiting, "black", "waiting", "--")
     if running:
         _timeline_axis(ax_q, r_t, running, color, "running")
     ax_q.set_ylabel("requests")

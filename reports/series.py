@@ -25,7 +25,7 @@ from batchbench.reports.model import KEY_METRICS, canonical
 #: The label that numbers the repeats of one series (and the only label that may differ within it).
 REPEAT_LABEL = "repeat"
 
-SeriesKey = tuple[str, str, str, str]
+SeriesKey = tuple[str, str, str, str, str]
 
 
 def series_labels(row: dict[str, Any]) -> dict[str, Any]:
@@ -34,9 +34,10 @@ def series_labels(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def series_key(row: dict[str, Any]) -> SeriesKey:
-    """Engine, batching label, workload hash and the labels other than the repeat number."""
-    return (str(row.get("engine")), str(row.get("batching_label")), str((row.get("workload") or {}).get("hash")),
-            canonical(series_labels(row)))
+    """Engine, what it served and where (model, server arguments, version, URL), batching label, workload
+    hash and the labels other than the repeat number."""
+    return (str(row.get("engine")), canonical(row.get("serving") or {}), str(row.get("batching_label")),
+            str((row.get("workload") or {}).get("hash")), canonical(series_labels(row)))
 
 
 @dataclass
@@ -78,6 +79,11 @@ class Series:
 def group_series(rows: list[dict[str, Any]]) -> list[Series]:
     """Rows grouped into series, in the order each series first appears."""
     groups: dict[SeriesKey, list[dict[str, Any]]] = defaultdict(list)
+    seen: set[str] = set()
     for row in rows:
+        run_id = str(row.get("run_id"))
+        if run_id in seen:
+            continue  # a copy of a run already counted (results copied into the folder twice) is not a repeat
+        seen.add(run_id)
         groups[series_key(row)].append(row)
     return [Series(members) for members in groups.values()]

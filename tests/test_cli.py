@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.cli import main
+from batchbench.cli import EXIT_USAGE, died, failure_lines, main
+from batchbench.client_load import ClientLoad
+from batchbench.machine_load import MachineLoad
+from batchbench.metrics import summarize
+from batchbench.records import RequestRecord
+from batchbench.runner import RunResult
 from tests.server_process import serving
 
 
@@ -24,17 +29,18 @@ def test_run_repeats_each_layout_and_reports_the_spread(fake_vllm_url: str, tmp_
                  "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
-    docs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    (run_dir,) = tmp_path.glob("run-*")  # each invocation writes into a folder of its own
+    docs = [json.loads(p.read_text()) for p in run_dir.glob("*.json")]
     labels = sorted((d["labels"]["layout"], d["labels"]["repeat"]) for d in docs)
     assert labels == [("continuous", 0), ("continuous", 1), ("static-waves", 0), ("static-waves", 1)]
     # An engine at a URL runs in processes that are not ours to tell apart: its machine load is not measured.
     assert all(d["machine"] == {"foreign_share": None, "disturbed": False, "busy_share": 0.1} for d in docs)
     # The headline: medians of the two repeats per layout, and their ratio.
     assert "median (min-max) of 2" in out and "continuous/static-waves" in out
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    report = json.loads((run_dir / "report" / "report.json").read_text())
     assert sorted((s["labels"]["layout"], s["repeats"]) for s in report["series"]) == [
         ("continuous", 2), ("static-waves", 2)]
-    assert "### Across repeats" in (tmp_path / "report" / "report.md").read_text()
+    assert "### Across repeats" in (run_dir / "report" / "report.md").read_text()
 
 
 def test_run_refuses_zero_repeats(capsys: pytest.CaptureFixture[str]) -> None:
@@ -42,3 +48,50 @@ def test_run_refuses_zero_repeats(capsys: pytest.CaptureFixture[str]) -> None:
         main(["run", "--repeats", "0"])
     assert exit_info.value.code == 2
     assert "--repeats: must be at least 1, not 0" in capsys.readouterr().err
+
+
+def test_a_second_invocation_never_merges_with_the_first(fake_vllm_url: str, tmp_path: Path) -> None:
+    args = ["run", "--engine", "vllm", "--engine-url", f"vllm={fake_vllm_url}", "--repeats", "1",
+            "--results-dir", str(tmp_path)]
+    assert main(args) == 0 and main(args) == 0
+    runs = sorted(tmp_path.glob("run-*"))
+    assert len(runs) == 2
+    for run_dir in runs:
+        report = json.loads((run_dir / "report" / "report.json").read_text())
+        assert sorted(s["repeats"] for s in report["series"]) == [1, 1]
+
+
+def test_a_results_folder_that_cannot_be_made_is_a_usage_error_before_any_engine_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main(["run", "--engine", "hf-static", "--results-dir", str(blocker / "results")]) == EXIT_USAGE
+    assert "cannot write results under" in capsys.readouterr().err
+
+
+def _result(records: list[RequestRecord]) -> RunResult:
+    return RunResult(path=Path("r.json"), records=records, samples=[], summary=summarize(records, duration_s=1.0),
+                     engine_report={}, duration_s=1.0, status="complete",
+                     client=ClientLoad(cpu_s=0.0, wall_s=1.0, busy_fraction=0.0), machine=MachineLoad(None))
+
+
+def _record(i: int, ok: bool, kind: str | None = None, error: str | None = None) -> RequestRecord:
+    return RequestRecord(request_id=f"r{i}", prompt_len=4, max_tokens=4, scheduled_s=0.0, sent_s=0.0, done_s=1.0,
+                         chunk_times=[0.5] if ok else [], chunk_tokens=[4] if ok else [], ok=ok,
+                         error_kind=kind, error=error)
+
+
+def test_an_engine_that_died_is_named_and_failures_are_counted_by_kind() -> None:
+    fine = _result([_record(0, True), _record(1, True)])
+    assert died(fine) is None and failure_lines(fine, 120) == []
+    killed = _result([_record(0, True), _record(1, False, "engine_died", "server exited (signal 9)")])
+    assert died(killed) == "server exited (signal 9)"
+    gone = _result([_record(i, False, "unreachable", "cannot connect to http://h:1") for i in range(3)])
+    assert died(gone) == "cannot connect to http://h:1"
+    slow = _result([_record(0, True), _record(1, False, "timeout", "no complete response within 5s"),
+                    _record(2, False, "timeout", "no complete response within 5s"),
+                    _record(3, False, "rejected", "HTTP 429")])
+    assert died(slow) is None
+    lines = failure_lines(slow, 5)
+    assert lines[0] == "failed: 2 timeout, 1 rejected; first: no complete response within 5s"
+    assert "2 request(s) hit the 5s request timeout" in lines[1] and "throughput" in lines[1]

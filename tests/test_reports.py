@@ -567,3 +567,24 @@ def test_guardrails_are_the_stored_ones_and_computed_only_for_a_partial_run(tmp_
     assert rows["tgi"]["status"] == "partial"
     assert rows["tgi"]["server"]["peak_kv_usage"] == pytest.approx(expected.kv_usage_peak)
     assert rows["tgi"]["server"]["danger_zone"] is True and rows["tgi"]["server"]["max_waiting"] == 3
+
+
+def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from batchbench.reports import build as build_module
+
+    old = {"report.json": "{}\n", "report.md": "# old\n", "report.html": "<p>old</p>"}
+    build_module._write_all(tmp_path, old)
+    real_write = Path.write_text
+
+    def disk_full(self: Path, text: str, *args: object, **kwargs: object) -> int:
+        if self.name == ".report.html.tmp":
+            real_write(self, text[: len(text) // 2], encoding="utf-8")
+            raise OSError(28, "No space left on device")
+        return real_write(self, text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        build_module._write_all(tmp_path, {"report.json": '{"new": 1}\n', "report.md": "# new\n",
+                                           "report.html": "<p>new</p>" * 100})
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == old
