@@ -93,7 +93,8 @@ def test_the_wheel_runs_the_main_job_from_an_empty_folder(fresh_venv: Path, tmp_
     proc = _run([str(fresh_venv / "bin" / "batchbench"), "run", "--engine", "hf-static", "--repeats", "1"],
                 cwd=tmp_path, env=env, timeout=600)
     assert "hf-static" in proc.stdout
-    assert (tmp_path / "results" / "report" / "report.html").is_file()
+    (run_dir,) = (tmp_path / "results").glob("run-*")
+    assert (run_dir / "report" / "report.html").is_file()
 
 
 def test_a_checkout_that_is_not_installed_says_how_to_fix_it() -> None:
