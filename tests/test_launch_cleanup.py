@@ -8,24 +8,10 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
 from batchbench.adapters.launch.cleanup import CleanupRegistry
-
-
-@pytest.fixture
-def registry() -> Iterator[CleanupRegistry]:
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    r = CleanupRegistry()
-    try:
-        yield r
-    finally:
-        r.teardown()
-        r.uninstall()
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 def wait_for(condition, timeout: float = 2.0) -> bool:

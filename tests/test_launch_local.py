@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,19 +72,6 @@ def child_pid(log: Path, timeout: float = 20.0) -> int:
                 return int(line.split()[1])
         time.sleep(0.05)
     raise AssertionError(f"the server did not start its child: {log.read_text() if log.exists() else '(no log)'}")
-
-
-@pytest.fixture
-def registry() -> Iterator[CleanupRegistry]:
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    r = CleanupRegistry()
-    try:
-        yield r
-    finally:
-        r.teardown()
-        r.uninstall()
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 async def test_stop_ends_the_whole_group_and_removes_the_working_directory(
