@@ -28,7 +28,6 @@ import asyncio
 import sys
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="per-request deadline over the whole stream (default: the profile's, 120 s quick)")
     run_p.add_argument("--no-report", action="store_true", help="write results only")
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _positive_float(text: str) -> float:
@@ -91,22 +97,16 @@ def died(result: RunResult) -> str | None:
 
 def failure_lines(result: RunResult, timeout_s: float) -> list[str]:
     """Failed requests by kind with the first message; a timed-out request's wait is in the run's duration."""
-    failed = [r for r in result.records if not r.ok]
-    if not failed:
+    kinds = result.summary.failures  # the summary already counts them by kind
+    if not kinds:
         return []
-    kinds = Counter(r.error_kind or "unknown" for r in failed)
-    lines = [f"failed: {', '.join(f'{n} {kind}' for kind, n in kinds.most_common())}; first: {failed[0].error}"]
+    first = next(r.error for r in result.records if not r.ok)
+    by_count = sorted(kinds.items(), key=lambda kind_n: -kind_n[1])
+    lines = [f"failed: {', '.join(f'{n} {kind}' for kind, n in by_count)}; first: {first}"]
     if kinds.get("timeout"):
         lines.append(f"{kinds['timeout']} request(s) hit the {timeout_s:g}s request timeout: this run's duration, "
                      "and so its throughput, include that wait (--request-timeout)")
     return lines
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 async def _compare(engines: list[str], options: EngineOptions, profile: Profile, results_dir: Path,
