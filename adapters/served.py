@@ -26,7 +26,6 @@ from batchbench.adapters.base import (
     EngineDied,
     EngineError,
     EngineHTTPError,
-    EngineNotHealthy,
     EngineUnreachable,
     HealthPoller,
     ModelRef,
@@ -121,7 +120,7 @@ class ServedEngine(Engine):
                 self.server_log_tail = await self.launch.logs()
                 raise exc.with_detail(f"{exc.detail}\n--- server log (tail) ---\n{self.server_log_tail}") from exc
             if not exc.permanent:
-                raise EngineNotHealthy(self.name, f"nothing healthy answered at {self.url}: {exc.detail}") from exc
+                raise exc.with_detail(f"nothing healthy answered at {self.url}: {exc.detail}") from exc
             raise
         if self._started_at is not None:
             self.startup_s = now() - self._started_at
