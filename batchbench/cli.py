@@ -1,223 +1,27 @@
-"""``batchbench run``: the main job, without pytest.
+"""``batchbench``: the command line. Each subcommand is a module of :mod:`batchbench.commands`.
 
-Runs the standard comparison (chat-like traffic as continuous closed-loop
-load and as static waves of the same size) on each selected engine, writes
-one results document per run and builds the report. Each layout is run
-``--repeats`` times, interleaved, because one run on a shared machine is one
-sample of its noise: the report and the summary printed at the end give the
-median and the min-max of the repeats (:mod:`batchbench.repeats`; the summary
-line leaves out runs the machine was disturbed for, when there are quiet ones).
-The same engines,
-options and workloads as the pytest suites, for people who want figures
-rather than assertions.
-
-Each invocation writes into a folder of its own under ``--results-dir``
-(``RESULTS_DIR/run-YYYYmmdd-HHMMSS-xxxx``) and builds its report from that
-folder alone, so runs of different invocations are never merged by accident.
-
-Exit status: 0 every engine ran and every request succeeded; 1 measured, but
-some requests failed; 2 a usage error (nothing started); 3 an engine could
-not run or died (the others' results and the report are still written);
-130 interrupted (Ctrl-C; what was measured is on disk).
+``batchbench --help`` lists them; ``batchbench COMMAND --help`` gives each one's options.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
-import time
-import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from batchbench.adapters.base import EngineError
-from batchbench.adapters.registry import EngineOptions, make_engine
-from batchbench.engines import EngineCache
-from batchbench.loadgen import LoadConfig
-from batchbench.options import add_engine_arguments, engine_options
-from batchbench.profiles import Profile, chat_workload, get_profile
-from batchbench.repeats import RepeatProtocol, Repeats
-from batchbench.runner import RunResult, run
-from batchbench.workload import Arrival
+from batchbench.commands import run
+
+#: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.
+COMMANDS = (run,)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="batchbench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    run_p = sub.add_parser("run", help="run the standard comparison and build the report")
-    add_engine_arguments(run_p.add_argument)
-    run_p.add_argument("--seed", type=int, default=0)
-    run_p.add_argument("--repeats", type=_positive, default=3,
-                       help="runs of each layout, interleaved; the report gives their median and range (default 3)")
-    run_p.add_argument("--request-timeout", type=_positive_float, default=None, metavar="SECONDS",
-                       help="per-request deadline over the whole stream (default: the profile's, 120 s quick)")
-    run_p.add_argument("--no-report", action="store_true", help="write results only")
-    return parser
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
-    return value
-
-
-#: Exit statuses (the README lists them).
-EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENGINE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
-
-@dataclass
-class Outcome:
-    """What the main job measured, and which engines could not run or died (name -> why)."""
-
-    results: list[RunResult] = field(default_factory=list)
-    engine_problems: dict[str, str] = field(default_factory=dict)
-
-
-def died(result: RunResult) -> str | None:
-    """Why the engine is gone, if this run says so: a record that saw it die, or nothing reachable at all."""
-    for record in result.records:
-        if record.error_kind == "engine_died":
-            return record.error
-    if result.records and all(r.error_kind in ("unreachable", "engine_died") for r in result.records):
-        return result.records[0].error
-    return None
-
-
-def failure_lines(result: RunResult, timeout_s: float) -> list[str]:
-    """Failed requests by kind with the first message; a timed-out request's wait is in the run's duration."""
-    kinds = result.summary.failures  # the summary already counts them by kind
-    if not kinds:
-        return []
-    first = next(r.error for r in result.records if not r.ok)
-    by_count = sorted(kinds.items(), key=lambda kind_n: -kind_n[1])
-    lines = [f"failed: {', '.join(f'{n} {kind}' for kind, n in by_count)}; first: {first}"]
-    if kinds.get("timeout"):
-        lines.append(f"{kinds['timeout']} request(s) hit the {timeout_s:g}s request timeout: this run's duration, "
-                     "and so its throughput, include that wait (--request-timeout)")
-    return lines
-
-
-async def _compare(engines: list[str], options: EngineOptions, profile: Profile, results_dir: Path,
-                   seed: int, repeats: int, request_timeout_s: float, outcome: Outcome) -> None:
-    workload = chat_workload(profile, seed=seed)
-    layouts = {
-        "continuous": workload,
-        "static-waves": workload.with_arrival(Arrival("waves", concurrency=profile.concurrency)),
-    }
-    load = LoadConfig(request_timeout_s=request_timeout_s)
-    cache = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=1)
-    protocol = RepeatProtocol(repeats=repeats)
-    try:
-        for name in engines:
-            try:
-                engine = await cache.get(name)
-            except (EngineError, ImportError) as exc:
-                print(f"batchbench: skipping {name}: {exc}", file=sys.stderr)
-                outcome.engine_problems[name] = str(exc)
-                continue
-            print(f"batchbench: {name} ready (started in {getattr(engine, 'startup_s', 0) or 0:.1f}s)")
-            by_layout: dict[str, Repeats[RunResult]] = {tag: Repeats() for tag in layouts}
-            # Driven by hand rather than protocol.run: the runs are awaited on this loop.
-            for tag, repeat in protocol.schedule(by_layout):
-                result = await run(engine, layouts[tag], results_dir=results_dir, tag=tag, load=load,
-                                   labels={"layout": tag, "concurrency": profile.concurrency, "repeat": repeat})
-                s = result.summary
-                print(f"  {tag:>13} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
-                      f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}"
-                      f" -> {result.path}")
-                for line in failure_lines(result, load.request_timeout_s):
-                    print(f"  {'':>16}  {line}")
-                for warning in result.warnings():
-                    print(f"  {'':>16}  warning: {warning}")
-                by_layout[tag].add(result, result.machine)
-                outcome.results.append(result)
-                if (why := died(result)) is not None:
-                    outcome.engine_problems[name] = f"died during {tag} #{repeat}: {why}"
-                    print(f"batchbench: {name} died during {tag} #{repeat}; its remaining runs are skipped: {why}",
-                          file=sys.stderr)
-                    break
-            if name not in outcome.engine_problems:
-                print(_throughput_line(name, by_layout))
-            await cache.release(name)
-    finally:
-        await cache.close()
-
-
-def _throughput_line(engine: str, by_layout: dict[str, Repeats[RunResult]]) -> str:
-    """Median (min-max) output tokens/s per layout over its kept runs, and the ratio of the medians: the headline."""
-    intervals = {tag: runs.interval(lambda r: r.summary.output_token_throughput) for tag, runs in by_layout.items()}
-    parts = [f"{tag} {iv.format() if iv else 'n/a'}" + _kept_note(by_layout[tag]) for tag, iv in intervals.items()]
-    continuous, static = intervals["continuous"], intervals["static-waves"]
-    ratio = continuous.median / static.median if continuous and static and static.median else float("nan")
-    n = max(len(runs) for runs in by_layout.values())
-    return (f"  {engine}: out tok/s, median (min-max) of {n}: "
-            f"{', '.join(parts)}; continuous/static-waves {ratio:.2f}")
-
-
-def _kept_note(runs: Repeats[RunResult]) -> str:
-    kept = len(runs.kept())
-    return "" if kept == len(runs) else f" [{kept} quiet of {len(runs)}]"
-
-
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1000:.1f}ms"
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="batchbench", description="Compare LLM serving engines on the batch-size vs "
+                                  "latency trade-off: sweeps, SLO capacity and reports.")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub)
+    return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    profile = get_profile(args.profile)
-    try:
-        engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
-                                          launch=args.launch, profile=profile, results_dir=args.results_dir)
-        if args.batching:
-            raise ValueError("--batching: the main job runs each engine's default configuration; "
-                             "use the suites (pytest --batching ...) for a config grid")
-    except ValueError as exc:
-        print(f"batchbench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    run_dir = args.results_dir / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    try:
-        run_dir.mkdir(parents=True)
-    except OSError as exc:
-        print(f"batchbench: cannot write results under {args.results_dir}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"batchbench: results in {run_dir}")
-    outcome = Outcome()
-    timeout_s = args.request_timeout or profile.request_timeout_s
-    try:
-        asyncio.run(_compare(list(engines), options, profile, run_dir, args.seed, args.repeats, timeout_s, outcome))
-    except KeyboardInterrupt:
-        # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.
-        print(f"\nbatchbench: interrupted; {len(outcome.results)} finished run(s) and any cut-short run's journal "
-              f"are in {run_dir}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if not outcome.results:
-        print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
-        return EXIT_ENGINE
-    status = EXIT_OK if all(r.summary.failed == 0 for r in outcome.results) else EXIT_FAILURES
-    if outcome.engine_problems:
-        status = EXIT_ENGINE
-        for name, why in outcome.engine_problems.items():
-            print(f"batchbench: {name}: {why}", file=sys.stderr)
-    if not args.no_report:
-        from batchbench.reports.build import ReportError, build
-
-        try:
-            out = build(run_dir, run_dir / "report")
-        except ReportError as exc:
-            print(f"batchbench: results written, but no report: {exc}", file=sys.stderr)
-            return max(status, EXIT_FAILURES)
-        print(f"batchbench: report written to {out}")
-    return status
+    args = parser().parse_args(argv)
+    return int(args.handler(args))

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.cli import EXIT_USAGE, died, failure_lines, main
+from batchbench.cli import main
 from batchbench.client_load import ClientLoad
+from batchbench.commands.common import EXIT_USAGE, died, failure_lines
 from batchbench.machine_load import MachineLoad
 from batchbench.metrics import summarize
 from batchbench.records import RequestRecord

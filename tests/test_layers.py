@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The harness and front ends: the adapter layer below them must not reach up into any of these.
 ABOVE_ADAPTERS = ("batchbench.runner", "batchbench.loadgen", "batchbench.engines", "batchbench.harness",
-                  "batchbench.cli", "batchbench.options", "batchbench.pytest_plugin", "batchbench.repeats",
-                  "batchbench.reports", "batchbench.scraper", "batchbench.results")
+                  "batchbench.cli", "batchbench.commands", "batchbench.options", "batchbench.pytest_plugin",
+                  "batchbench.repeats", "batchbench.reports", "batchbench.scraper", "batchbench.results",
+                  "batchbench.slo", "batchbench.findings")
 #: The core types at the bottom import nothing of batchbench but each other.
 CORE = ("batchbench.workload", "batchbench.clock", "batchbench.records", "batchbench.server_metrics")
 

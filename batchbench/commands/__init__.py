@@ -1,0 +1,1 @@
+"""The ``batchbench`` subcommands, one module each, with what they share in :mod:`.common`."""

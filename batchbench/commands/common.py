@@ -1,0 +1,67 @@
+"""What every ``batchbench`` command shares: exit statuses, argument types, the run folder, failure lines."""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from pathlib import Path
+
+from batchbench.runner import RunResult
+
+#: Exit statuses (the README lists them).
+EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENGINE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
+def make_run_dir(results_dir: Path, prefix: str) -> Path:
+    """A fresh folder ``RESULTS_DIR/PREFIX-YYYYmmdd-HHMMSS-xxxx`` for one invocation; OSError if it cannot be made.
+
+    One folder per invocation, and reports built from that folder alone, so runs of different invocations
+    are never merged by accident."""
+    run_dir = results_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def died(result: RunResult) -> str | None:
+    """Why the engine is gone, if this run says so: a record that saw it die, or nothing reachable at all."""
+    for record in result.records:
+        if record.error_kind == "engine_died":
+            return record.error
+    if result.records and all(r.error_kind in ("unreachable", "engine_died") for r in result.records):
+        return result.records[0].error
+    return None
+
+
+def failure_lines(result: RunResult, timeout_s: float) -> list[str]:
+    """Failed requests by kind with the first message; a timed-out request's wait is in the run's duration."""
+    kinds = result.summary.failures  # the summary already counts them by kind
+    if not kinds:
+        return []
+    first = next(r.error for r in result.records if not r.ok)
+    by_count = sorted(kinds.items(), key=lambda kind_n: -kind_n[1])
+    lines = [f"failed: {', '.join(f'{n} {kind}' for kind, n in by_count)}; first: {first}"]
+    if kinds.get("timeout"):
+        lines.append(f"{kinds['timeout']} request(s) hit the {timeout_s:g}s request timeout: this run's duration, "
+                     "and so its throughput, include that wait (--request-timeout)")
+    return lines
