@@ -37,7 +37,7 @@ The threshold is BatchingConfig.prefill_chunk_tokens, which engines without
 such a cap refuse (Capabilities.prefill_chunk_cap).
 
 Grid (quick profile: max_model_len 2048, long prompts of 1920 tokens, a burst
-of K = 10, T = 64; the full profile scales the sizes with max_model_len):
+of K = 16, T = 32; the full profile scales the sizes with max_model_len):
 
 ==========================  =======  ======  =====  =========  ===========
 cell                        chunked  budget  seqs   threshold  profiles
@@ -58,16 +58,21 @@ their seat caps checked.
 
 What is asserted, and why only that:
 
-- Short-request TTFT p99 with the threshold is well below both unchunked and
-  chunked without it. In steps, a short request behind the burst waits the
-  step in flight and its own, instead of K long steps (unchunked) or every
-  chunk of the burst (chunked), and a capped step (K x T = 640 prefill
-  tokens) costs less than a 1920-token one (~50 ms vs ~70 ms here).
+- The TTFT of the short requests that arrive with the burst (the first
+  ``BEHIND`` after it; the worst of them per run) is well below both unchunked
+  and chunked without the threshold. In steps, a short request behind the
+  burst waits the step in flight and its own, instead of K long steps
+  (unchunked) or every chunk of the burst (chunked), and a capped step
+  (K x T = 512 prefill tokens) costs less than a 1920-token one. Those
+  requests, not the run's TTFT p99, are what the scheduler decides: the p99
+  of ~60 short requests is their maximum, and on 2 vCPUs a stall of
+  ~0.2-0.3 s anywhere in the run sets it (CI measured the capped cell's p99
+  at 0.25 s against 0.33 s unchunked with K = 10). The p99 is reported.
 - The mechanism: with the threshold the burst's prompts are prefilled side by
   side and get their first token in the same step; without it, one after
   another.
-- Not ITL: the threshold trades K long steps for L / T = 30 capped ones, and
-  the ITL p99 of the short requests is then set by the worst of those 30
+- Not ITL: the threshold trades K long steps for L / T = 60 capped ones, and
+  the ITL p99 of the short requests is then set by the worst of those 60
   (stalls from other processes over a window twice as long, a hiccup of up
   to ~0.3 s measured when the burst is admitted) rather than by a 1920-token
   step: measured lower or higher than unchunked depending on the run.
@@ -101,8 +106,11 @@ from batchbench.repeats import RepeatProtocol
 from batchbench.runner import RunResult
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec, interleave
 
-#: Long prompts in the burst (K): unchunked, a short request behind them waits K long steps.
-BURST = 10
+#: Long prompts in the burst (K): unchunked, a short request behind them waits K long steps. 16, not 10: with
+#: ~25-35 ms per 1920-token step on CI's cores, 10 long steps (~0.3 s) were within the machine's stalls.
+BURST = 16
+#: The short requests that arrive with the burst: the first BEHIND after it (~0.4 s of arrivals at SHORT_RATE).
+BEHIND = 3
 LONG_OUTPUT = 16
 #: How long before one short request the burst lands (see :func:`workload`).
 BURST_LEAD_S = 0.02
@@ -115,17 +123,17 @@ SHORT_OUTPUT = 24
 SHORTS = {"quick": 48, "full": 240}
 SHORT_RATE = 8.0
 #: Measured repetitions per cell and comparison, after an unrecorded one; each metric is the best of these.
-#: 3, not 2: the capped cell's p99 is the maximum of ~60 short requests, so one stall anywhere in a run
-#: (~0.2-0.3 s on 2 vCPUs, not near the burst) sets it; with 2 runs both had one too often.
+#: 3, not 2: one stall (~0.2-0.3 s on 2 vCPUs) in the few hundred ms the burst's neighbours wait is rare,
+#: but with 2 runs both had one too often.
 REPEATS = 3
 
 # A short request arriving with the burst waits K long steps unchunked, and all K x ceil(L / budget)
 # chunk steps of the burst chunked without the threshold; with it, the step in flight and its own, of
-# K x T = 640 prefill tokens, which cost less than a 1920-token step. So in steps the ratio is at most
-# 2 / K = 0.2. Measured (best of 2, alternated): 0.12-0.36 vs unchunked, 0.25-0.31 vs chunked; the
-# capped cell's tail is stalls and the hiccup when the burst is admitted. Asserting < 0.7 leaves a margin
-# of ~2x over the worst measured ratio for stalls that survive the best of the repeats.
-TTFT_RATIO_MAX = 0.7
+# K x T = 512 prefill tokens, which cost less than a 1920-token step. So in steps the ratio is at most
+# 2 / K = 0.125. Measured (best of 3, alternated, machine load ~2.7 on 2 vCPUs): 0.27 vs unchunked
+# (0.20s vs 0.74s), 0.13 vs chunked (0.06s vs 0.50s); the capped cell's spread is the hiccup when the
+# burst is admitted. Asserting < 0.6 leaves a margin of ~2x over the worst measured ratio.
+TTFT_RATIO_MAX = 0.6
 # The burst's first tokens: side by side they come in one step (only client jitter apart, ~ms);
 # one after another they are a step apart each, (K - 1) long steps, >= 9 x ~70 ms when quiet.
 # Asserting a quarter of that leaves room for jitter.
@@ -156,7 +164,7 @@ def sizes(profile: Profile) -> Sizes:
     small_budget = m // 2  # below the long prompt, so a long prompt really is chunked
     shorts = SHORTS[profile.name]
     return Sizes(max_model_len=m, long_prompt=m - m // 16, small_budget=small_budget,
-                 threshold=small_budget // 16,  # K x T = 10/16 of the budget: the rest is left for newcomers
+                 threshold=small_budget // 32,  # K x T = half the budget: the rest is left for newcomers
                  shorts=shorts, seats_all=shorts + BURST, seats_few=BURST)
 
 
@@ -190,7 +198,7 @@ def workload(profile: Profile, *, seed: int = 7) -> Workload:
     # arrives with it, queued behind it, as the arithmetic below assumes, whatever an engine step costs.
     # Placed between two arrivals (as it was), the first short behind the burst waited K long steps minus the
     # gap before it came: ~0.6 s with ~70 ms steps, but only ~0.27 s with the ~35-45 ms steps measured since,
-    # within the capped cell's stalls (~0.2 s, anywhere in the run). 1 ms was too close: the burst's ten
+    # within the capped cell's stalls (~0.2 s, anywhere in the run). 1 ms was too close: the burst's sixteen
     # 1920-token bodies take the server longer to read than a short one, which then got in first.
     quarter = 0.25 * shorts.requests[-1].arrival_s
     with_burst = min(shorts.requests, key=lambda r: abs(r.arrival_s - quarter))
@@ -215,11 +223,14 @@ def _of(records: list[RequestRecord], priority: str) -> list[RequestRecord]:
 
 
 def run_metrics(result: RunResult) -> dict[str, float]:
-    """One run: the short requests' TTFT and ITL p99 (the tail is those queued behind the burst),
-    the run's throughput, and when the burst's prompts got their first tokens."""
+    """One run: the worst TTFT of the short requests that arrive with the burst, the short requests' TTFT and
+    ITL p99, the run's throughput, and when the burst's prompts got their first tokens."""
     shorts, longs = _of(result.records, "interactive"), _of(result.records, "batch")
     firsts = [r.chunk_times[0] for r in longs]
+    burst_at = min(r.scheduled_s for r in longs)
+    behind = sorted((r for r in shorts if r.scheduled_s >= burst_at), key=lambda r: r.scheduled_s)[:BEHIND]
     return {
+        "behind_burst_ttft": max(r.ttft_s for r in behind if r.ttft_s is not None),
         "short_ttft_p99": _p99([r.ttft_s for r in shorts if r.ttft_s is not None]),
         "short_itl_p99": _p99([x for r in shorts for x in itl_samples(r)]),
         "throughput_tok_s": result.summary.total_token_throughput,
@@ -286,11 +297,11 @@ class CellRunner:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'cell':<24} {'short TTFT p99':>14} {'short ITL p99':>13} {'tok/s':>7} {'long TTFT max':>13} "
-             f"{'burst spread':>12}"]
+    lines = [f"{'cell':<24} {'behind burst TTFT':>17} {'short TTFT p99':>14} {'short ITL p99':>13} {'tok/s':>7} "
+             f"{'long TTFT max':>13} {'burst spread':>12}"]
     for name, m in results.items():
-        lines.append(f"{name:<24} {m['short_ttft_p99']:>13.3f}s {m['short_itl_p99']:>12.3f}s "
-                     f"{m['throughput_tok_s']:>7.0f} {m['long_ttft_max']:>12.2f}s "
+        lines.append(f"{name:<24} {m['behind_burst_ttft']:>16.3f}s {m['short_ttft_p99']:>13.3f}s "
+                     f"{m['short_itl_p99']:>12.3f}s {m['throughput_tok_s']:>7.0f} {m['long_ttft_max']:>12.2f}s "
                      f"{m['long_first_token_spread_s']:>11.3f}s")
     return "\n".join(lines)
 
@@ -336,11 +347,15 @@ def test_token_budget_vs_sequence_cap(
             f"the threshold should prefill the burst side by side: its first tokens {spread:.3f}s apart vs "
             f"{base_spread:.3f}s {name}\n{table(results)}"
         )
-        ratio = capped["short_ttft_p99"] / baseline["short_ttft_p99"]
-        benchmark.extra_info[f"ttft_p99_ratio_chunked_lpt_over_{name}"] = ratio
+        benchmark.extra_info[f"ttft_p99_ratio_chunked_lpt_over_{name}"] = (
+            capped["short_ttft_p99"] / baseline["short_ttft_p99"])
+        ratio = capped["behind_burst_ttft"] / baseline["behind_burst_ttft"]
+        benchmark.extra_info[f"behind_burst_ttft_ratio_chunked_lpt_over_{name}"] = ratio
         assert ratio < TTFT_RATIO_MAX, (
-            f"chunked prefill with a {s.threshold}-token threshold should lower short-request TTFT p99 well below "
-            f"{name}: {capped['short_ttft_p99']:.3f}s vs {baseline['short_ttft_p99']:.3f}s (runs alternated)\n"
+            f"chunked prefill with a {s.threshold}-token threshold should lower the TTFT of the short requests "
+            f"arriving with the burst well below {name}: {capped['behind_burst_ttft']:.3f}s vs "
+            f"{baseline['behind_burst_ttft']:.3f}s (worst of the first {BEHIND} behind it, best of {REPEATS} runs "
+            f"alternated)\n"
             f"{table(results)}"
         )
 

@@ -24,23 +24,27 @@ def fake_vllm_url() -> Iterator[str]:
         yield url
 
 
-def test_run_repeats_each_layout_and_reports_the_spread(fake_vllm_url: str, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_sweeps_both_layouts_and_the_padding_pair_with_repeats(fake_vllm_url: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["run", "--engine", "vllm", "--engine-url", f"vllm={fake_vllm_url}", "--repeats", "2",
-                 "--results-dir", str(tmp_path)])
+                 "--levels", "2,1", "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
     (run_dir,) = tmp_path.glob("run-*")  # each invocation writes into a folder of its own
     docs = [json.loads(p.read_text()) for p in run_dir.glob("*.json")]
-    labels = sorted((d["labels"]["layout"], d["labels"]["repeat"]) for d in docs)
-    assert labels == [("continuous", 0), ("continuous", 1), ("static-waves", 0), ("static-waves", 1)]
+    labels = sorted((d["labels"]["layout"], d["labels"]["concurrency"], d["labels"]["repeat"]) for d in docs)
+    measured = [("continuous", 1), ("continuous", 2), ("homogeneous", 8), ("padded-mixed", 8),
+                ("static-waves", 1), ("static-waves", 2)]  # the padding pair at the profile's batch size
+    assert labels == sorted((layout, c, r) for layout, c in measured for r in (0, 1))
+    # An engine at a URL keeps its own configuration: no KV fit was designed for it.
+    assert {d["labels"]["kv_fit"] for d in docs} == {None}
     # An engine at a URL runs in processes that are not ours to tell apart: its machine load is not measured.
     assert all(d["machine"] == {"foreign_share": None, "disturbed": False, "busy_share": 0.1} for d in docs)
-    # The headline: medians of the two repeats per layout, and their ratio.
-    assert "median (min-max) of 2" in out and "continuous/static-waves" in out
+    # The curve at a glance: median tok/s per level and layout.
+    assert "median of the kept runs per concurrency" in out and "static-waves  1: " in out
     report = json.loads((run_dir / "report" / "report.json").read_text())
-    assert sorted((s["labels"]["layout"], s["repeats"]) for s in report["series"]) == [
-        ("continuous", 2), ("static-waves", 2)]
+    assert sorted((s["labels"]["layout"], s["labels"]["concurrency"], s["repeats"]) for s in report["series"]) == [
+        (layout, c, 2) for layout, c in measured]
     assert "### Across repeats" in (run_dir / "report" / "report.md").read_text()
 
 
@@ -52,14 +56,14 @@ def test_run_refuses_zero_repeats(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_a_second_invocation_never_merges_with_the_first(fake_vllm_url: str, tmp_path: Path) -> None:
-    args = ["run", "--engine", "vllm", "--engine-url", f"vllm={fake_vllm_url}", "--repeats", "1",
+    args = ["run", "--engine", "vllm", "--engine-url", f"vllm={fake_vllm_url}", "--repeats", "1", "--levels", "1",
             "--results-dir", str(tmp_path)]
     assert main(args) == 0 and main(args) == 0
     runs = sorted(tmp_path.glob("run-*"))
     assert len(runs) == 2
     for run_dir in runs:
         report = json.loads((run_dir / "report" / "report.json").read_text())
-        assert sorted(s["repeats"] for s in report["series"]) == [1, 1]
+        assert sorted(s["repeats"] for s in report["series"]) == [1, 1, 1, 1]
 
 
 def test_a_results_folder_that_cannot_be_made_is_a_usage_error_before_any_engine_starts(

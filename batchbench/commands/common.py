@@ -23,6 +23,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def concurrency_list(text: str) -> tuple[int, ...]:
+    """``1,2,4`` -> (1, 2, 4): distinct levels of at least 1, in increasing order."""
+    levels = sorted({positive_int(part.strip()) for part in text.split(",") if part.strip()})
+    if not levels:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of concurrencies, not {text!r}")
+    return tuple(levels)
+
+
 def positive_seconds(text: str) -> float:
     try:
         value = float(text)

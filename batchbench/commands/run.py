@@ -1,15 +1,21 @@
-"""``batchbench run``: the main job, without pytest.
+"""``batchbench run``: the main job, without pytest: each engine's batch-size sweep, then the report.
 
-Runs the standard comparison (chat-like traffic as continuous closed-loop
-load and as static waves of the same size) on each selected engine, writes
-one results document per run and builds the report. Each layout is run
-``--repeats`` times, interleaved, because one run on a shared machine is one
-sample of its noise: the report and the summary printed at the end give the
-median and the min-max of the repeats (:mod:`batchbench.repeats`; the summary
-line leaves out runs the machine was disturbed for, when there are quiet ones).
-The same engines,
-options and workloads as the pytest suites, for people who want figures
-rather than assertions.
+For each selected engine (default: the embedded ones) it measures the sweep
+that crosses all three regimes of the latency-throughput curve
+(:mod:`batchbench.sweep`: concurrency 1, 2, 4, ... past the point where the
+engine cannot take more sequences, with the KV cache made small where the
+engine allows it, the same design the regimes suite asserts on), twice over:
+as continuous closed-loop load and as static waves of the same size, the same
+requests in both. Then one padded mixed batch (one long prompt among short
+ones) and its homogeneous twin, at the engine's batch size. Every
+measurement is repeated ``--repeats`` times, interleaved, because one run on
+a shared machine is one sample of its noise; the findings (regimes, sweet
+spot, continuous vs static, padding cost, goodput under ``--slo``) and the
+report give the median and the range of the repeats.
+
+An engine at a URL (``--engine-url``) is swept as it is configured there:
+batchbench cannot shrink its KV cache, so the sweep may not reach its
+memory-bound regime, and the findings say so.
 
 Each invocation writes into a folder of its own under ``--results-dir``
 (``RESULTS_DIR/run-YYYYmmdd-HHMMSS-xxxx``) and builds its report from that
@@ -25,18 +31,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from batchbench.adapters.base import EngineError
-from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.adapters.base import BatchingConfig, Engine, EngineError
+from batchbench.adapters.registry import EngineOptions, get_spec, make_engine
 from batchbench.commands.common import (
     EXIT_ENGINE,
     EXIT_FAILURES,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    concurrency_list,
     died,
     failure_lines,
     make_run_dir,
@@ -44,12 +54,14 @@ from batchbench.commands.common import (
     positive_seconds,
 )
 from batchbench.engines import EngineCache
-from batchbench.loadgen import LoadConfig
+from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.options import add_engine_arguments, engine_options
-from batchbench.profiles import Profile, chat_workload, get_profile
+from batchbench.profiles import Profile, get_profile
 from batchbench.repeats import RepeatProtocol, Repeats
 from batchbench.runner import RunResult, run
-from batchbench.workload import Arrival
+from batchbench.slo import Slo
+from batchbench.sweep import SweepDesign, sweep_design
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,9 +69,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     run_p = sub.add_parser("run", help="the main job: run the standard comparison and build the report",
                            description=__doc__)
     add_engine_arguments(run_p.add_argument)
-    run_p.add_argument("--seed", type=int, default=0)
-    run_p.add_argument("--repeats", type=positive_int, default=3,
-                       help="runs of each layout, interleaved; the report gives their median and range (default 3)")
+    run_p.add_argument("--repeats", type=positive_int, default=2,
+                       help="runs of each measurement, interleaved; the report gives their median and range "
+                            "(default 2)")
+    run_p.add_argument("--levels", type=concurrency_list, default=None, metavar="C,C,...",
+                       help="the sweep's concurrency levels (default: the profile's, 1,2,4,8,16,32 in quick)")
+    run_p.add_argument("--slo", type=_slo, default=None, metavar="METRIC_STAT=LIMIT,...",
+                       help="service-level objectives for goodput and the recommended settings, e.g. "
+                            "ttft_p99=500ms,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e; stats: p50, p90, p99, "
+                            "mean, max)")
     run_p.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                        help="per-request deadline over the whole stream (default: the profile's, 120 s quick)")
     run_p.add_argument("--no-report", action="store_true", help="write results only")
@@ -74,61 +92,136 @@ class Outcome:
     engine_problems: dict[str, str] = field(default_factory=dict)
 
 
-async def _compare(engines: list[str], options: EngineOptions, profile: Profile, results_dir: Path,
-                   seed: int, repeats: int, request_timeout_s: float, outcome: Outcome) -> None:
-    workload = chat_workload(profile, seed=seed)
-    layouts = {
-        "continuous": workload,
-        "static-waves": workload.with_arrival(Arrival("waves", concurrency=profile.concurrency)),
+#: The two layouts every sweep level is measured in: the same requests, released differently.
+LAYOUTS = ("continuous", "static-waves")
+#: The padding pair, at the engine's batch size: one long prompt among short ones, and all short.
+PADDING_LAYOUTS = ("homogeneous", "padded-mixed")
+#: Output tokens of the padding pair: short, because padding is a prefill cost.
+PADDING_OUTPUT = 8
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What the main job measures on one engine: the sweep design, how the engine is started, every workload."""
+
+    design: SweepDesign
+    #: The config the engine is started with (None: as it is, for an engine at a URL).
+    batching: BatchingConfig | None
+    #: (layout, concurrency) -> the workload of that measurement.
+    workloads: dict[tuple[str, int], Workload]
+
+    def labels(self, layout: str, concurrency: int, repeat: int) -> dict[str, Any]:
+        """What findings and the report group by; ``kv_fit`` only where the design sized the KV cache."""
+        d = self.design
+        return {"suite": "main", "layout": layout, "concurrency": concurrency, "repeat": repeat, "fit": d.fit,
+                "kv_fit": d.fit if d.block_size is not None and self.batching is not None else None,
+                "kv_capacity_tokens": self.batching.kv_capacity_tokens if self.batching else None,
+                "design": d.describe()}
+
+
+def padding_pair(max_model_len: int, batch: int) -> dict[str, Workload]:
+    """One wave of ``batch``: all short prompts, or one long prompt among them (the classic 4096:100 ratio,
+    at half the context), the same output lengths, so the difference is what padding costs."""
+    long = max_model_len // 2
+    short = max(2, round(long * 100 / 4096))
+    arrival = Arrival("waves", concurrency=batch)
+    output = Lengths.fixed(PADDING_OUTPUT)
+    return {
+        "homogeneous": WorkloadSpec("pad-homogeneous", batch, prompt=Lengths.fixed(short), output=output,
+                                    arrival=arrival).build(),
+        "padded-mixed": WorkloadSpec("pad-mixed", batch, prompt=Lengths.mixed(short=short, long=long, period=batch),
+                                     output=output, arrival=arrival).build(),
     }
+
+
+def plan_for(name: str, profile: Profile, options: EngineOptions, levels: tuple[int, ...]) -> EnginePlan:
+    """The sweep design for this engine (by capability); an engine at a URL keeps its own configuration."""
+    spec = get_spec(name)
+    design = sweep_design(profile, spec)
+    at_url = options.url_for(name) is not None
+    if design is None or at_url:
+        # No recipe to push it into regime 3 here (or it is not ours to configure): the profile's chat
+        # lengths, fixed so static waves are aligned, at the engine's own configuration.
+        output = 2 * profile.output_median
+        base = design.batching if design is not None and not at_url else BatchingConfig()
+        design = SweepDesign(name, profile.prompt_median, output, output, profile.concurrency, base)
+    batching = None if at_url else design.batching
+    workloads: dict[tuple[str, int], Workload] = {}
+    for c in levels:
+        continuous = design.workload(c)
+        workloads[("continuous", c)] = continuous
+        workloads[("static-waves", c)] = continuous.with_arrival(Arrival("waves", concurrency=c))
+    for layout, wl in padding_pair(design.max_model_len or profile.max_model_len, design.fit).items():
+        workloads[(layout, design.fit)] = wl
+    return EnginePlan(design, batching, workloads)
+
+
+async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, levels: tuple[int, ...],
+                 results_dir: Path, repeats: int, request_timeout_s: float, slo: Slo | None,
+                 outcome: Outcome) -> None:
     load = LoadConfig(request_timeout_s=request_timeout_s)
-    cache = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=1)
-    protocol = RepeatProtocol(repeats=repeats)
-    try:
-        for name in engines:
+    protocol = RepeatProtocol(repeats=repeats, alternate=True)
+    ttft_slo_s, tpot_slo_s = slo.request_limits() if slo else (None, None)
+    for name in engines:
+        plan = plan_for(name, profile, options, levels)
+        design = plan.design
+        engine_options_here = (dataclasses.replace(options, max_model_len=design.max_model_len)
+                               if design.max_model_len is not None and plan.batching is not None else options)
+        cache = EngineCache(functools.partial(_make, options=engine_options_here), max_live=1)
+        try:
             try:
-                engine = await cache.get(name)
+                engine = await cache.get(name, plan.batching)
             except (EngineError, ImportError) as exc:
                 print(f"batchbench: skipping {name}: {exc}", file=sys.stderr)
                 outcome.engine_problems[name] = str(exc)
                 continue
-            print(f"batchbench: {name} ready (started in {getattr(engine, 'startup_s', 0) or 0:.1f}s)")
-            by_layout: dict[str, Repeats[RunResult]] = {tag: Repeats() for tag in layouts}
+            print(f"batchbench: {name} ready (started in {getattr(engine, 'startup_s', 0) or 0:.1f}s); sweeping "
+                  f"concurrency {', '.join(map(str, levels))} x {'/'.join(LAYOUTS)}, then the padding pair "
+                  f"at {design.fit}, {repeats} time(s) each ({len(plan.workloads) * repeats} runs)")
+            # The sweep's own shapes once, unrecorded: the engine's warm-up stops short of them.
+            await LoadGenerator(engine, design.workload(design.fit, design.fit), config=load).run()
+            series: dict[tuple[str, int], Repeats[RunResult]] = {key: Repeats() for key in plan.workloads}
             # Driven by hand rather than protocol.run: the runs are awaited on this loop.
-            for tag, repeat in protocol.schedule(by_layout):
-                result = await run(engine, layouts[tag], results_dir=results_dir, tag=tag, load=load,
-                                   labels={"layout": tag, "concurrency": profile.concurrency, "repeat": repeat})
+            for (layout, c), repeat in protocol.schedule(series):
+                result = await run(engine, plan.workloads[(layout, c)], results_dir=results_dir,
+                                   tag=f"{layout}-c{c}", load=load, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
+                                   labels=plan.labels(layout, c, repeat))
                 s = result.summary
-                print(f"  {tag:>13} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
-                      f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}"
-                      f" -> {result.path}")
+                print(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:7.1f} "
+                      f"out tok/s, TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} "
+                      f"p99 {_ms(s.ttft.p99 if s.ttft else None)}")
                 for line in failure_lines(result, load.request_timeout_s):
-                    print(f"  {'':>16}  {line}")
+                    print(f"  {'':>22}  {line}")
                 for warning in result.warnings():
-                    print(f"  {'':>16}  warning: {warning}")
-                by_layout[tag].add(result, result.machine)
+                    print(f"  {'':>22}  warning: {warning}")
+                series[(layout, c)].add(result, result.machine)
                 outcome.results.append(result)
                 if (why := died(result)) is not None:
-                    outcome.engine_problems[name] = f"died during {tag} #{repeat}: {why}"
-                    print(f"batchbench: {name} died during {tag} #{repeat}; its remaining runs are skipped: {why}",
-                          file=sys.stderr)
+                    outcome.engine_problems[name] = f"died during {layout} c={c} #{repeat}: {why}"
+                    print(f"batchbench: {name} died during {layout} c={c} #{repeat}; its remaining runs are "
+                          f"skipped: {why}", file=sys.stderr)
                     break
             if name not in outcome.engine_problems:
-                print(_throughput_line(name, by_layout))
-            await cache.release(name)
-    finally:
-        await cache.close()
+                for line in _throughput_lines(name, series):
+                    print(line)
+        finally:
+            await cache.close()
 
 
-def _throughput_line(engine: str, by_layout: dict[str, Repeats[RunResult]]) -> str:
-    """Median (min-max) output tokens/s per layout over its kept runs, and the ratio of the medians: the headline."""
-    intervals = {tag: runs.interval(lambda r: r.summary.output_token_throughput) for tag, runs in by_layout.items()}
-    parts = [f"{tag} {iv.format() if iv else 'n/a'}" + _kept_note(by_layout[tag]) for tag, iv in intervals.items()]
-    continuous, static = intervals["continuous"], intervals["static-waves"]
-    ratio = continuous.median / static.median if continuous and static and static.median else float("nan")
-    n = max(len(runs) for runs in by_layout.values())
-    return (f"  {engine}: out tok/s, median (min-max) of {n}: "
-            f"{', '.join(parts)}; continuous/static-waves {ratio:.2f}")
+def _make(name: str, batching: BatchingConfig | None, *, options: EngineOptions) -> Engine:
+    return make_engine(name, batching, options)
+
+
+def _throughput_lines(engine: str, series: dict[tuple[str, int], Repeats[RunResult]]) -> list[str]:
+    """Per layout, median output tokens/s at each level over its kept runs: the curve at a glance."""
+    lines = [f"  {engine}: out tok/s, median of the kept runs per concurrency"]
+    for layout in LAYOUTS:
+        cells = []
+        for (name, c), runs in series.items():
+            if name == layout and (iv := runs.interval(lambda r: r.summary.output_token_throughput)):
+                cells.append(f"{c}: {iv.median:.0f}{_kept_note(runs)}")
+        lines.append(f"    {layout:>13}  {'  '.join(cells)}")
+    return lines
 
 
 def _kept_note(runs: Repeats[RunResult]) -> str:
@@ -138,6 +231,13 @@ def _kept_note(runs: Repeats[RunResult]) -> str:
 
 def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.1f}ms"
+
+
+def _slo(text: str) -> Slo:
+    try:
+        return Slo.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -160,7 +260,8 @@ def main(args: argparse.Namespace) -> int:
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
     try:
-        asyncio.run(_compare(list(engines), options, profile, run_dir, args.seed, args.repeats, timeout_s, outcome))
+        asyncio.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, args.repeats,
+                           timeout_s, args.slo, outcome))
     except KeyboardInterrupt:
         # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.
         print(f"\nbatchbench: interrupted; {len(outcome.results)} finished run(s) and any cut-short run's journal "
