@@ -90,7 +90,8 @@ def test_installed_beside_pypis_fixtures_both_import(fresh_venv: Path, tmp_path:
 @pytest.mark.engine
 def test_the_wheel_runs_the_main_job_from_an_empty_folder(fresh_venv: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    proc = _run([str(fresh_venv / "bin" / "batchbench"), "run", "--engine", "hf-static", "--repeats", "1"],
+    proc = _run([str(fresh_venv / "bin" / "batchbench"), "run", "--engine", "hf-static", "--repeats", "1",
+                 "--levels", "1,2"],
                 cwd=tmp_path, env=env, timeout=600)
     assert "hf-static" in proc.stdout
     (run_dir,) = (tmp_path / "results").glob("run-*")

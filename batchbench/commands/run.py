@@ -69,9 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run_p = sub.add_parser("run", help="the main job: run the standard comparison and build the report",
                            description=__doc__)
     add_engine_arguments(run_p.add_argument)
-    run_p.add_argument("--repeats", type=positive_int, default=2,
+    run_p.add_argument("--repeats", type=positive_int, default=3,
                        help="runs of each measurement, interleaved; the report gives their median and range "
-                            "(default 2)")
+                            "(default 3)")
     run_p.add_argument("--levels", type=concurrency_list, default=None, metavar="C,C,...",
                        help="the sweep's concurrency levels (default: the profile's, 1,2,4,8,16,32 in quick)")
     run_p.add_argument("--slo", type=_slo, default=None, metavar="METRIC_STAT=LIMIT,...",
