@@ -137,7 +137,11 @@ class HFStaticEngine(Engine):
         self._pending = asyncio.Queue()
         self._error = None
         self._completed = 0
-        self._model = await asyncio.to_thread(self._load)
+        try:
+            self._model = await asyncio.to_thread(self._load)
+        except (OSError, ValueError) as exc:  # no such folder, no config.json in it, a config transformers refuses
+            raise EngineNotHealthy(self.name, f"cannot load the model config from {self.model_dir}: {exc}",
+                                   permanent=True) from exc
         self._worker = asyncio.create_task(self._batch_loop(), name="hf-static-batcher")
         self.startup_s = now() - self._t0
 

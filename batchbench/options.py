@@ -49,6 +49,9 @@ def engine_options(
     Raises ValueError with a message for the user: an unknown engine, a URL for an engine that is not
     selected, an engine that cannot run as asked (hf-static at a URL, a container without --model).
     """
+    if model is not None and model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+        # A hub id is NAME or ORG/NAME; something written as a path must be there now, not fail at engine start.
+        raise ValueError(f"--model {model}: no such file or folder (a model on the hub is given as ORG/NAME)")
     selected = tuple(engines) or embedded_engines()
     urls = parse_engine_urls(list(engine_urls), list(selected))
     for name, url in urls:

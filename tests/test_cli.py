@@ -100,3 +100,11 @@ def test_an_engine_that_died_is_named_and_failures_are_counted_by_kind() -> None
     lines = failure_lines(slow, 5)
     assert lines[0] == "failed: 2 timeout, 1 rejected; first: no complete response within 5s"
     assert "2 request(s) hit the 5s request timeout" in lines[1] and "throughput" in lines[1]
+
+
+def test_a_model_path_that_is_not_there_is_a_usage_error_before_any_engine_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--engine", "hf-static", "--model", str(tmp_path / "nowhere"),
+                 "--results-dir", str(tmp_path)]) == EXIT_USAGE
+    assert f"--model {tmp_path / 'nowhere'}: no such file or folder" in capsys.readouterr().err
+    assert not list(tmp_path.glob("run-*"))  # nothing was started, nothing written

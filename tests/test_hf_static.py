@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig
+from batchbench.adapters.base import BatchingConfig, EngineNotHealthy, ModelRef
 from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.loadgen import LoadGenerator
 from batchbench.runner import run
@@ -82,3 +82,10 @@ def test_options_that_do_not_apply_are_refused() -> None:
         HFStaticEngine(BatchingConfig(mode="continuous"))
     with pytest.raises(ValueError, match="kv_capacity_tokens"):
         HFStaticEngine(BatchingConfig(mode="static", kv_capacity_tokens=1024))
+
+
+async def test_a_model_folder_without_a_config_fails_its_start_with_the_folder_named(tmp_path: Path) -> None:
+    engine = HFStaticEngine(BatchingConfig(mode="static"), model=ModelRef(str(tmp_path)))
+    with pytest.raises(EngineNotHealthy, match=f"cannot load the model config from {tmp_path}") as info:
+        await engine.start()
+    assert info.value.permanent  # a retry cannot help
