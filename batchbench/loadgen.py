@@ -161,7 +161,9 @@ class LoadGenerator:
         finally:
             if not record.ok and record.error_kind is None:
                 record.error_kind, record.error = "cancelled", "the run was interrupted before this request finished"
-            record.done_s = now() - self.t0
+            record.closed_s = now() - self.t0
+            # E2E ends at the last token, as the engine's own e2e histogram does, not when the stream closes.
+            record.done_s = record.chunk_times[-1] if record.ok and record.chunk_times else record.closed_s
             self.in_flight -= 1
             self.records.append(record)
             self.on_record(record)

@@ -203,6 +203,10 @@ class Summary:
     #: Time-averaged number of requests streaming tokens (see :func:`mean_decoding`); None in summaries
     #: read from documents written before it was stored.
     mean_decoding: float | None = None
+    #: Gaps between consecutive chunks, one sample per chunk whatever it carried: what ``vllm bench serve``
+    #: reports as ITL. Beside :attr:`itl` (per token) it shows when an engine sends several tokens per chunk.
+    #: Both use the same percentile method (numpy's linear). None in documents written before it was stored.
+    itl_per_chunk: Distribution | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -229,6 +233,7 @@ class Summary:
             "goodput": self.goodput,
             "goodput_fraction": self.goodput_fraction,
             "mean_decoding": self.mean_decoding,
+            "itl_per_chunk": _dist_dict(self.itl_per_chunk),
         }
 
 
@@ -286,6 +291,7 @@ def summarize(
         goodput=good / duration_s,
         goodput_fraction=good / n if n else None,
         mean_decoding=mean_decoding(ok, duration_s),
+        itl_per_chunk=Distribution.of(b - a for r in ok for a, b in itertools.pairwise(r.chunk_times)),
     )
 
 

@@ -26,6 +26,8 @@ class RequestRecord:
     max_tokens: int
     scheduled_s: float
     sent_s: float = 0.0
+    #: When the request ended: its last chunk that carried tokens for a successful request (the end of
+    #: generation; the stream closes 1-2 ms later, after ``[DONE]``), else when it failed.
     done_s: float | None = None
     #: Arrival time of every chunk that carried output tokens, and how many each carried.
     chunk_times: list[float] = field(default_factory=list)
@@ -43,6 +45,9 @@ class RequestRecord:
     #: Requests in flight from this client when this one was sent (itself included):
     #: the batch-size bucket its TTFT belongs to.
     in_flight_at_send: int = 0
+    #: When the client saw the stream close (after the engine's end-of-stream marker); kept apart from
+    #: ``done_s`` so that closing the connection is not counted as the engine's latency.
+    closed_s: float | None = None
 
     @property
     def output_tokens(self) -> int:

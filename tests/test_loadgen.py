@@ -50,7 +50,9 @@ async def test_records_use_the_engines_token_counts(fake: VLLMServer) -> None:
     for r in records:
         assert r.chunk_tokens == [1] * 7
         assert (r.prompt_tokens, r.completion_tokens, r.finish_reason) == (8, 7, "length")
-        assert r.chunk_times == sorted(r.chunk_times) and r.sent_s <= r.chunk_times[0] <= r.done_s
+        assert r.chunk_times == sorted(r.chunk_times) and r.sent_s <= r.chunk_times[0]
+        # E2E ends at the last token; the stream's close (after [DONE]) is kept apart.
+        assert r.done_s == r.chunk_times[-1] and r.closed_s is not None and r.closed_s >= r.done_s
 
 
 async def test_multi_token_chunks_count_every_token(fake: VLLMServer) -> None:
@@ -62,6 +64,10 @@ async def test_multi_token_chunks_count_every_token(fake: VLLMServer) -> None:
     itl = itl_samples(record)
     assert len(itl) == 4  # the first chunk's tokens are TTFT; each later chunk's gap is shared by its two tokens
     assert sum(itl) == pytest.approx(record.chunk_times[-1] - record.chunk_times[0])
+    # Per chunk (what vllm bench serve reports) there are half as many samples, each twice as long.
+    per_chunk = summarize([record], duration_s=1.0).itl_per_chunk
+    assert per_chunk is not None and per_chunk.count == 2
+    assert per_chunk.mean == pytest.approx(2 * sum(itl) / len(itl))
 
 
 async def test_open_loop_sends_on_schedule_while_the_engine_is_slow(fake: VLLMServer) -> None:
