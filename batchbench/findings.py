@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from batchbench.adapters.base import BatchingConfig
 from batchbench.metrics import Summary, mean_decoding, meets_slos, percentile, summarize, tpot
@@ -138,7 +138,7 @@ class Estimate:
 
 def bootstrap(
     items: Sequence[T],
-    statistics_of: Mapping[str, Callable[[Sequence[T]], float | None]],
+    statistics_of: Callable[[Sequence[T]], Mapping[str, float | None]],
     *,
     seed: int | str,
     resamples: int = BOOTSTRAP_RESAMPLES,
@@ -146,23 +146,23 @@ def bootstrap(
 ) -> dict[str, Estimate | None]:
     """Each statistic of ``items`` with its bootstrap percentile interval, from the same resamples.
 
-    The median is the statistic of ``items`` themselves (None when it has none); the interval holds the
-    middle ``confidence`` of its values over ``resamples`` resamples with replacement (resamples where
-    it is undefined are left out), widened to contain the median where a skewed statistic put it
-    outside. ``seed`` makes it deterministic (a string seeds :class:`random.Random` the same on every
-    machine).
+    ``statistics_of`` computes every statistic of a sample at once (by name; None where one is
+    undefined), so work they share (a sorted list) is done once per resample. The median is each
+    statistic of ``items`` themselves (None when it has none); the interval holds the middle
+    ``confidence`` of its values over ``resamples`` resamples with replacement (resamples where it is
+    undefined are left out), widened to contain the median where a skewed statistic put it outside.
+    ``seed`` makes it deterministic (a string seeds :class:`random.Random` the same on every machine).
     """
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, not {resamples}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), not {confidence!r}")
-    points = {name: stat(items) for name, stat in statistics_of.items()}
-    drawn: dict[str, list[float]] = {name: [] for name in statistics_of}
+    points = dict(statistics_of(items))
+    drawn: dict[str, list[float]] = {name: [] for name in points}
     rng = random.Random(seed)
     for _ in range(resamples if items else 0):
-        sample = rng.choices(items, k=len(items))
-        for name, stat in statistics_of.items():
-            if points[name] is not None and (value := stat(sample)) is not None:
+        for name, value in statistics_of(rng.choices(items, k=len(items))).items():
+            if points.get(name) is not None and value is not None:
                 drawn[name].append(value)
     tail = (1 - confidence) / 2 * 100
     found: dict[str, Estimate | None] = {}
@@ -246,35 +246,51 @@ _RUN_FIGURES: dict[str, Callable[[Summary], float | None]] = {
 }
 
 
-def _record_statistics(duration: float, limits: tuple[float | None, float | None] | None
-                       ) -> dict[str, Callable[[Sequence[RequestRecord]], float | None]]:
-    """The same figures as ``_RUN_FIGURES``, computed from a (resampled) list of records the way
-    :func:`batchbench.metrics.summarize` computes them, so a bootstrap's median is the summary's figure."""
+class _Request(NamedTuple):
+    """One request's share of a run's figures, computed once (a bootstrap resamples these, not the records)."""
+
+    ok: bool
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+    tokens: int
+    #: Its contribution to the mean requests decoding (:func:`batchbench.metrics.mean_decoding`).
+    decoding: float
+    good: bool
+
+
+def _requests(records: Sequence[RequestRecord], duration: float,
+              limits: tuple[float | None, float | None] | None) -> list[_Request]:
+    return [_Request(r.ok, r.ttft_s if r.ok else None, tpot(r), r.e2e_s if r.ok else None,
+                     r.output_tokens if r.ok else 0, mean_decoding([r], duration) if r.ok else 0.0,
+                     limits is not None and meets_slos(r, *limits))
+            for r in records]
+
+
+def _request_statistics(duration: float, goodput: bool) -> Callable[[Sequence[_Request]], dict[str, float | None]]:
+    """The figures of ``_RUN_FIGURES`` from a (resampled) run's requests, as :func:`batchbench.metrics.summarize`
+    computes them from its records, so a bootstrap's median is the summary's figure."""
 
     def pct(values: list[float], q: float) -> float | None:
         return percentile(values, q) if values else None
 
-    def ttfts(rs: Sequence[RequestRecord]) -> list[float]:
-        return [t for r in rs if r.ok and (t := r.ttft_s) is not None]
+    def figures(rs: Sequence[_Request]) -> dict[str, float | None]:
+        ttfts = sorted(r.ttft for r in rs if r.ttft is not None)
+        tpots = sorted(r.tpot for r in rs if r.tpot is not None)
+        found = {
+            "output_tok_s": sum(r.tokens for r in rs) / duration,
+            "ttft_p50_s": pct(ttfts, 50),
+            "ttft_p99_s": pct(ttfts, 99),
+            "tpot_p50_s": pct(tpots, 50),
+            "tpot_p99_s": pct(tpots, 99),
+            "e2e_p50_s": pct([r.e2e for r in rs if r.e2e is not None], 50),
+            "mean_decoding": math.fsum(r.decoding for r in rs),
+        }
+        if goodput:
+            found["goodput_req_s"] = sum(1 for r in rs if r.good) / duration
+        return found
 
-    def tpots(rs: Sequence[RequestRecord]) -> list[float]:
-        return [t for r in rs if r.ok and (t := tpot(r)) is not None]
-
-    def e2es(rs: Sequence[RequestRecord]) -> list[float]:
-        return [t for r in rs if r.ok and (t := r.e2e_s) is not None]
-
-    stats: dict[str, Callable[[Sequence[RequestRecord]], float | None]] = {
-        "output_tok_s": lambda rs: sum(r.output_tokens for r in rs if r.ok) / duration,
-        "ttft_p50_s": lambda rs: pct(ttfts(rs), 50),
-        "ttft_p99_s": lambda rs: pct(ttfts(rs), 99),
-        "tpot_p50_s": lambda rs: pct(tpots(rs), 50),
-        "tpot_p99_s": lambda rs: pct(tpots(rs), 99),
-        "e2e_p50_s": lambda rs: pct(e2es(rs), 50),
-        "mean_decoding": lambda rs: mean_decoding([r for r in rs if r.ok], duration),
-    }
-    if limits is not None:
-        stats["goodput_req_s"] = lambda rs: sum(1 for r in rs if meets_slos(r, *limits)) / duration
-    return stats
+    return figures
 
 
 @dataclass(frozen=True)
@@ -700,7 +716,8 @@ def _figures(point: Point, slo: Slo | None, seed: int) -> dict[str, Estimate | N
     if run.summary is None or not run.duration_s:
         return dict.fromkeys(keys)
     limits = slo.request_limits() if slo is not None else None
-    return bootstrap(run.records, _record_statistics(run.duration_s, limits), seed=f"{seed}:{run.run_id}")
+    requests = _requests(run.records, run.duration_s, limits)
+    return bootstrap(requests, _request_statistics(run.duration_s, slo is not None), seed=f"{seed}:{run.run_id}")
 
 
 def _slo_values(point: Point, slo: Slo) -> dict[str, float | None]:

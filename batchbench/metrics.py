@@ -56,7 +56,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     if len(values) == 0:
         raise ValueError("percentile of an empty sequence is undefined")
     ordered = sorted(values)
-    if any(math.isnan(v) for v in ordered):
+    if any(map(math.isnan, ordered)):
         raise ValueError("percentile of values containing NaN is undefined")
     pos = (q / 100.0) * (len(ordered) - 1)
     lo = math.floor(pos)
