@@ -23,9 +23,12 @@ check and the report shows, so none of them reads a curve its own way:
 Every figure is an :class:`Estimate`: the median with an interval. With two or
 more repeats the interval is the repeats' range (the repeat protocol,
 :mod:`batchbench.repeats`); a single run has no repeats to spread, so its
-statistics are bootstrapped over its requests (seeded, deterministic). A
-ratio of two estimates spans from the lowest to the highest quotient of their
-intervals, and is **within noise** when that range contains 1.
+statistics are bootstrapped over its requests (seeded, deterministic). That
+interval says how much the run's own requests disagree (a p99 over few of
+them is wide), not how much the next run would: on a shared machine runs
+differ by more, which only repeats show. A ratio of two estimates spans from
+the lowest to the highest quotient of their intervals, and is **within
+noise** when that range contains 1.
 
 Every run is judged by :mod:`batchbench.validity` first. A point is valid
 when at least one of its runs is; its figures come from its valid runs only.
@@ -1007,10 +1010,6 @@ def findings_from_dir(path: str | Path, *, slo: Slo | None = None, seed: int = 0
 
 def _tok(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
-
-
-def _ms(v: float) -> str:
-    return f"{v * 1000:.0f}ms" if v >= 0.01 else f"{v * 1000:.1f}ms"
 
 
 def _x(v: float) -> str:

@@ -356,3 +356,10 @@ def test_findings_from_a_run_folder_match_the_documents_and_name_what_they_skipp
     assert any(s.startswith("broken.json: skipped") for s in from_dir.skipped)
     assert any(s.startswith("open-loop.json: no layout and concurrency") for s in from_dir.skipped)
     assert str(tmp_path) not in json.dumps(got)
+
+
+def test_a_suite_filter_keeps_only_that_suites_runs() -> None:
+    other = document(RunSpec(engine="beta", concurrency=8, labels={"suite": "static_vs_continuous"}))
+    found = findings_from_documents([*sweep(levels=(4, 8)), other], suite="main")
+    assert found.engines.keys() == {"alpha"}
+    assert findings_from_documents([*sweep(levels=(4, 8)), other]).engines.keys() == {"alpha", "beta"}
