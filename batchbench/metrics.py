@@ -31,6 +31,7 @@ __all__ = [
     "Summary",
     "itl_samples",
     "mean_decoding",
+    "meets_slos",
     "percentile",
     "summarize",
     "tpot",
@@ -55,7 +56,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     if len(values) == 0:
         raise ValueError("percentile of an empty sequence is undefined")
     ordered = sorted(values)
-    if any(math.isnan(v) for v in ordered):
+    if any(map(math.isnan, ordered)):
         raise ValueError("percentile of values containing NaN is undefined")
     pos = (q / 100.0) * (len(ordered) - 1)
     lo = math.floor(pos)
@@ -143,7 +144,7 @@ def tpot(record: RequestRecord) -> float | None:
     return (record.chunk_times[-1] - record.chunk_times[0]) / (n - 1)
 
 
-def _meets_slos(record: RequestRecord, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bool:
+def meets_slos(record: RequestRecord, ttft_slo_s: float | None, tpot_slo_s: float | None) -> bool:
     """Whether a request counts towards goodput: ok, and within every SLO given.
 
     A TTFT SLO needs an observed TTFT. A TPOT SLO is met vacuously by a
@@ -266,7 +267,7 @@ def summarize(
 
     output_tokens = sum(r.output_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
-    good = sum(1 for r in ok if _meets_slos(r, ttft_slo_s, tpot_slo_s))
+    good = sum(1 for r in ok if meets_slos(r, ttft_slo_s, tpot_slo_s))
 
     return Summary(
         duration_s=duration_s,

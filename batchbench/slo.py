@@ -114,7 +114,13 @@ class Slo:
 
     def check(self, summary: Summary) -> Verdict:
         """Every objective against the run: met only if each has a value within its limit."""
-        values = {o.name: o.value(summary) for o in self.objectives}
+        return self.verdict({o.name: o.value(summary) for o in self.objectives})
+
+    def verdict(self, values: dict[str, float | None]) -> Verdict:
+        """Every objective against given values of its statistic (by objective name; missing or None: no
+        samples). What :meth:`check` does with one run's figures, and what findings do with the medians of
+        repeated runs, so a point over repeats is judged exactly as one run is."""
+        values = {o.name: values.get(o.name) for o in self.objectives}
         failed = tuple(
             f"{o.name}={'no samples' if values[o.name] is None else _format_s(values[o.name])}>{_format_s(o.limit_s)}"
             for o in self.objectives

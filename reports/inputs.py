@@ -1,10 +1,8 @@
 """Finding and reading results documents, tolerating everything else that lives in a results folder.
 
-A results folder also holds pytest-benchmark output, server logs, earlier
-reports and, after a crash, journals (``.jsonl``) of killed runs. Foreign
-files are ignored quietly; a file that claims to be a batchbench result but
-cannot be read is skipped with a warning that names it, so one bad file never
-costs the report of every other run.
+The walk itself is :func:`batchbench.results.discover` (shared with :mod:`batchbench.findings`):
+foreign files are ignored quietly; a file that claims to be a batchbench result but cannot be read
+is skipped with a warning that names it, so one bad file never costs the report of every other run.
 """
 
 from __future__ import annotations
@@ -13,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchbench.reports.model import Run, build_run
-from batchbench.results import NotAResultsDocument, RunDocument
+from batchbench.results import discover as discover_documents
+from batchbench.results import unreadable_reason
 
 
 @dataclass
@@ -27,38 +26,16 @@ class Inputs:
     ignored: list[str] = field(default_factory=list)
 
 
-def _relative(path: Path, root: Path) -> str:
-    """A path relative to the results folder: reports never carry this machine's absolute paths."""
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return path.name
-
-
 def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") -> Inputs:
-    """Read every results document under ``results_dir`` (recursively), in a stable order.
+    """Every results document under ``results_dir`` (:func:`batchbench.results.discover`) as a :class:`Run`.
 
-    A ``.jsonl`` journal counts only when its ``.json`` sibling is absent (the
-    run was killed before finishing); otherwise the finished document
-    supersedes it. ``exclude`` (the report's own output folder) is not read.
-    ``what`` prefixes warnings (e.g. "baseline: ").
+    ``exclude`` (the report's own output folder) is not read; ``what`` prefixes warnings (e.g. "baseline: ").
     """
-    found = Inputs()
-    excluded = exclude.resolve() if exclude is not None else None
-    paths = sorted(p for p in results_dir.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file())
-    for path in paths:
-        if excluded is not None and path.resolve().is_relative_to(excluded):
-            continue
-        rel = _relative(path, results_dir)
+    found = discover_documents(results_dir, exclude=exclude, what=what)
+    inputs = Inputs(warnings=found.warnings, ignored=found.ignored)
+    for rel, doc in found.documents:
         try:
-            if path.suffix == ".jsonl" and path.with_suffix(".json").exists():
-                continue
-            found.runs.append(build_run(rel, RunDocument.load(path)))
-        except NotAResultsDocument:
-            found.ignored.append(rel)
-        # DocumentError, JSONDecodeError and UnicodeDecodeError are ValueErrors.
-        except (OSError, ValueError) as exc:
-            # Messages of OSError and RunDocument.load name the absolute path; reports name files relatively.
-            reason = str(exc).replace(str(path), rel).replace(str(results_dir), results_dir.name)
-            found.warnings.append(f"{what}{rel}: skipped, not a readable batchbench results document: {reason}")
-    return found
+            inputs.runs.append(build_run(rel, doc))
+        except ValueError as exc:
+            inputs.warnings.append(f"{what}{rel}: skipped, {unreadable_reason(exc, results_dir / rel, results_dir)}")
+    return inputs

@@ -240,15 +240,6 @@ def batching_label(batching: dict[str, Any]) -> str:
         return f"{mode}-{rest}" if rest else mode
 
 
-def _observed_duration(doc: RunDocument) -> float:
-    """How long a cut-short run lasted, as far as its journal shows (its last timestamp)."""
-    times: list[float] = [0.0]
-    for r in doc.records:
-        times.extend(t for t in (r.sent_s, r.done_s, *(r.chunk_times[-1:])) if t is not None)
-    times.extend(s.t for s in doc.server_metrics)
-    return max(times)
-
-
 def build_run(source: str, doc: RunDocument) -> Run:
     """Reduce a results document to a :class:`Run`."""
     header, footer = doc.header, doc.footer
@@ -260,7 +251,7 @@ def build_run(source: str, doc: RunDocument) -> Run:
     if summary is None:
         summary_source = "none"
         if records:
-            duration = _observed_duration(doc)
+            duration = doc.observed_duration_s()
             try:
                 summary = summarize(records, duration_s=duration) if duration > 0 else None
             except ValueError as exc:  # inconsistent records: report the run without figures

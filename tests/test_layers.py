@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ABOVE_ADAPTERS = ("batchbench.runner", "batchbench.loadgen", "batchbench.engines", "batchbench.harness",
                   "batchbench.cli", "batchbench.commands", "batchbench.options", "batchbench.pytest_plugin",
                   "batchbench.repeats", "batchbench.reports", "batchbench.scraper", "batchbench.results",
-                  "batchbench.slo", "batchbench.findings")
+                  "batchbench.slo", "batchbench.findings", "batchbench.validity")
 #: The core types at the bottom import nothing of batchbench but each other.
 CORE = ("batchbench.workload", "batchbench.clock", "batchbench.records", "batchbench.server_metrics")
 
@@ -42,6 +42,20 @@ def test_the_core_types_are_at_the_bottom(module: str) -> None:
     path = ROOT / "batchbench" / f"{module.rsplit('.', 1)[1]}.py"
     ours = {m for m in imports_of(path) if m.startswith("batchbench")}
     assert ours <= set(CORE), f"{module} imports {sorted(ours - set(CORE))}"
+
+
+#: What reads findings (the report, the front ends) or measures runs: findings and validity are pure code over
+#: results documents, below all of these, so the CLI, the suites and the report can all use them.
+ABOVE_FINDINGS = ("batchbench.reports", "batchbench.cli", "batchbench.commands", "batchbench.options",
+                  "batchbench.pytest_plugin", "batchbench.harness", "batchbench.engines", "batchbench.runner",
+                  "batchbench.loadgen", "batchbench.scraper")
+
+
+@pytest.mark.parametrize("module", ["findings", "validity"])
+def test_findings_read_documents_and_nothing_above_them(module: str) -> None:
+    above = {m for m in imports_of(ROOT / "batchbench" / f"{module}.py")
+             if any(m == name or m.startswith(f"{name}.") for name in ABOVE_FINDINGS)}
+    assert not above, f"batchbench.{module} imports {sorted(above)}"
 
 
 def test_no_suite_names_an_engine() -> None:
