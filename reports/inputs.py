@@ -21,6 +21,8 @@ class Inputs:
     """What was found under a results folder."""
 
     runs: list[Run] = field(default_factory=list)
+    #: The documents the runs were read from, in the same order (what ``batchbench.findings`` reads).
+    documents: list[RunDocument] = field(default_factory=list)
     #: One line per skipped batchbench file, naming it and why.
     warnings: list[str] = field(default_factory=list)
     #: JSON/JSONL files that are not batchbench results (reported as a count only).
@@ -53,7 +55,9 @@ def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") 
         try:
             if path.suffix == ".jsonl" and path.with_suffix(".json").exists():
                 continue
-            found.runs.append(build_run(rel, RunDocument.load(path)))
+            doc = RunDocument.load(path)
+            found.runs.append(build_run(rel, doc))
+            found.documents.append(doc)
         except NotAResultsDocument:
             found.ignored.append(rel)
         # DocumentError, JSONDecodeError and UnicodeDecodeError are ValueErrors.
