@@ -171,14 +171,15 @@ def _accelerators(runs: list[Run]) -> dict[str, int]:
 
 
 def _memory_bound_runs(findings: dict[str, Any], runs: list[Run]) -> list[Run]:
-    """The runs of the points where each engine and layout became memory-bound, for their KV and queue timelines."""
+    """The runs of the points where each engine and layout became memory-bound, for their KV and queue timelines:
+    the finding's evidence, or (without one) the valid points classified memory-bound or saturated."""
     wanted: list[str] = []
     for _, _, data in engines(findings):
         found = data.get("memory_bound_from")
         if isinstance(found, dict):
             wanted += [str(i) for i in found.get("evidence") or []]
         else:
-            wanted += [str(i) for p in data.get("points") or [] if isinstance(p, dict)
+            wanted += [str(i) for p in data.get("points") or [] if isinstance(p, dict) and p.get("valid", True)
                        and p.get("regime") in ("memory-bound", "saturated") for i in p.get("run_ids") or []]
     by_id = {r.run_id: r for r in runs}
     return [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]

@@ -85,11 +85,13 @@ def _section(section: Section, anchors: dict[int, str]) -> str:
 
 
 def render(doc: Document) -> str:
+    """The page; its contents are folded away so the first screen is the first section (the answer)."""
     anchors = {id(s): s.anchor if _ANCHOR.fullmatch(s.anchor) else f"s{i}" for i, s in enumerate(doc.sections, 1)}
     nav = "".join(f'<li><a href="#{anchors[id(s)]}">{escape(s.title)}</a></li>' for s in doc.sections)
     body = "\n".join(_section(s, anchors) for s in doc.sections)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{escape(doc.title)}</title><style>{_CSS}</style></head>\n"
-        f"<body><h1>{escape(doc.title)}</h1><nav><ul>{nav}</ul></nav>\n{body}\n</body></html>\n"
+        f"<body><h1>{escape(doc.title)}</h1><nav><details><summary>Contents</summary><ul>{nav}</ul></details></nav>\n"
+        f"{body}\n</body></html>\n"
     )
