@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchbench.adapters.base import EngineError
+from batchbench.adapters.base import BatchingConfig, Engine, EngineError
 from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.commands.common import (
     EXIT_ENGINE,
@@ -47,6 +47,7 @@ from batchbench.engines import EngineCache
 from batchbench.loadgen import LoadConfig
 from batchbench.options import add_engine_arguments, engine_options
 from batchbench.profiles import Profile, chat_workload, get_profile
+from batchbench.progress import EngineStart, Progress
 from batchbench.repeats import RepeatProtocol, Repeats
 from batchbench.runner import RunResult, run
 from batchbench.workload import Arrival
@@ -75,46 +76,59 @@ class Outcome:
 
 
 async def _compare(engines: list[str], options: EngineOptions, profile: Profile, results_dir: Path,
-                   seed: int, repeats: int, request_timeout_s: float, outcome: Outcome) -> None:
+                   seed: int, repeats: int, request_timeout_s: float, outcome: Outcome, progress: Progress) -> None:
     workload = chat_workload(profile, seed=seed)
     layouts = {
         "continuous": workload,
         "static-waves": workload.with_arrival(Arrival("waves", concurrency=profile.concurrency)),
     }
     load = LoadConfig(request_timeout_s=request_timeout_s)
-    cache = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=1)
+    starting: list[EngineStart] = []  # the start under way: the cache makes the engine inside it
+
+    def make(name: str, batching: BatchingConfig | None) -> Engine:
+        engine = make_engine(name, batching, options)
+        if starting:
+            starting[-1].attach(engine.startup_timeout, engine.server_log)
+        return engine
+
+    cache = EngineCache(make, max_live=1)
     protocol = RepeatProtocol(repeats=repeats)
+    points = len(engines) * len(layouts) * repeats
     try:
         for name in engines:
             try:
-                engine = await cache.get(name)
+                with progress.engine_starting(name) as start:
+                    starting[:] = [start]
+                    engine = await cache.get(name)
             except (EngineError, ImportError) as exc:
-                print(f"batchbench: skipping {name}: {exc}", file=sys.stderr)
+                progress.print(f"batchbench: skipping {name}: {exc}", err=True)
                 outcome.engine_problems[name] = str(exc)
                 continue
-            print(f"batchbench: {name} ready (started in {getattr(engine, 'startup_s', 0) or 0:.1f}s)")
             by_layout: dict[str, Repeats[RunResult]] = {tag: Repeats() for tag in layouts}
             # Driven by hand rather than protocol.run: the runs are awaited on this loop.
             for tag, repeat in protocol.schedule(by_layout):
-                result = await run(engine, layouts[tag], results_dir=results_dir, tag=tag, load=load,
-                                   labels={"layout": tag, "concurrency": profile.concurrency, "repeat": repeat})
-                s = result.summary
-                print(f"  {tag:>13} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
-                      f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}"
-                      f" -> {result.path}")
+                progress.sweep(len(outcome.results) + 1, points, f"{name} {tag} #{repeat}")
+                with progress.run(len(layouts[tag].requests), f"{tag:>13} #{repeat}") as bar:
+                    result = await run(engine, layouts[tag], results_dir=results_dir, tag=tag, load=load,
+                                       labels={"layout": tag, "concurrency": profile.concurrency, "repeat": repeat},
+                                       on_record=bar.observe)
+                    s = result.summary
+                    bar.finish(f"  {tag:>13} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out "
+                               f"tok/s, TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 "
+                               f"{_ms(s.ttft.p99 if s.ttft else None)} -> {result.path}")
                 for line in failure_lines(result, load.request_timeout_s):
-                    print(f"  {'':>16}  {line}")
+                    progress.print(f"  {'':>16}  {line}")
                 for warning in result.warnings():
-                    print(f"  {'':>16}  warning: {warning}")
+                    progress.print(f"  {'':>16}  warning: {warning}")
                 by_layout[tag].add(result, result.machine)
                 outcome.results.append(result)
                 if (why := died(result)) is not None:
                     outcome.engine_problems[name] = f"died during {tag} #{repeat}: {why}"
-                    print(f"batchbench: {name} died during {tag} #{repeat}; its remaining runs are skipped: {why}",
-                          file=sys.stderr)
+                    progress.print(f"batchbench: {name} died during {tag} #{repeat}; its remaining runs are "
+                                   f"skipped: {why}", err=True)
                     break
             if name not in outcome.engine_problems:
-                print(_throughput_line(name, by_layout))
+                progress.print(_throughput_line(name, by_layout))
             await cache.release(name)
     finally:
         await cache.close()
@@ -159,12 +173,17 @@ def main(args: argparse.Namespace) -> int:
     print(f"batchbench: results in {run_dir}")
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
+    progress = Progress.for_terminal()
     try:
-        asyncio.run(_compare(list(engines), options, profile, run_dir, args.seed, args.repeats, timeout_s, outcome))
+        with progress:
+            asyncio.run(_compare(list(engines), options, profile, run_dir, args.seed, args.repeats, timeout_s,
+                                 outcome, progress))
     except KeyboardInterrupt:
         # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.
-        print(f"\nbatchbench: interrupted; {len(outcome.results)} finished run(s) and any cut-short run's journal "
-              f"are in {run_dir}", file=sys.stderr)
+        # Cut short while the first engine started, nothing was measured: progress's one line said it all.
+        if outcome.results or not progress.interrupted:
+            print(f"batchbench: interrupted; {len(outcome.results)} finished run(s) and any cut-short run's "
+                  f"journal are in {run_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not outcome.results:
         print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
