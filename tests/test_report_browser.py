@@ -18,7 +18,7 @@ import pytest
 from batchbench.reports.build import build_report
 from tests.test_report_findings import FINDINGS, cited_runs  # noqa: F401 (a fixture)
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+CHROMIUM = shutil.which("chromium")
 #: A console message as chromium logs it with --enable-logging=stderr (errors and uncaught exceptions included).
 CONSOLE = re.compile(r":CONSOLE[:(]")
 
