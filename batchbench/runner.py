@@ -12,6 +12,7 @@ import asyncio
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,13 @@ async def run(
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
     labels: dict[str, Any] | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
 ) -> RunResult:
-    """Replay ``workload`` against the running ``engine`` and write its results document."""
+    """Replay ``workload`` against the running ``engine`` and write its results document.
+
+    ``on_record`` sees each finished request after it is journalled (a progress display): it runs on the
+    measuring loop, so it must be cheap.
+    """
     load = load or LoadConfig()
     path = results_path(results_dir, engine, workload, tag)
     writer = JournalWriter(path)
@@ -89,7 +95,12 @@ async def run(
     ))
     engine.begin_run()
     t0 = now()
-    generator = LoadGenerator(engine, workload, on_record=writer.record, config=load)
+    def record(r: RequestRecord) -> None:
+        writer.record(r)
+        if on_record is not None:
+            on_record(r)
+
+    generator = LoadGenerator(engine, workload, on_record=record, config=load)
     scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
     meter = ClientMeter()
     machine_meter = MachineMeter.for_engine(engine)

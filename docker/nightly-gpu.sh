@@ -67,7 +67,7 @@ status=0
 
 # A report of a partial run is still worth having; the run's status is pytest's.
 echo "== report"
-"$PYTHON" -m batchbench.reports build "$RESULTS" --out "$RESULTS/report" || status=$((status ? status : 1))
+"$PYTHON" -m batchbench report "$RESULTS" --out "$RESULTS/report" || status=$((status ? status : 1))
 
 nvidia-smi >"$RESULTS/nvidia-smi-after.txt" || true
 exit "$status"

@@ -1,9 +1,10 @@
 """Build report.json, report.md and report.html from a folder of results documents.
 
-Used by ``python -m batchbench.reports build`` and by ``batchbench run`` once its runs
-are written. Problems with individual files are warnings (the report is still
+Used by ``batchbench report`` and by ``batchbench run`` once its runs are
+written. Problems with individual files are warnings (the report is still
 built from the rest); having nothing to report at all is an error, raised as
-:class:`ReportError` so callers print one clear message, not a traceback.
+:class:`ReportError` so callers print one clear message, not a traceback. The
+report leads with the findings (``batchbench.findings``) when they can be drawn.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchbench.findings import findings_from_documents
 from batchbench.guardrails import KV_DANGER
 from batchbench.reports import markdown, render_html
 from batchbench.reports.compare import (
@@ -32,6 +34,7 @@ from batchbench.reports.content import build_document, group_by_workload
 from batchbench.reports.inputs import Inputs, discover
 from batchbench.reports.model import KEY_METRICS
 from batchbench.reports.series import group_series
+from batchbench.slo import Slo
 
 
 class ReportError(Exception):
@@ -44,6 +47,8 @@ class BuildResult:
     inputs: Inputs
     baseline: BaselineComparison | None
     files: list[Path] = field(default_factory=list)
+    #: What the report leads with (``Findings.to_dict()``); None when no findings could be drawn.
+    findings: dict[str, Any] | None = None
 
     @property
     def regressions(self) -> int:
@@ -54,34 +59,45 @@ def _print_warning(message: str) -> None:
     print(f"reports: warning: {message}", file=sys.stderr)
 
 
-def _load_baseline(path: Path, exclude: Path, warn: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Baseline rows from an earlier report.json, a results folder, or a single results document."""
+def load_rows(path: Path, exclude: Path | None, warn: Callable[[str], None],
+              what: str = "baseline") -> list[dict[str, Any]]:
+    """Report rows from an earlier report.json, a results folder, or a single results document.
+
+    ``what`` names the input in messages ("baseline", or "A" and "B" of ``batchbench compare``)."""
     if not path.exists():
-        raise ReportError(f"baseline {path} does not exist")
+        raise ReportError(f"{what} {path} does not exist")
     if path.is_file():
         rows = read_report_rows(path)
         if rows is not None:
             return rows
-        found = discover(path.parent, what="baseline: ")
+        found = discover(path.parent, what=f"{what}: ")
         runs = [r for r in found.runs if r.source == path.name]
         if not runs:
-            raise ReportError(f"baseline {path} is neither a report.json nor a batchbench results document")
+            raise ReportError(f"{what} {path} is neither a report.json nor a batchbench results document")
         return [r.to_row() for r in runs]
-    found = discover(path, exclude=exclude, what="baseline: ")
+    found = discover(path, exclude=exclude, what=f"{what}: ")
     for message in found.warnings:
         warn(message)
     if not found.runs:
-        raise ReportError(f"no batchbench results documents under baseline folder {path}")
+        raise ReportError(f"no batchbench results documents under {what} folder {path}")
     return [r.to_row() for r in found.runs]
 
 
-def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_at: str) -> dict[str, Any]:
-    """The machine-readable report: a row per run plus comparisons (a later build's baseline reads it)."""
+def compute_findings(inputs: Inputs, slo: Slo | None = None) -> dict[str, Any]:
+    """:mod:`batchbench.findings` over the documents, as its dict: the answer the report leads with."""
+    return findings_from_documents(inputs.documents, slo=slo).to_dict()
+
+
+def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_at: str,
+                findings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The machine-readable report: the findings, a row per run, and comparisons (a later build's baseline
+    reads it)."""
     groups = group_by_workload(inputs.runs)
     return {
         "schema": REPORT_SCHEMA,
         "schema_version": REPORT_SCHEMA_VERSION,
         "generated_at": generated_at,
+        "findings": findings,
         "kv_danger_threshold": KV_DANGER,
         "metrics": {m.key: {"title": m.title, "better": m.better, "summary_path": list(m.path)} for m in KEY_METRICS},
         "runs": [r.to_row() for _, members in groups for r in members],
@@ -100,10 +116,19 @@ def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_a
     }
 
 
+#: ``build_report(findings=...)``'s default: draw them from the documents (:func:`compute_findings`).
+FROM_DOCUMENTS: Any = object()
+
+
 def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = None,
                  threshold_pct: float = DEFAULT_THRESHOLD_PCT, plots: bool = True,
-                 warn: Callable[[str], None] = _print_warning) -> BuildResult:
-    """Read every results document under ``results_dir`` and write the three report files to ``out_dir``."""
+                 warn: Callable[[str], None] = _print_warning, slo: Slo | None = None,
+                 findings: dict[str, Any] | None = FROM_DOCUMENTS) -> BuildResult:
+    """Read every results document under ``results_dir`` and write the three report files to ``out_dir``.
+
+    ``findings`` are drawn from the documents (under ``slo``, a :class:`batchbench.slo.Slo`) unless given:
+    a dict of ``Findings.to_dict()``'s shape, or None for a report without its answer section.
+    """
     results_dir, out_dir = Path(results_dir), Path(out_dir)
     if not results_dir.is_dir():
         raise ReportError(f"results folder {results_dir} does not exist or is not a folder")
@@ -116,18 +141,21 @@ def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = No
         raise ReportError(f"no batchbench results documents found under {results_dir}{skipped}; nothing to report")
     comparison = None
     if baseline is not None:
-        rows = _load_baseline(Path(baseline), out_dir, warn)
+        rows = load_rows(Path(baseline), out_dir, warn)
         ordered = [r.to_row() for _, members in group_by_workload(inputs.runs) for r in members]
         comparison = compare(ordered, rows, source=Path(baseline).name,
                              threshold_pct=threshold_pct)
+    if findings is FROM_DOCUMENTS:
+        findings = compute_findings(inputs, slo)
     generated_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    doc = build_document(inputs, generated_at=generated_at, baseline=comparison, with_plots=plots)
+    doc = build_document(inputs, generated_at=generated_at, baseline=comparison, with_plots=plots,
+                         findings=findings)
     contents = {
-        "report.json": json.dumps(report_json(inputs, comparison, generated_at), indent=1) + "\n",
+        "report.json": json.dumps(report_json(inputs, comparison, generated_at, findings), indent=1) + "\n",
         "report.md": markdown.render(doc),
         "report.html": render_html.render(doc),
     }
-    return BuildResult(out_dir, inputs, comparison, _write_all(out_dir, contents))
+    return BuildResult(out_dir, inputs, comparison, _write_all(out_dir, contents), findings)
 
 
 def _write_all(out_dir: Path, contents: dict[str, str]) -> list[Path]:

@@ -15,9 +15,9 @@ from typing import Any
 
 from batchbench.guardrails import KV_DANGER
 from batchbench.metrics import ttft_by_bucket
-from batchbench.reports import fmt, plots
+from batchbench.reports import answer, answer_plots, fmt, plots
 from batchbench.reports.compare import BaselineComparison, best_by_metric
-from batchbench.reports.document import Block, Bullets, Cell, Document, Para, Plot, Section, Table
+from batchbench.reports.document import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
 from batchbench.reports.inputs import Inputs
 from batchbench.reports.model import (
     BUCKET_EDGES,
@@ -137,7 +137,9 @@ def metrics_table(runs: list[Run]) -> Table:
     if any(failures):
         rows.append([Cell("Failures by kind")] + [
             Cell(", ".join(f"{k}: {v}" for k, v in sorted(f.items())) if f else "—") for f in failures])
-    best = best_by_metric([r.to_row() for r in runs]) if len(runs) > 1 else {}
+    # A run with failed requests, cut short, or with a NaN figure is never "best": its figures are not comparable.
+    rankable = [r.to_row() for r in runs if rankable_run(r)]
+    best = best_by_metric(rankable) if len(rankable) > 1 else {}
     for spec in KEY_METRICS:
         if spec.key == "request_throughput":
             continue
@@ -165,6 +167,20 @@ def metrics_table(runs: list[Run]) -> Table:
     return Table(["Metric", *cols], rows)
 
 
+def rankable_run(run: Run) -> bool:
+    """Whether a run may be bolded best: complete, every request ok, no NaN among its key figures."""
+    return (not run.partial and run.summary is not None and run.summary.failed == 0
+            and not any(run.nan_metric(spec.key) for spec in KEY_METRICS))
+
+
+def failure_text(run: Run) -> str:
+    """Why a run's figures are not all they seem: its failed requests by kind (the overview lists these)."""
+    s = run.summary
+    assert s is not None and s.failures
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(s.failures.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{run.display_name()} ({run.workload_name}): {s.failed} of {s.requests} requests failed: {kinds}"
+
+
 def repeats_table(runs: list[Run]) -> Table | None:
     """Median and min-max of each key metric over the repeats of each series; None when nothing repeats."""
     series = [s for s in group_series([r.to_row() for r in runs]) if len(s.rows) > 1]
@@ -178,11 +194,11 @@ def repeats_table(runs: list[Run]) -> Table | None:
         for s in series:
             spread = s.spread(spec.key)
             cells.append(Cell(fmt.NA if spread is None else
-                              f"{format_metric(spec, spread.median)} ({format_metric(spec, spread.low)}–"
-                              f"{format_metric(spec, spread.high)})"))
+                              f"{format_metric(spec, spread.median)} [{format_metric(spec, spread.low)}–"
+                              f"{format_metric(spec, spread.high)}]"))
         rows.append(cells)
     return Table(["Metric", *heads], rows,
-                 caption="Median (min–max) over the repeats of one measurement; the runs are the columns above.")
+                 caption="Median [min–max] over the repeats of one measurement; the runs are under Per-run figures.")
 
 
 def _bucket_labels() -> list[str]:
@@ -304,10 +320,13 @@ def environment_section(runs: list[Run]) -> Section:
 
 
 def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineComparison | None,
-                   with_plots: bool = True) -> Document:
-    """Everything the report says, in order."""
+                   with_plots: bool = True, findings: dict[str, Any] | None = None) -> Document:
+    """Everything the report says, in order: the answer (when there are findings), the overview, the figures,
+    the evidence, then each workload's tables."""
     runs = inputs.runs
     doc = Document("batchbench report")
+    if findings is not None:
+        doc.sections.append(answer.answer_section(findings))
     overview = Section("Overview")
     n_partial = sum(r.partial for r in runs)
     workloads = group_by_workload(runs)
@@ -318,6 +337,9 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
         "summaries; latencies are of successful requests, throughputs divide by the run's wall-clock duration."))
     if n_partial:
         overview.blocks.append(Bullets([_partial_text(r) for r in runs if r.partial], "warn"))
+    failing = [r for r in runs if r.summary is not None and r.summary.failures]
+    if failing:
+        overview.blocks.append(Bullets([failure_text(r) for r in failing], "bad"))
     danger = [r for r in runs if r.server.danger_zone]
     if danger:
         overview.blocks.append(Bullets([_danger_text(r) for r in danger], "bad"))
@@ -331,20 +353,27 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     doc.sections.append(overview)
 
     colors = plots.engine_colors(runs) if with_plots else {}
-    if with_plots:
+    if with_plots and findings is not None:
+        doc.sections.append(answer_plots.figures_section(findings, runs, colors))
+    elif with_plots:
         png = plots.latency_throughput(runs)
         if png is not None:
             doc.sections.append(Section("Latency vs throughput", blocks=[Plot(
                 "Output tokens/s against TTFT p99, one line per engine configuration; points are labelled by "
                 "concurrency (or workload); hollow markers are partial runs.", png)]))
+    if findings is not None:
+        doc.sections += answer.evidence_sections(findings)
 
     for (name, digest), members in workloads:
         title = workload_title(name, digest, members[0])
         sec = Section(f"Workload: {title}")
         sec.blocks.append(Para(_workload_intro(name, digest, members)))
-        sec.blocks.append(metrics_table(members))
+        # Repeats merge into one median [min–max] column per series; the per-run table then folds away.
         if (repeated := repeats_table(members)) is not None:
             sec.blocks.append(Section("Across repeats", level=3, blocks=[repeated]))
+            sec.blocks.append(Details("Per-run figures", [metrics_table(members)]))
+        else:
+            sec.blocks.append(metrics_table(members))
         notes = [f"{r.display_name()}: {note}" for r in members for note in r.notes]
         if notes:
             sec.blocks.append(Bullets(notes, "warn"))

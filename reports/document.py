@@ -22,6 +22,8 @@ class Cell:
 
     text: str
     style: Style = ""
+    #: The ``anchor`` of a section this cell points to (its evidence), or "".
+    link: str = ""
 
 
 @dataclass
@@ -64,6 +66,16 @@ class Section:
     title: str
     level: int = 2
     blocks: list[Block] = field(default_factory=list)
+    #: A stable name a :class:`Cell` can link to ([a-z0-9-] only); "" when nothing links here.
+    anchor: str = ""
+
+
+@dataclass
+class Details:
+    """Blocks a reader opens on demand (the per-run tables behind a merged one): folded in HTML."""
+
+    summary: str
+    blocks: list[Block] = field(default_factory=list)
 
 
 @dataclass
@@ -75,4 +87,4 @@ class Document:
 
 
 #: Anything a section holds; a nested Section is a subsection.
-Block = Para | Bullets | Table | Plot | Section
+Block = Para | Bullets | Table | Plot | Section | Details

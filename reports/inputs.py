@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchbench.reports.model import Run, build_run
+from batchbench.results import RunDocument, unreadable_reason
 from batchbench.results import discover as discover_documents
-from batchbench.results import unreadable_reason
 
 
 @dataclass
@@ -20,6 +20,8 @@ class Inputs:
     """What was found under a results folder."""
 
     runs: list[Run] = field(default_factory=list)
+    #: The documents the runs were read from, in the same order (what ``batchbench.findings`` reads).
+    documents: list[RunDocument] = field(default_factory=list)
     #: One line per skipped batchbench file, naming it and why.
     warnings: list[str] = field(default_factory=list)
     #: JSON/JSONL files that are not batchbench results (reported as a count only).
@@ -36,6 +38,7 @@ def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") 
     for rel, doc in found.documents:
         try:
             inputs.runs.append(build_run(rel, doc))
+            inputs.documents.append(doc)
         except ValueError as exc:
             inputs.warnings.append(f"{what}{rel}: skipped, {unreadable_reason(exc, results_dir / rel, results_dir)}")
     return inputs

@@ -14,6 +14,7 @@ footer) the summary via ``summarize`` and the guardrails via
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -143,6 +144,13 @@ class Run:
 
     def metric(self, key: str) -> float | None:
         return metric_of(self.summary, METRICS_BY_KEY[key].path)
+
+    def nan_metric(self, key: str) -> bool:
+        """Whether the stored figure is NaN (a division by zero upstream): never a value to rank."""
+        node: Any = self.summary
+        for part in METRICS_BY_KEY[key].path:
+            node = getattr(node, part, None)
+        return isinstance(node, float) and math.isnan(node)
 
     def pad_fraction(self) -> float | None:
         return num(self.engine_report.get("prompt_pad_fraction"))

@@ -25,7 +25,8 @@ POINT_LABEL = "concurrency"
 _DPI = 100
 
 
-def _png(fig: Figure) -> bytes:
+def to_png(fig: Figure) -> bytes:
+    """The figure as PNG bytes, without metadata (the same figure gives the same bytes)."""
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight", metadata={"Software": None})
@@ -113,7 +114,7 @@ def latency_throughput(runs: list[Run]) -> bytes | None:
     ax.set_title("Latency vs throughput")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    return _png(fig)
+    return to_png(fig)
 
 
 def ttft_cdf(runs: list[Run], title: str, colors: dict[str, Any]) -> bytes | None:
@@ -143,7 +144,7 @@ def ttft_cdf(runs: list[Run], title: str, colors: dict[str, Any]) -> bytes | Non
     ax.set_title(f"TTFT CDF: {title}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    return _png(fig)
+    return to_png(fig)
 
 
 def _series(run: Run, name: str) -> tuple[list[float], list[float]]:
@@ -196,4 +197,4 @@ def server_timeline(run: Run, color: Any) -> bytes | None:
         ax_q.legend(fontsize=8, loc="upper left")
     title = run.display_name() + (" (partial)" if run.partial else "")
     ax_kv.set_title(f"{title}: {run.workload_name}", fontsize=10)
-    return _png(fig)
+    return to_png(fig)

@@ -9,9 +9,13 @@ file names come from results files that anyone can write.
 from __future__ import annotations
 
 import base64
+import re
 from html import escape
 
-from batchbench.reports.document import Block, Bullets, Document, Para, Plot, Section, Table
+from batchbench.reports.document import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
+
+#: What an anchor may be: it is written unescaped into ids and links.
+_ANCHOR = re.compile(r"[a-z0-9-]+")
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1400px; padding: 0 1rem; color: #222; }
@@ -26,6 +30,7 @@ caption { caption-side: bottom; text-align: left; font-size: .8rem; color: #555;
 figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: .85rem; color: #555; }
 nav ul { columns: 2; font-size: .9rem; }
+details { margin: .8rem 0; } summary { cursor: pointer; color: #444; }
 """
 
 
@@ -38,10 +43,16 @@ def _table(table: Table) -> str:
     body = []
     for row in table.rows:
         cells = [f"<th>{escape(row[0].text)}</th>"] if row else []
-        cells += [f"<td{_style(c.style)}>{escape(c.text)}</td>" for c in row[1:]]
+        cells += [f"<td{_style(c.style)}>{_cell_text(c)}</td>" for c in row[1:]]
         body.append("<tr>" + "".join(cells) + "</tr>")
     caption = f"<caption>{escape(table.caption)}</caption>" if table.caption else ""
     return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _cell_text(cell: Cell) -> str:
+    if cell.link and _ANCHOR.fullmatch(cell.link):
+        return f'<a href="#{cell.link}">{escape(cell.text)}</a>'
+    return escape(cell.text)
 
 
 def _plot(plot: Plot) -> str:
@@ -59,23 +70,28 @@ def _block(block: Block, anchors: dict[int, str]) -> str:
         return _table(block)
     if isinstance(block, Plot):
         return _plot(block)
+    if isinstance(block, Details):
+        inner = "\n".join(_block(b, anchors) for b in block.blocks)
+        return f"<details><summary>{escape(block.summary)}</summary>\n{inner}</details>"
     return _section(block, anchors)
 
 
 def _section(section: Section, anchors: dict[int, str]) -> str:
     level = min(max(section.level, 2), 6)
-    anchor = anchors.get(id(section))
+    anchor = section.anchor if _ANCHOR.fullmatch(section.anchor) else anchors.get(id(section))
     ident = f' id="{anchor}"' if anchor else ""
     inner = "\n".join(_block(b, anchors) for b in section.blocks)
     return f"<section><h{level}{ident}>{escape(section.title)}</h{level}>\n{inner}</section>"
 
 
 def render(doc: Document) -> str:
-    anchors = {id(s): f"s{i}" for i, s in enumerate(doc.sections, 1)}
+    """The page; its contents are folded away so the first screen is the first section (the answer)."""
+    anchors = {id(s): s.anchor if _ANCHOR.fullmatch(s.anchor) else f"s{i}" for i, s in enumerate(doc.sections, 1)}
     nav = "".join(f'<li><a href="#{anchors[id(s)]}">{escape(s.title)}</a></li>' for s in doc.sections)
     body = "\n".join(_section(s, anchors) for s in doc.sections)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{escape(doc.title)}</title><style>{_CSS}</style></head>\n"
-        f"<body><h1>{escape(doc.title)}</h1><nav><ul>{nav}</ul></nav>\n{body}\n</body></html>\n"
+        f"<body><h1>{escape(doc.title)}</h1><nav><details><summary>Contents</summary><ul>{nav}</ul></details></nav>\n"
+        f"{body}\n</body></html>\n"
     )

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ABOVE_ADAPTERS = ("batchbench.runner", "batchbench.loadgen", "batchbench.engines", "batchbench.harness",
                   "batchbench.cli", "batchbench.commands", "batchbench.options", "batchbench.pytest_plugin",
                   "batchbench.repeats", "batchbench.reports", "batchbench.scraper", "batchbench.results",
-                  "batchbench.slo", "batchbench.findings", "batchbench.validity")
+                  "batchbench.slo", "batchbench.findings", "batchbench.validity", "batchbench.progress")
 #: The core types at the bottom import nothing of batchbench but each other.
 CORE = ("batchbench.workload", "batchbench.clock", "batchbench.records", "batchbench.server_metrics")
 

@@ -25,10 +25,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchbench.adapters.base import BatchingConfig
+from batchbench.cli import main
 from batchbench.guardrails import server_summary
 from batchbench.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
-from batchbench.reports.__main__ import main
 from batchbench.reports.build import build, build_report
 from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
@@ -243,9 +243,9 @@ def test_ttft_by_bucket_table_uses_the_harness_buckets(two_engines: Path, tmp_pa
     assert row[4] == row[5] == "—"
 
 
-def test_python_m_reports_build_cli(two_engines: Path, tmp_path: Path) -> None:
+def test_batchbench_report_cli(two_engines: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli-out"
-    proc = subprocess.run([sys.executable, "-m", "batchbench.reports", "build", str(two_engines), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "batchbench", "report", str(two_engines), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.html"}
@@ -318,13 +318,13 @@ def test_baseline_can_be_an_earlier_report_json_and_the_cli_can_gate_on_it(tmp_p
     before, after = _baseline_pair(tmp_path, {"vllm": 1.20})
     build_quiet(before, tmp_path / "before-report")
     earlier = tmp_path / "before-report" / "report.json"
-    code = main(["build", str(after), "--out", str(tmp_path / "out"), "--baseline", str(earlier),
+    code = main(["report", str(after), "--out", str(tmp_path / "out"), "--baseline", str(earlier),
                  "--fail-on-regression", "--no-plots"])
-    assert code == 3
+    assert code == 1
     assert "1 regressions beyond 10%" in capsys.readouterr().out
     assert _deltas(json.loads((tmp_path / "out" / "report.json").read_text()))["vllm"]["ttft_p99"]["regression"]
     # a looser threshold lets the same change pass
-    assert main(["build", str(after), "--out", str(tmp_path / "out2"), "--baseline", str(earlier),
+    assert main(["report", str(after), "--out", str(tmp_path / "out2"), "--baseline", str(earlier),
                  "--threshold", "25", "--fail-on-regression", "--no-plots"]) == 0
 
 
@@ -365,8 +365,8 @@ def test_repeats_are_summarised_as_median_and_range(tmp_path: Path) -> None:
     assert len(table[0]) == 2  # the metric names and the one repeated series
     vllm = column(table, "vllm [continuous-bs4] concurrency=4")
     assert vllm["Repeats"] == "3"
-    assert vllm["TTFT p99 (ms)"] == "120 (100–300)"
-    assert vllm["Output tok/s"] == "1001.0 (1000.0–1002.0)"
+    assert vllm["TTFT p99 (ms)"] == "120 [100–300]"
+    assert vllm["Output tok/s"] == "1001.0 [1000.0–1002.0]"
     series = {s["engine"]: s for s in json.loads((tmp_path / "out" / "report.json").read_text())["series"]}
     assert series["vllm"]["metrics"]["ttft_p99"] == pytest.approx(0.120)
     assert series["vllm"]["spread"]["ttft_p99"] == {"median": pytest.approx(0.120), "min": pytest.approx(0.100),
@@ -423,7 +423,7 @@ def test_malformed_files_are_skipped_with_a_warning_naming_them(two_engines: Pat
     (two_engines / "benchmark.json").write_text(json.dumps({"machine_info": {}, "benchmarks": []}))
     (two_engines / "events.jsonl").write_text('{"event": "started"}\n')
 
-    code = main(["build", str(two_engines), "--out", str(tmp_path / "out"), "--no-plots"])
+    code = main(["report", str(two_engines), "--out", str(tmp_path / "out"), "--no-plots"])
     err = capsys.readouterr().err
     assert code == 0
     for name in ("torn.json", "sub/no-engine.json", "newer.json", "binary.json"):
@@ -486,19 +486,19 @@ def test_nothing_to_report_is_a_clear_error_exit(tmp_path: Path, capsys: pytest.
     results.mkdir()
     for name, text in contents.items():
         (results / name).write_text(text)
-    code = main(["build", str(results), "--out", str(tmp_path / "out")])
+    code = main(["report", str(results), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2
-    assert "reports: error: no batchbench results documents found under" in err
+    assert "batchbench: no batchbench results documents found under" in err
     assert "Traceback" not in err
     assert not (tmp_path / "out" / "report.md").exists()
 
 
 def test_missing_results_folder_and_missing_baseline_are_clear_errors(two_engines: Path, tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["build", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["build", str(two_engines), "--out", str(tmp_path / "out"), "--baseline",
+    assert main(["report", str(two_engines), "--out", str(tmp_path / "out"), "--baseline",
                  str(tmp_path / "gone")]) == 2
     assert "baseline" in capsys.readouterr().err
 

@@ -57,6 +57,7 @@ from batchbench.engines import EngineCache
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.options import add_engine_arguments, engine_options
 from batchbench.profiles import Profile, get_profile
+from batchbench.progress import EngineStart, Progress
 from batchbench.repeats import RepeatProtocol, Repeats
 from batchbench.runner import RunResult, run
 from batchbench.slo import Slo
@@ -158,58 +159,71 @@ def plan_for(name: str, profile: Profile, options: EngineOptions, levels: tuple[
 
 async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, levels: tuple[int, ...],
                  results_dir: Path, repeats: int, request_timeout_s: float, slo: Slo | None,
-                 outcome: Outcome) -> None:
+                 outcome: Outcome, progress: Progress) -> None:
     load = LoadConfig(request_timeout_s=request_timeout_s)
     protocol = RepeatProtocol(repeats=repeats, alternate=True)
     ttft_slo_s, tpot_slo_s = slo.request_limits() if slo else (None, None)
-    for name in engines:
-        plan = plan_for(name, profile, options, levels)
+    plans = {name: plan_for(name, profile, options, levels) for name in engines}
+    points = sum(len(plan.workloads) for plan in plans.values()) * repeats
+    for name, plan in plans.items():
         design = plan.design
         engine_options_here = (dataclasses.replace(options, max_model_len=design.max_model_len)
                                if design.max_model_len is not None and plan.batching is not None else options)
-        cache = EngineCache(functools.partial(_make, options=engine_options_here), max_live=1)
+        starting: list[EngineStart] = []  # the start under way: the cache makes the engine inside it
+        cache = EngineCache(functools.partial(_make, options=engine_options_here, starting=starting), max_live=1)
         try:
             try:
-                engine = await cache.get(name, plan.batching)
+                with progress.engine_starting(name) as start:
+                    starting[:] = [start]
+                    engine = await cache.get(name, plan.batching)
             except (EngineError, ImportError) as exc:
-                print(f"batchbench: skipping {name}: {exc}", file=sys.stderr)
+                progress.print(f"batchbench: skipping {name}: {exc}", err=True)
                 outcome.engine_problems[name] = str(exc)
                 continue
-            print(f"batchbench: {name} ready (started in {getattr(engine, 'startup_s', 0) or 0:.1f}s); sweeping "
-                  f"concurrency {', '.join(map(str, levels))} x {'/'.join(LAYOUTS)}, then the padding pair "
-                  f"at {design.fit}, {repeats} time(s) each ({len(plan.workloads) * repeats} runs)")
+            progress.print(f"batchbench: {name} ready (started in {getattr(engine, 'startup_s', 0) or 0:.1f}s); "
+                           f"sweeping concurrency {', '.join(map(str, levels))} x {'/'.join(LAYOUTS)}, then the "
+                           f"padding pair at {design.fit}, {repeats} time(s) each "
+                           f"({len(plan.workloads) * repeats} runs)")
             # The sweep's own shapes once, unrecorded: the engine's warm-up stops short of them.
             await LoadGenerator(engine, design.workload(design.fit, design.fit), config=load).run()
             series: dict[tuple[str, int], Repeats[RunResult]] = {key: Repeats() for key in plan.workloads}
             # Driven by hand rather than protocol.run: the runs are awaited on this loop.
             for (layout, c), repeat in protocol.schedule(series):
-                result = await run(engine, plan.workloads[(layout, c)], results_dir=results_dir,
-                                   tag=f"{layout}-c{c}", load=load, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
-                                   labels=plan.labels(layout, c, repeat))
-                s = result.summary
-                print(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, {s.output_token_throughput:7.1f} "
-                      f"out tok/s, TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} "
-                      f"p99 {_ms(s.ttft.p99 if s.ttft else None)}")
+                progress.sweep(len(outcome.results) + 1, points, f"{name} {layout} c={c} #{repeat}")
+                workload = plan.workloads[(layout, c)]
+                with progress.run(len(workload.requests), f"{layout:>13} c={c:<3} #{repeat}") as bar:
+                    result = await run(engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
+                                       ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
+                                       labels=plan.labels(layout, c, repeat), on_record=bar.observe)
+                    s = result.summary
+                    bar.finish(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, "
+                               f"{s.output_token_throughput:7.1f} out tok/s, TTFT p50 "
+                               f"{_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}")
                 for line in failure_lines(result, load.request_timeout_s):
-                    print(f"  {'':>22}  {line}")
+                    progress.print(f"  {'':>22}  {line}")
                 for warning in result.warnings():
-                    print(f"  {'':>22}  warning: {warning}")
+                    progress.print(f"  {'':>22}  warning: {warning}")
                 series[(layout, c)].add(result, result.machine)
                 outcome.results.append(result)
                 if (why := died(result)) is not None:
                     outcome.engine_problems[name] = f"died during {layout} c={c} #{repeat}: {why}"
-                    print(f"batchbench: {name} died during {layout} c={c} #{repeat}; its remaining runs are "
-                          f"skipped: {why}", file=sys.stderr)
+                    progress.print(f"batchbench: {name} died during {layout} c={c} #{repeat}; its remaining runs "
+                                   f"are skipped: {why}", err=True)
                     break
             if name not in outcome.engine_problems:
                 for line in _throughput_lines(name, series):
-                    print(line)
+                    progress.print(line)
         finally:
             await cache.close()
 
 
-def _make(name: str, batching: BatchingConfig | None, *, options: EngineOptions) -> Engine:
-    return make_engine(name, batching, options)
+def _make(name: str, batching: BatchingConfig | None, *, options: EngineOptions,
+          starting: list[EngineStart]) -> Engine:
+    """The engine the cache starts, shown on the progress display with its timeout and server log."""
+    engine = make_engine(name, batching, options)
+    if starting:
+        starting[-1].attach(engine.startup_timeout, engine.server_log)
+    return engine
 
 
 def _throughput_lines(engine: str, series: dict[tuple[str, int], Repeats[RunResult]]) -> list[str]:
@@ -259,13 +273,17 @@ def main(args: argparse.Namespace) -> int:
     print(f"batchbench: results in {run_dir}")
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
+    progress = Progress.for_terminal()
     try:
-        asyncio.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, args.repeats,
-                           timeout_s, args.slo, outcome))
+        with progress:
+            asyncio.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, args.repeats,
+                               timeout_s, args.slo, outcome, progress))
     except KeyboardInterrupt:
         # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.
-        print(f"\nbatchbench: interrupted; {len(outcome.results)} finished run(s) and any cut-short run's journal "
-              f"are in {run_dir}", file=sys.stderr)
+        # Cut short while the first engine started, nothing was measured: progress's one line said it all.
+        if outcome.results or not progress.interrupted:
+            print(f"batchbench: interrupted; {len(outcome.results)} finished run(s) and any cut-short run's "
+                  f"journal are in {run_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not outcome.results:
         print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
@@ -276,12 +294,15 @@ def main(args: argparse.Namespace) -> int:
         for name, why in outcome.engine_problems.items():
             print(f"batchbench: {name}: {why}", file=sys.stderr)
     if not args.no_report:
-        from batchbench.reports.build import ReportError, build
+        from batchbench.reports.build import ReportError, build_report
 
         try:
-            out = build(run_dir, run_dir / "report")
+            report = build_report(run_dir, run_dir / "report", slo=args.slo)
         except ReportError as exc:
             print(f"batchbench: results written, but no report: {exc}", file=sys.stderr)
             return max(status, EXIT_FAILURES)
-        print(f"batchbench: report written to {out}")
+        # The answer first, as the report's first screen gives it.
+        for sentence in (report.findings or {}).get("sentences", []):
+            print(f"  - {sentence}")
+        print(f"batchbench: report written to {report.out_dir}")
     return status

@@ -1,0 +1,169 @@
+"""``batchbench report`` and ``batchbench compare``: reports from results already on disk.
+
+``batchbench report DIR`` builds ``report.{md,html,json}`` from every results
+document under ``DIR`` (the same report ``batchbench run`` writes at its end),
+optionally against a ``--baseline``: an earlier results folder, results
+document or report.json.
+
+``batchbench compare A B`` puts two result folders side by side: per engine,
+layout (and other labels) and metric, B's median against A's, the change, and
+whether it is within noise. Repeats of one measurement are compared as
+medians; a change counts only beyond ``--threshold`` percent *and* outside A's
+own min-max over its repeats (inside it, the machine's noise could have made
+it), which is the rule a report's baseline comparison uses
+(:func:`batchbench.reports.compare.delta`).
+
+Exit status: 0 done; 1 with ``--fail-on-regression`` when a metric regressed
+beyond the threshold (so CI can gate on it); 2 nothing to report (no results,
+an unreadable baseline) or a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from batchbench.commands.common import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
+from batchbench.reports import fmt
+from batchbench.reports.build import ReportError, build_report, load_rows
+from batchbench.reports.compare import DEFAULT_THRESHOLD_PCT, BaselineComparison, Delta, compare
+from batchbench.reports.content import format_metric
+from batchbench.reports.model import METRICS_BY_KEY, display_name
+from batchbench.slo import Slo
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, not {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {text}")
+    return value
+
+
+def _slo(text: str) -> Slo:
+    try:
+        return Slo.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _gate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threshold", type=_threshold, default=DEFAULT_THRESHOLD_PCT, metavar="PCT",
+                   help=f"percent change that counts as a change (default {DEFAULT_THRESHOLD_PCT:g})")
+    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any metric regressed")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Adds ``batchbench report`` and ``batchbench compare`` to the top-level parser."""
+    rep = sub.add_parser("report", help="build report.md, report.html and report.json from results on disk",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rep.add_argument("results_dir", type=Path, metavar="DIR", help="folder searched recursively for results")
+    rep.add_argument("--out", type=Path, default=None, metavar="OUT",
+                     help="where the report files go (default: DIR/report)")
+    rep.add_argument("--baseline", type=Path, default=None, metavar="EARLIER",
+                     help="an earlier results folder, results document or report.json to compare against")
+    rep.add_argument("--slo", type=_slo, default=None, metavar="OBJECTIVES",
+                     help="objectives for the findings' goodput, e.g. ttft_p99=200ms,tpot_p50=50ms")
+    rep.add_argument("--no-plots", action="store_true", help="skip the figures (faster; HTML without images)")
+    _gate_arguments(rep)
+    rep.set_defaults(handler=main)
+
+    cmp = sub.add_parser("compare", help="two result folders side by side: the change per metric, and whether "
+                         "it is within noise", description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    cmp.add_argument("a", type=Path, metavar="A", help="the earlier results (folder, document or report.json)")
+    cmp.add_argument("b", type=Path, metavar="B", help="the later results, compared against A")
+    _gate_arguments(cmp)
+    cmp.set_defaults(handler=main_compare)
+
+
+def _warn(message: str) -> None:
+    print(f"batchbench: warning: {message}", file=sys.stderr)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``batchbench report``."""
+    out = args.out if args.out is not None else args.results_dir / "report"
+    try:
+        result = build_report(args.results_dir, out, baseline=args.baseline, threshold_pct=args.threshold,
+                              plots=not args.no_plots, warn=_warn, slo=args.slo)
+    except ReportError as exc:
+        print(f"batchbench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    runs = result.inputs.runs
+    partial = sum(r.partial for r in runs)
+    print(f"batchbench: {len(runs)} runs ({partial} partial) -> {', '.join(str(f) for f in result.files)}")
+    for sentence in (result.findings or {}).get("sentences") or []:
+        print(f"  {sentence}")
+    if result.baseline is not None:
+        print(f"batchbench: {result.regressions} regressions beyond {args.threshold:g}% against {args.baseline}")
+        if args.fail_on_regression and result.regressions:
+            return EXIT_FAILURES
+    return EXIT_OK
+
+
+def verdict(d: Delta) -> str:
+    """What a change means: beyond the threshold and outside A's repeats, or within noise."""
+    if d.regression:
+        return "REGRESSION"
+    if d.improvement:
+        return "improved"
+    if d.baseline is None or d.current is None:
+        return "not comparable"
+    return "within noise"
+
+
+def _spread_text(row: dict[str, Any], metric: str, value: float | None) -> str:
+    spec = METRICS_BY_KEY[metric]
+    spread = (row.get("spread") or {}).get(metric) if isinstance(row.get("spread"), dict) else None
+    text = format_metric(spec, value)
+    if isinstance(spread, dict) and (spread.get("n") or 0) > 1:
+        text += f" [{format_metric(spec, spread.get('min'))}–{format_metric(spec, spread.get('max'))}]"
+    return text
+
+
+def comparison_lines(result: BaselineComparison) -> list[str]:
+    """One heading per matched series (engine, configuration, labels: the layout among them), one line per
+    metric: A, B, the change and its verdict; then what only one side has."""
+    lines: list[str] = []
+    for m in result.matches:
+        row = m.current
+        wl = row.get("workload") or {}
+        lines.append(f"{display_name(row.get('engine'), row.get('batching_label'), row.get('labels') or {})} "
+                     f"on {wl.get('name')} (A x{m.baseline.get('repeats', 1)}, B x{row.get('repeats', 1)})")
+        width = max(len(spec.title) for spec in METRICS_BY_KEY.values())
+        for d in m.deltas:
+            if d.baseline is None and d.current is None:
+                continue
+            a, b = _spread_text(m.baseline, d.metric, d.baseline), _spread_text(row, d.metric, d.current)
+            lines.append(f"  {METRICS_BY_KEY[d.metric].title:<{width}}  {a:>18} -> {b:<18} "
+                         f"{fmt.delta_pct(d.pct):>8}  {verdict(d)}")
+    for side, rows in (("A", result.only_baseline), ("B", result.only_current)):
+        for row in rows:
+            name = display_name(row.get("engine"), row.get("batching_label"), row.get("labels") or {})
+            lines.append(f"only in {side}: {name}")
+    return lines
+
+
+def main_compare(args: argparse.Namespace) -> int:
+    """``batchbench compare A B``."""
+    try:
+        a = load_rows(args.a, None, _warn, what="A")
+        b = load_rows(args.b, None, _warn, what="B")
+    except ReportError as exc:
+        print(f"batchbench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    result = compare(b, a, source=str(args.a), threshold_pct=args.threshold)
+    print(f"batchbench: B ({args.b}) against A ({args.a}): medians over repeats [min–max], change, verdict "
+          f"(a change counts beyond {args.threshold:g}% and outside A's repeats)")
+    for line in comparison_lines(result):
+        print(line)
+    n = result.regressions
+    print(f"batchbench: {n} regression{'s' if n != 1 else ''}, "
+          f"{sum(d.improvement for m in result.matches for d in m.deltas)} improvements in {len(result.matches)} "
+          "matched series")
+    return EXIT_FAILURES if args.fail_on_regression and n else EXIT_OK

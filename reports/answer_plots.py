@@ -1,0 +1,206 @@
+"""The figures behind the answer, drawn from the findings' points (medians with their intervals).
+
+Each engine and layout is one line: the engine gives the colour (the same as in
+every other figure of the report), the layout the line style. Error bars are
+the points' intervals, so a reader sees at a glance which differences are
+within noise. Regimes are shaded as a halo behind each point, in the regime's
+colour: with several lines on one axis, bands across the whole plot would say
+nothing about which line they belong to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from batchbench.reports import plots
+from batchbench.reports.answer import Findings, engines
+from batchbench.reports.document import Block, Para, Plot, Section
+from batchbench.reports.fmt import num
+from batchbench.reports.model import Run
+from batchbench.reports.plots import to_png
+
+#: Halo colour of each regime (the order they come in along a sweep).
+REGIME_COLORS = {"under-utilised": "tab:blue", "sweet-spot": "tab:green", "memory-bound": "tab:orange",
+                 "saturated": "tab:red"}
+_STYLES = ["-", "--", ":", "-."]
+
+Value = Callable[[dict[str, Any]], "tuple[float, float, float] | None"]
+
+
+def _iv(key: str, scale: float = 1.0) -> Value:
+    """A point's interval under ``key`` as (median, low, high), scaled; None without a median."""
+
+    def get(point: dict[str, Any]) -> tuple[float, float, float] | None:
+        found = point.get(key)
+        if not isinstance(found, dict) or (m := num(found.get("median"))) is None:
+            return None
+        low, high = num(found.get("low")), num(found.get("high"))
+        return m * scale, (low if low is not None else m) * scale, (high if high is not None else m) * scale
+
+    return get
+
+
+def _concurrency(point: dict[str, Any]) -> tuple[float, float, float] | None:
+    c = num(point.get("concurrency"))
+    return None if c is None else (c, c, c)
+
+
+def _lines(findings: Findings) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """(engine, layout, its valid points by concurrency) for every line worth drawing."""
+    out = []
+    for engine, layout, data in engines(findings):
+        points = [p for p in data.get("points") or [] if isinstance(p, dict) and p.get("valid", True)
+                  and num(p.get("concurrency")) is not None]
+        if points:
+            out.append((engine, layout, sorted(points, key=lambda p: num(p["concurrency"]) or 0.0)))
+    return out
+
+
+def _draw(ax: Axes, findings: Findings, colors: dict[str, str], x: Value, y: Value, *, label_points: bool,
+          halos: bool) -> bool:
+    """One line per engine and layout on ``ax``; False when no point had both figures."""
+    drawn = False
+    lines = _lines(findings)
+    layouts = sorted({layout for _, layout, _ in lines})  # one style per layout, the same for every engine
+    for engine, layout, points in lines:
+        pairs = [(p, xv, yv) for p in points if (xv := x(p)) is not None and (yv := y(p)) is not None]
+        if not pairs:
+            continue
+        drawn = True
+        color = colors.get(engine, "C0")
+        style = _STYLES[layouts.index(layout) % len(_STYLES)]
+        xs, ys = [xv[0] for _, xv, _ in pairs], [yv[0] for _, _, yv in pairs]
+        ax.errorbar(xs, ys, xerr=[[xv[0] - xv[1] for _, xv, _ in pairs], [xv[2] - xv[0] for _, xv, _ in pairs]],
+                    yerr=[[yv[0] - yv[1] for _, _, yv in pairs], [yv[2] - yv[0] for _, _, yv in pairs]],
+                    fmt=style + "o", color=color, markersize=5, capsize=2, linewidth=1.5, label=f"{engine} {layout}")
+        for p, xv, yv in pairs:
+            if halos and p.get("regime") in REGIME_COLORS:
+                ax.scatter([xv[0]], [yv[0]], s=260, color=REGIME_COLORS[p["regime"]], alpha=0.25, zorder=0,
+                           linewidths=0)
+            if label_points:
+                ax.annotate(f"c={p.get('concurrency')}", (xv[0], yv[0]), textcoords="offset points", xytext=(5, 4),
+                            fontsize=7, color=color)
+    if drawn:
+        ax.grid(True, alpha=0.3)
+    return drawn
+
+
+def _legend(fig: Figure, ax: Axes, halos: bool) -> None:
+    handles, _ = ax.get_legend_handles_labels()
+    if halos:
+        handles += [Patch(color=c, alpha=0.35, label=regime) for regime, c in REGIME_COLORS.items()]
+    fig.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95))
+
+
+def latency_throughput(findings: Findings, colors: dict[str, str]) -> bytes | None:
+    """TTFT p99 and TPOT p50 against output tokens/s, points labelled by batch size, regimes shaded."""
+    fig = Figure(figsize=(11, 4.5))
+    ax_ttft, ax_tpot = fig.subplots(1, 2)
+    tok = _iv("output_tok_s")
+    drawn = _draw(ax_ttft, findings, colors, tok, _iv("ttft_p99_s", 1000), label_points=True, halos=True)
+    _draw(ax_tpot, findings, colors, tok, _iv("tpot_p50_s", 1000), label_points=True, halos=True)
+    if not drawn:
+        return None
+    for ax, what in ((ax_ttft, "TTFT p99 (ms)"), (ax_tpot, "TPOT p50 (ms)")):
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel(what)
+        ax.set_xlim(left=0)
+    fig.suptitle("Latency vs throughput (points: batch size c; halo: regime)")
+    _legend(fig, ax_ttft, halos=True)
+    return to_png(fig)
+
+
+def by_batch_size(findings: Findings, colors: dict[str, str]) -> bytes | None:
+    """Output tokens/s and TTFT p99 against the batch size (concurrency)."""
+    fig = Figure(figsize=(11, 4))
+    ax_tok, ax_ttft = fig.subplots(1, 2)
+    if not _draw(ax_tok, findings, colors, _concurrency, _iv("output_tok_s"), label_points=False, halos=False):
+        return None
+    _draw(ax_ttft, findings, colors, _concurrency, _iv("ttft_p99_s", 1000), label_points=False, halos=False)
+    for ax, what in ((ax_tok, "output tokens/s"), (ax_ttft, "TTFT p99 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (concurrency)")
+        ax.set_ylabel(what)
+    fig.suptitle("Throughput and first-token latency by batch size")
+    _legend(fig, ax_tok, halos=False)
+    return to_png(fig)
+
+
+def per_user(findings: Findings, colors: dict[str, str], accelerators: dict[str, int]) -> bytes | None:
+    """Tokens/s per accelerator against tokens/s per user (output tokens/s over the concurrency).
+
+    The serving trade-off in one picture: up and to the right is better, and each batch size is a point on it.
+    """
+    def per_accelerator(point: dict[str, Any], engine: str) -> tuple[float, float, float] | None:
+        found = _iv("output_tok_s")(point)
+        n = max(1, accelerators.get(engine, 1))
+        return None if found is None else (found[0] / n, found[1] / n, found[2] / n)
+
+    def user(point: dict[str, Any]) -> tuple[float, float, float] | None:
+        found, c = _iv("output_tok_s")(point), num(point.get("concurrency"))
+        return None if found is None or not c else (found[0] / c, found[1] / c, found[2] / c)
+
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.add_subplot()
+    drawn = False
+    for engine in dict.fromkeys(e for e, _, _ in engines(findings)):
+        one = {**findings, "engines": {engine: findings["engines"][engine]}}
+        drawn |= _draw(ax, one, colors, user, lambda p, e=engine: per_accelerator(p, e), label_points=True,
+                       halos=False)
+    if not drawn:
+        return None
+    ax.set_xlabel("output tokens/s per user")
+    ax.set_ylabel("output tokens/s per accelerator")
+    ax.set_title("Throughput per accelerator against speed per user")
+    _legend(fig, ax, halos=False)
+    return to_png(fig)
+
+
+def _accelerators(runs: list[Run]) -> dict[str, int]:
+    """Accelerators each engine ran on: the GPUs its runs' environment lists (a CPU counts as one)."""
+    out: dict[str, int] = {}
+    for r in runs:
+        gpus = r.environment.get("gpus")
+        out[r.engine] = max(out.get(r.engine, 1), len(gpus) if isinstance(gpus, list) else 1)
+    return out
+
+
+def _memory_bound_runs(findings: dict[str, Any], runs: list[Run]) -> list[Run]:
+    """The runs of the points where each engine and layout became memory-bound, for their KV and queue timelines:
+    the finding's evidence, or (without one) the valid points classified memory-bound or saturated."""
+    wanted: list[str] = []
+    for _, _, data in engines(findings):
+        found = data.get("memory_bound_from")
+        if isinstance(found, dict):
+            wanted += [str(i) for i in found.get("evidence") or []]
+        else:
+            wanted += [str(i) for p in data.get("points") or [] if isinstance(p, dict) and p.get("valid", True)
+                       and p.get("regime") in ("memory-bound", "saturated") for i in p.get("run_ids") or []]
+    by_id = {r.run_id: r for r in runs}
+    return [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]
+
+
+def figures_section(findings: dict[str, Any], runs: list[Run], colors: dict[str, str]) -> Section:
+    """The figures behind the answer, drawn from the findings' points (medians with their intervals)."""
+    sec = Section("Figures")
+    drawn = [
+        ("Latency vs throughput: TTFT p99 and TPOT p50 against output tokens/s, one line per engine and layout, "
+         "points labelled by batch size, regimes shaded.", latency_throughput(findings, colors)),
+        ("Output tokens/s and TTFT p99 against batch size.", by_batch_size(findings, colors)),
+        ("Output tokens/s per accelerator against output tokens/s per user (per user: output tokens/s over the "
+         "concurrency).", per_user(findings, colors, _accelerators(runs))),
+    ]
+    sec.blocks += [Plot(title, png) for title, png in drawn if png is not None]
+    timelines: list[Block] = [Plot(f"KV usage and queue depth over time at a memory-bound point: {r.display_name()}",
+                                   png) for r in _memory_bound_runs(findings, runs)
+                              if (png := plots.server_timeline(r, colors.get(r.engine))) is not None]
+    if timelines:
+        sec.blocks.append(Section("KV usage and queue depth at the memory-bound points", level=3, blocks=timelines))
+    if not sec.blocks:
+        sec.blocks.append(Para("No point has the figures to plot."))
+    return sec
