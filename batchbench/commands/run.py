@@ -114,7 +114,9 @@ class EnginePlan:
     def labels(self, layout: str, concurrency: int, repeat: int) -> dict[str, Any]:
         """What findings and the report group by; ``kv_fit`` only where the design sized the KV cache."""
         d = self.design
-        return {"suite": "main", "layout": layout, "concurrency": concurrency, "repeat": repeat, "fit": d.fit,
+        # warmed_up: the engine cache's warm-up and one unrecorded pass of the sweep's own shapes came first.
+        return {"suite": "main", "layout": layout, "concurrency": concurrency, "repeat": repeat, "warmed_up": True,
+                "fit": d.fit,
                 "kv_fit": d.fit if d.block_size is not None and self.batching is not None else None,
                 "kv_capacity_tokens": self.batching.kv_capacity_tokens if self.batching else None,
                 "design": d.describe()}
