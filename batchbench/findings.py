@@ -1106,6 +1106,31 @@ def _padding_sentence(engine: str, cost: PaddingCost) -> str:
     return text + "."
 
 
+#: Short names for validity's reasons, by a phrase each reason of that kind contains (batchbench.validity).
+_REASON_KINDS = (("other processes took", "machine busy"), ("event loop was busy", "client saturated"),
+                 ("lagged their schedule", "schedule lag"), ("not warmed up", "not warmed up"),
+                 ("failed", "failed requests"), ("no request succeeded", "failed requests"),
+                 ("cut short", "cut short"))
+
+
+def _by_kind(reason_lists: Iterable[Sequence[str]]) -> str:
+    """``machine busy: 19, failed requests: 2``: how many of the points or runs had each kind of first reason."""
+    counts: dict[str, int] = {}
+    for reasons in reason_lists:
+        reason = reasons[0] if reasons else "?"
+        kind = next((name for phrase, name in _REASON_KINDS if phrase in reason), reason)
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{kind}: {n}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _levels(points: Sequence[tuple[str, str, PointFindings]]) -> str:
+    """``vllm continuous at 1, 2; hf-static static-waves at 8``: the points, grouped by engine and layout."""
+    grouped: dict[tuple[str, str], list[int]] = {}
+    for engine, layout, p in points:
+        grouped.setdefault((engine, layout), []).append(p.concurrency)
+    return "; ".join(f"{e} {layout} at {', '.join(map(str, sorted(cs)))}" for (e, layout), cs in grouped.items())
+
+
 def sentences(findings: Findings) -> list[str]:
     """The answer in plain English, most important first: engines against each other, then each engine's curve,
     what continuous batching bought, the SLO, the recommendation, padding; last what was left out and why."""
@@ -1137,16 +1162,15 @@ def sentences(findings: Findings) -> list[str]:
             out.append(_padding_sentence(engine, mixed.padding_cost))
     invalid = findings.invalid_points
     if invalid:
-        listed = "; ".join(f"{e} {layout} batch {p.concurrency} ({p.invalid_reasons[0] if p.invalid_reasons else '?'})"
-                           for e, layout, p in invalid)
-        out.append(f"{len(invalid)} point(s) invalid, shown but left out of the findings: {listed}.")
+        out.append(f"{len(invalid)} point(s) invalid, shown but left out of the findings ("
+                   f"{_by_kind(p.invalid_reasons[:1] for _, _, p in invalid)}): {_levels(invalid)}.")
     excluded = [(e, layout, p) for e, ls in findings.engines.items() for layout, f in ls.items()
                 for p in f.points if p.excluded_runs]
     if excluded:
         count = sum(len(p.excluded_runs) for _, _, p in excluded)
-        out.append(f"{count} invalid run(s) left out of otherwise valid points: " + "; ".join(
-            f"{e} {layout} batch {p.concurrency}: {run} ({reasons[0]})"
-            for e, layout, p in excluded for run, reasons in p.excluded_runs) + ".")
+        out.append(f"{count} invalid run(s) left out of otherwise valid points ("
+                   f"{_by_kind(reasons[:1] for _, _, p in excluded for _, reasons in p.excluded_runs)}): "
+                   f"{_levels(excluded)}; each run and its reason is in the report.")
     if findings.skipped:
         out.append(f"{len(findings.skipped)} document(s) not used: {'; '.join(findings.skipped)}.")
     return out

@@ -201,8 +201,9 @@ def test_an_invalid_point_is_kept_flagged_and_left_out_of_the_curve() -> None:
     assert found.to_dict()["invalid_points"] == [
         {"engine": "alpha", "layout": "continuous", "concurrency": 8,
          "reasons": ["5 of 240 requests failed (timeout 5)"]}]
-    assert any(s.startswith("1 point(s) invalid") and "batch 8 (5 of 240 requests failed" in s
-               for s in found.sentences)
+    # One sentence, however many points: counted by kind of reason, listed by engine and layout.
+    assert "1 point(s) invalid, shown but left out of the findings (failed requests: 1): alpha continuous at 8." \
+        in found.sentences
 
 
 def test_repeats_give_the_range_and_an_invalid_repeat_is_excluded_not_dropped() -> None:
