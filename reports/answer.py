@@ -115,26 +115,39 @@ def recommended_text(found: Any) -> str:
         parts.append(f"latency pool max_num_seqs {found['latency_pool_max_num_seqs']}")
     if found.get("throughput_pool_concurrency") is not None:
         parts.append(f"throughput pool concurrency {found['throughput_pool_concurrency']}")
-    why = f": {found['why']}" if found.get("why") else ""
-    return ("; ".join(parts) or "no recommendation") + why
+    if not parts:  # the reason already says there is none
+        return str(found.get("why") or "no recommendation")
+    return "; ".join(parts) + (f": {found['why']}" if found.get("why") else "")
+
+
+#: Layouts that are a padding comparison at one batch size, not a curve: only their padding cost is a finding.
+PADDING_LAYOUTS = ("padded-mixed", "homogeneous")
 
 
 def engine_table(findings: Findings, engine: str, links: dict[tuple[str, str], str]) -> Table:
-    """One engine's answer: a row per finding, a column per layout, each cell linked to its evidence."""
-    layouts = [(layout, data) for e, layout, data in engines(findings) if e == engine]
+    """One engine's answer: a row per finding, a column per curve layout, each cell linked to its evidence;
+    the padding cost in a row of its own, from the padding pair."""
+    mine = [(layout, data) for e, layout, data in engines(findings) if e == engine]
+    layouts = [(layout, data) for layout, data in mine if layout not in PADDING_LAYOUTS]
+    padding = [(layout, data) for layout, data in mine if isinstance(data.get("padding_cost"), dict)]
     slo = findings.get("slo")
     rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("Sweet spot", lambda d: sweet_spot_text(d.get("sweet_spot"))),
         ("Memory-bound from", lambda d: memory_bound_text(d.get("memory_bound_from"))),
         ("Max goodput under SLO", lambda d: goodput_text(d.get("max_goodput_under_slo"), slo)),
         ("Continuous vs static", lambda d: continuous_text(d.get("continuous_over_static"))),
-        ("Padding cost", lambda d: padding_text(d.get("padding_cost"))),
         ("Recommended", lambda d: recommended_text(d.get("recommended"))),
     ]
-    return Table(["Finding", *(layout for layout, _ in layouts)],
-                 [[Cell(name)] + [Cell(text(data), link=links[(engine, layout)]) for layout, data in layouts]
-                  for name, text in rows],
-                 caption="median [low–high] over repeats (or a bootstrap interval); each cell links to its evidence.")
+    table = [[Cell(name)] + [Cell(text(data), link=links[(engine, layout)]) for layout, data in layouts]
+             for name, text in rows]
+    if layouts:
+        for layout, data in padding or [(None, {})]:
+            cell = Cell(padding_text(data.get("padding_cost")), link=links.get((engine, layout), "") if layout else "")
+            table.append([Cell("Padding cost")] + [cell] + [Cell("")] * (len(layouts) - 1))
+    return Table(["Finding", *(layout for layout, _ in layouts)], table,
+                 caption="median [low–high] over repeats (or a bootstrap interval); each cell links to its evidence. "
+                         "Padding cost: one long prompt among short ones against all short, one wave at the "
+                         "engine's batch size.")
 
 
 def invalid_text(item: dict[str, Any]) -> str:
