@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from batchbench.commands import run
+from batchbench.commands import bench, capacity, run
 
 #: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.
-COMMANDS = (run,)
+COMMANDS = (run, bench, capacity)
 
 
 def parser() -> argparse.ArgumentParser:
