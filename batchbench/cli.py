@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from batchbench.commands import report, run
+from batchbench.commands import bench, capacity, report, run
 
 #: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.
-COMMANDS = (run, report)
+COMMANDS = (run, bench, capacity, report)
 
 
 def parser() -> argparse.ArgumentParser:

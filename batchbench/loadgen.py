@@ -32,12 +32,17 @@ class LoadConfig:
     request_timeout_s: float = 120.0
     #: Bound on concurrently open requests in open-loop mode.
     max_in_flight: int = 2048
+    #: Send no new request this many seconds after the run starts (a run of a set duration); those in
+    #: flight finish, and requests never sent are not recorded. None: send the whole workload.
+    send_until_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, not {self.request_timeout_s}")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, not {self.max_in_flight}")
+        if self.send_until_s is not None and not self.send_until_s > 0:
+            raise ValueError(f"send_until_s must be > 0, not {self.send_until_s}")
 
 
 class LoadGenerator:
@@ -92,6 +97,9 @@ class LoadGenerator:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await slots.acquire()
+                if self._past_deadline():
+                    slots.release()
+                    break
                 tasks.append(asyncio.create_task(release(request, scheduled)))
             await asyncio.gather(*tasks)
         finally:
@@ -103,6 +111,8 @@ class LoadGenerator:
 
         async def worker() -> None:
             for request in requests:  # a shared iterator: each request is taken once
+                if self._past_deadline():
+                    return
                 await self._send(request, now())
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -110,8 +120,14 @@ class LoadGenerator:
     async def _waves(self, size: int) -> None:
         requests = self.workload.requests
         for wave, start in enumerate(range(0, len(requests), size)):
+            if self._past_deadline():
+                return
             scheduled = now()
             await asyncio.gather(*(self._send(r, scheduled, wave) for r in requests[start:start + size]))
+
+    def _past_deadline(self) -> bool:
+        until = self.config.send_until_s
+        return until is not None and now() - self.t0 >= until
 
     async def _send(self, request: Request, scheduled: float, wave: int | None = None) -> None:
         self.in_flight += 1

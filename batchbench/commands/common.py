@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import uuid
 from pathlib import Path
 
 from batchbench.runner import RunResult
+from batchbench.slo import Slo
 
 #: Exit statuses (the README lists them).
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENGINE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -73,3 +75,19 @@ def failure_lines(result: RunResult, timeout_s: float) -> list[str]:
         lines.append(f"{kinds['timeout']} request(s) hit the {timeout_s:g}s request timeout: this run's duration, "
                      "and so its throughput, include that wait (--request-timeout)")
     return lines
+
+
+def write_report(run_dir: Path, status: int, slo: Slo | None) -> int:
+    """Build the run folder's report under ``slo``, print the findings' sentences (the answer first, as the
+    report's first screen gives it) and where it went; the exit status, raised to 1 if no report could be built."""
+    from batchbench.reports.build import ReportError, build_report  # the report is the last step, and heavy
+
+    try:
+        report = build_report(run_dir, run_dir / "report", slo=slo)
+    except ReportError as exc:
+        print(f"batchbench: results written, but no report: {exc}", file=sys.stderr)
+        return max(status, EXIT_FAILURES)
+    for sentence in (report.findings or {}).get("sentences", []):
+        print(f"  - {sentence}")
+    print(f"batchbench: report written to {report.out_dir}")
+    return status

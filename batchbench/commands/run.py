@@ -52,6 +52,7 @@ from batchbench.commands.common import (
     make_run_dir,
     positive_int,
     positive_seconds,
+    write_report,
 )
 from batchbench.engines import EngineCache
 from batchbench.loadgen import LoadConfig, LoadGenerator
@@ -67,7 +68,7 @@ from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Adds ``batchbench run`` to the top-level parser."""
-    run_p = sub.add_parser("run", help="the main job: run the standard comparison and build the report",
+    run_p = sub.add_parser("run", help="the main job: each engine's batch-size sweep, its findings and the report",
                            description=__doc__)
     add_engine_arguments(run_p.add_argument)
     run_p.add_argument("--repeats", type=positive_int, default=3,
@@ -295,16 +296,4 @@ def main(args: argparse.Namespace) -> int:
         status = EXIT_ENGINE
         for name, why in outcome.engine_problems.items():
             print(f"batchbench: {name}: {why}", file=sys.stderr)
-    if not args.no_report:
-        from batchbench.reports.build import ReportError, build_report
-
-        try:
-            report = build_report(run_dir, run_dir / "report", slo=args.slo)
-        except ReportError as exc:
-            print(f"batchbench: results written, but no report: {exc}", file=sys.stderr)
-            return max(status, EXIT_FAILURES)
-        # The answer first, as the report's first screen gives it.
-        for sentence in (report.findings or {}).get("sentences", []):
-            print(f"  - {sentence}")
-        print(f"batchbench: report written to {report.out_dir}")
-    return status
+    return status if args.no_report else write_report(run_dir, status, args.slo)

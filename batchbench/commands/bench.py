@@ -1,0 +1,169 @@
+"""``batchbench bench``: one workload of your own against any engine, at each concurrency or rate given.
+
+The workload is synthetic lengths (``--input-len``, ``--output-len``: a number, or a distribution
+such as ``uniform:64:256`` or ``lognormal:128:0.8``) or a dataset (``--dataset FILE``: JSONL prompts,
+token ids or text, or ShareGPT JSON; text is tokenised with the served model's tokenizer). The same
+requests are sent at every level: ``--concurrency 1,4,16`` keeps that many in flight (closed loop),
+``--rate 2,8,inf`` sends that many per second (``--arrival poisson|gamma``; ``inf`` all at once).
+Each level is run ``--repeats`` times; each run writes a results document into a folder of its own,
+``RESULTS_DIR/bench-YYYYmmdd-HHMMSS-xxxx``, with ``bench.json`` (every run's SLO verdict, workload
+parity and failure reason) and the report.
+
+With ``--slo ttft_p99=200ms,tpot_p99=50ms`` each run is checked against the objectives, and goodput
+counts the requests within the TTFT and TPOT limits. Each run also checks workload parity: an engine
+whose own prompt or output token counts differ from the workload's is flagged.
+
+A level whose requests all fail (the engine died, every request timed out) is recorded as failed with
+the reason; the sweep goes on (an engine that died is started again), or stops there with
+``--stop-on-error``.
+
+Exit status: 0 every run succeeded; 1 measured, but some requests or levels failed; 2 a usage error
+(nothing started); 3 an engine could not run or died; 130 interrupted (what was measured is on disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchbench.adapters.base import BatchingConfig, EngineError
+from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.commands.common import EXIT_INTERRUPTED, EXIT_USAGE, make_run_dir
+from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
+from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan
+from batchbench.engines import EngineCache
+from batchbench.options import add_engine_arguments, engine_options
+from batchbench.profiles import get_profile
+from batchbench.slo import Slo
+
+
+def concurrency_list(text: str) -> list[float]:
+    """``1,4,16`` -> levels; each a whole number of at least 1."""
+    levels = []
+    for part in text.split(","):
+        try:
+            value = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers separated by commas, e.g. 1,4,16") \
+                from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: a concurrency must be at least 1, not {value}")
+        levels.append(float(value))
+    return levels
+
+
+def rate_list(text: str) -> list[float]:
+    """``2,8,inf`` -> levels in requests/s; each more than 0 (``inf``: every request at once)."""
+    levels = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected requests/s separated by commas, e.g. 2,8,inf") \
+                from None
+        if math.isnan(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: a rate must be more than 0 requests/s, not {part.strip()}")
+        levels.append(value)
+    return levels
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Adds ``batchbench bench`` to the top-level parser."""
+    p = sub.add_parser("bench", help="your workload (lengths or a dataset) at each concurrency or rate, with SLOs",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_arguments(p.add_argument)
+    levels = p.add_mutually_exclusive_group()
+    levels.add_argument("--concurrency", type=concurrency_list, default=None, metavar="LIST",
+                        help="requests kept in flight; a comma list is a sweep (default: the profile's, 8 quick)")
+    levels.add_argument("--rate", type=rate_list, default=None, metavar="LIST",
+                        help="requests sent per second (inf: all at once); a comma list is a sweep")
+    add_workload_arguments(p)
+    on_error = p.add_mutually_exclusive_group()
+    on_error.add_argument("--stop-on-error", dest="stop_on_error", action="store_true",
+                          help="stop the sweep at the first level that fails outright")
+    on_error.add_argument("--keep-going", dest="stop_on_error", action="store_false",
+                          help="measure every level even after one failed (the default)")
+    p.set_defaults(handler=main, stop_on_error=False)
+
+
+@dataclass
+class Sweep:
+    """What one invocation measured, and which engines could not run (name -> why)."""
+
+    points: list[PointResult] = field(default_factory=list)
+    engine_problems: dict[str, str] = field(default_factory=dict)
+
+    def document(self, kind: LevelKind, slo: Slo | None, notes: list[str]) -> dict[str, Any]:
+        return {"command": "bench", "by": kind, "slo": slo.to_dict() if slo else None, "notes": notes,
+                "runs": [p.to_dict() for p in self.points], "engine_problems": dict(self.engine_problems)}
+
+
+async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None,
+                 work: WorkloadPlan, kind: LevelKind, levels: list[float], args: argparse.Namespace, run_dir: Path,
+                 timeout_s: float, sweep: Sweep) -> None:
+    cache = EngineCache(lambda name, config: make_engine(name, config, options), max_live=1)
+    load = work.load(timeout_s)
+    try:
+        for name in engines:
+            session = EngineSession(cache, name, batching)
+            try:
+                for level in levels:
+                    for repeat in range(args.repeats):
+                        point = await session.measure(work, kind, level, repeat, run_dir=run_dir, suite="bench",
+                                                      slo=args.slo, load=load, scrape_interval_s=args.scrape_interval)
+                        sweep.points.append(point)
+                        write_summary(run_dir / "bench.json", sweep.document(kind, args.slo, work.notes))
+                        if point.status == "failed" and args.stop_on_error:
+                            raise _Stop(f"{level_text(kind, level)} #{repeat} failed: {point.reason}")
+            except (EngineError, ImportError) as exc:
+                print(f"batchbench: {name} cannot run: {exc}", file=sys.stderr)
+                sweep.engine_problems[name] = str(exc)
+            except _Stop as stop:
+                print(f"batchbench: {name}: stopping the sweep (--stop-on-error): {stop}", file=sys.stderr)
+            await cache.release(name, batching)
+    finally:
+        await cache.close()
+        write_summary(run_dir / "bench.json", sweep.document(kind, args.slo, work.notes))
+
+
+class _Stop(Exception):
+    """--stop-on-error: a level failed outright."""
+
+
+def main(args: argparse.Namespace) -> int:
+    profile = get_profile(args.profile)
+    kind: LevelKind = "rate" if args.rate is not None else "concurrency"
+    levels = args.rate if args.rate is not None else (args.concurrency or [float(profile.concurrency)])
+    try:
+        engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
+                                          launch=args.launch, profile=profile, results_dir=args.results_dir)
+        if len(args.batching) > 1:
+            raise ValueError("--batching: bench measures one configuration per invocation; give it once")
+        batching = BatchingConfig.parse(args.batching[0]) if args.batching else None
+        work = plan(args, profile, kind=kind, levels=levels)
+    except ValueError as exc:
+        print(f"batchbench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        run_dir = make_run_dir(args.results_dir, "bench")
+    except OSError as exc:
+        print(f"batchbench: cannot write results under {args.results_dir}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"batchbench: results in {run_dir}")
+    for note in work.notes:
+        print(f"batchbench: {note}")
+    sweep = Sweep()
+    timeout_s = args.request_timeout or profile.request_timeout_s
+    try:
+        asyncio.run(_sweep(engines, options, batching, work, kind, levels, args, run_dir, timeout_s, sweep))
+    except KeyboardInterrupt:
+        print(f"\nbatchbench: interrupted; {len(sweep.points)} finished run(s), any cut-short run's journal and "
+              f"bench.json are in {run_dir}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return finish(run_dir, sweep.points, sweep.engine_problems, no_report=args.no_report, slo=args.slo)
+

@@ -1,0 +1,150 @@
+"""``batchbench capacity --slo ttft_p99=200ms,...``: the highest concurrency (or rate) that meets the SLO.
+
+The search (:mod:`batchbench.capacity`) doubles the level from ``--start`` while it meets the SLO (up to
+``--max``), then bisects between the last level that met it and the first that did not: to the exact
+whole number for concurrency (``--by concurrency``, the default), to ``--tolerance`` (relative) for
+rates (``--by rate``). Each level is run up to ``--repeats`` times and meets the SLO only if every
+repeat does (a capacity is a promise; the first miss settles the level). A level whose requests all
+failed (timeouts, the engine died) misses it, for that reason. The workload options are ``bench``'s.
+
+It prints, per engine, the capacity with its goodput and the first failing level with the objective
+it missed, and writes every run's results document, ``capacity.json`` (every level measured, with its
+verdicts) and the report into ``RESULTS_DIR/capacity-YYYYmmdd-HHMMSS-xxxx``.
+
+Exit status: 0 a capacity was found for every engine; 1 some engine met the SLO at no level tried;
+2 a usage error (nothing started); 3 an engine could not run or died; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchbench.adapters.base import BatchingConfig, EngineError
+from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.capacity import CapacityResult, Search
+from batchbench.commands.common import EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, make_run_dir
+from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
+from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan, positive_number
+from batchbench.engines import EngineCache
+from batchbench.options import add_engine_arguments, engine_options
+from batchbench.profiles import get_profile
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Adds ``batchbench capacity`` to the top-level parser."""
+    p = sub.add_parser("capacity", help="the highest concurrency (or rate) that meets an SLO",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_arguments(p.add_argument)
+    p.add_argument("--by", choices=["concurrency", "rate"], default="concurrency",
+                   help="search over requests in flight (closed loop) or requests/s (open loop)")
+    p.add_argument("--start", type=positive_number, default=1.0, help="first level tried (default 1)")
+    p.add_argument("--max", type=positive_number, default=1024.0, dest="max_level",
+                   help="highest level tried (default 1024)")
+    p.add_argument("--min", type=positive_number, default=None, dest="min_level",
+                   help="lowest level tried when --start fails (default 1 for concurrency, start/64 for rate)")
+    p.add_argument("--tolerance", type=positive_number, default=0.1,
+                   help="rates: stop when the bracket is within this fraction of the capacity (default 0.1)")
+    add_workload_arguments(p, slo_required=True)
+    p.set_defaults(handler=main)
+
+
+@dataclass
+class Found:
+    """What the invocation measured: every point, each engine's search result, and engines that could not run."""
+
+    points: list[PointResult] = field(default_factory=list)
+    results: dict[str, CapacityResult] = field(default_factory=dict)
+    engine_problems: dict[str, str] = field(default_factory=dict)
+
+    def document(self, kind: LevelKind, args: argparse.Namespace) -> dict[str, Any]:
+        return {"command": "capacity", "by": kind, "slo": args.slo.to_dict(),
+                "rule": "a level meets the SLO only if every repeat does", "repeats": args.repeats,
+                "engines": {name: r.to_dict() for name, r in self.results.items()},
+                "runs": [p.to_dict() for p in self.points], "engine_problems": dict(self.engine_problems)}
+
+
+def _search(args: argparse.Namespace, kind: LevelKind) -> Search:
+    integer = kind == "concurrency"
+    min_level = args.min_level or (1.0 if integer else args.start / 64)
+    return Search(start=args.start, max_level=args.max_level, integer=integer, min_level=min_level,
+                  tolerance=args.tolerance, repeats=args.repeats)
+
+
+async def _find(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None, work: WorkloadPlan,
+                kind: LevelKind, args: argparse.Namespace, run_dir: Path, timeout_s: float, found: Found) -> None:
+    cache = EngineCache(lambda name, config: make_engine(name, config, options), max_live=1)
+    load = work.load(timeout_s)
+    try:
+        for name in engines:
+            session, search = EngineSession(cache, name, batching), _search(args, kind)
+            try:
+                while (level := search.next_level()) is not None:
+                    repeat = sum(len(p.outcomes) for p in search.result().points if p.level == level)
+                    point = await session.measure(work, kind, level, repeat, run_dir=run_dir, suite="capacity",
+                                                  slo=args.slo, load=load, scrape_interval_s=args.scrape_interval)
+                    found.points.append(point)
+                    search.add(level, point.outcome())
+                    found.results[name] = search.result()
+                    write_summary(run_dir / "capacity.json", found.document(kind, args))
+            except (EngineError, ImportError) as exc:
+                print(f"batchbench: {name} cannot run: {exc}", file=sys.stderr)
+                found.engine_problems[name] = str(exc)
+                continue
+            found.results[name] = result = search.result()
+            print(_verdict_line(name, kind, result))
+            await cache.release(name, batching)
+    finally:
+        await cache.close()
+        write_summary(run_dir / "capacity.json", found.document(kind, args))
+
+
+def _verdict_line(name: str, kind: LevelKind, result: CapacityResult) -> str:
+    """The answer: the capacity and its goodput, and the first failing level with what it missed."""
+    failing = ""
+    if result.first_failing is not None:
+        failing = f"; first failing {level_text(kind, result.first_failing)}: {', '.join(result.failed)}"
+    if result.capacity is None:
+        return f"  {name}: no level met the SLO{failing}"
+    goodput = f"{result.goodput:.2f} req/s" if result.goodput is not None else "n/a"
+    ceiling = " (the --max tried: the capacity may be higher)" if result.reached_max else ""
+    return f"  {name}: capacity {level_text(kind, result.capacity)}{ceiling}, goodput {goodput}{failing}"
+
+
+def main(args: argparse.Namespace) -> int:
+    profile = get_profile(args.profile)
+    kind: LevelKind = args.by
+    try:
+        engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
+                                          launch=args.launch, profile=profile, results_dir=args.results_dir)
+        if len(args.batching) > 1:
+            raise ValueError("--batching: capacity searches one configuration per invocation; give it once")
+        batching = BatchingConfig.parse(args.batching[0]) if args.batching else None
+        _search(args, kind)  # its bounds are checked before anything starts
+        work = plan(args, profile, kind=kind, levels=[args.start, args.max_level])
+    except ValueError as exc:
+        print(f"batchbench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        run_dir = make_run_dir(args.results_dir, "capacity")
+    except OSError as exc:
+        print(f"batchbench: cannot write results under {args.results_dir}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"batchbench: results in {run_dir}; SLO {args.slo}")
+    for note in work.notes:
+        print(f"batchbench: {note}")
+    found = Found()
+    timeout_s = args.request_timeout or profile.request_timeout_s
+    try:
+        asyncio.run(_find(engines, options, batching, work, kind, args, run_dir, timeout_s, found))
+    except KeyboardInterrupt:
+        print(f"\nbatchbench: interrupted; {len(found.points)} finished run(s) and capacity.json are in {run_dir}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    status = EXIT_OK if all(r.capacity is not None for r in found.results.values()) else EXIT_FAILURES
+    return finish(run_dir, found.points, found.engine_problems, no_report=args.no_report, slo=args.slo,
+                  status=status)

@@ -1,0 +1,176 @@
+"""One measured load level (a "point") of ``bench`` and ``capacity``: warm-up, run, verdict, parity, one line.
+
+A point is one run of the plan's workload at one concurrency or rate, written as a results document
+like every run. A point whose requests all failed (the engine died, every request timed out) is a
+*failed* point with the reason; it is still written and still counted. :class:`EngineSession` keeps one
+engine for a sequence of points and starts it again after it died, so the points after a crash are
+measured on a live engine rather than all failing the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from batchbench import parity
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.capacity import Measurement
+from batchbench.commands.common import EXIT_ENGINE, EXIT_FAILURES, EXIT_OK, died, failure_lines, write_report
+from batchbench.commands.workload_args import LevelKind, WorkloadPlan
+from batchbench.engines import EngineCache
+from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.runner import RunResult, run
+from batchbench.slo import Slo, Verdict
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """What one run at one level measured, with its verdict, parity and whether it failed outright."""
+
+    engine: str
+    kind: LevelKind
+    level: float
+    repeat: int
+    result: RunResult
+    status: Literal["ok", "failed"]
+    #: Why the point failed (None when it did not).
+    reason: str | None
+    verdict: Verdict | None
+    parity: parity.Parity
+
+    @property
+    def engine_died(self) -> str | None:
+        return died(self.result)
+
+    def outcome(self) -> Measurement:
+        """The point as the capacity search sees it: a failed point misses the SLO, for its reason."""
+        if self.status == "failed":
+            return Measurement(False, (self.reason or "failed",), self.result.summary.goodput)
+        assert self.verdict is not None, "a capacity search always has an SLO"
+        return Measurement(self.verdict.met, self.verdict.failed, self.result.summary.goodput)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.result.summary
+        return {
+            "engine": self.engine, self.kind: _level_json(self.kind, self.level), "repeat": self.repeat,
+            "status": self.status, "reason": self.reason, "path": self.result.path.name,
+            "requests": s.requests, "ok": s.ok, "output_token_throughput": s.output_token_throughput,
+            "goodput": s.goodput, "slo": self.verdict.to_dict() if self.verdict else None,
+            "parity": self.parity.to_dict(),
+        }
+
+
+def _level_json(kind: LevelKind, level: float) -> float | str:
+    """A concurrency as a whole number, a rate as a number or ``"inf"`` (JSON has no infinity)."""
+    if kind == "concurrency":
+        return int(level)
+    return "inf" if math.isinf(level) else level
+
+
+def level_text(kind: LevelKind, level: float) -> str:
+    """``c=4`` or ``rate=2.5/s``: how a level reads in lines and tags."""
+    if kind == "concurrency":
+        return f"c={int(level)}"
+    return "rate=inf" if math.isinf(level) else f"rate={level:g}/s"
+
+
+def _why_failed(result: RunResult, timeout_s: float) -> str | None:
+    """Why no request of the run succeeded; None when some did."""
+    s = result.summary
+    if s.ok or not s.requests:
+        return None if s.requests else "no request was sent"
+    if (gone := died(result)) is not None:
+        return f"the engine died or is unreachable: {gone}"
+    if s.failures.get("timeout") == s.requests:
+        return f"all {s.requests} requests timed out (--request-timeout {timeout_s:g}s)"
+    return f"all {s.requests} requests failed: {failure_lines(result, timeout_s)[0].removeprefix('failed: ')}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f}ms"
+
+
+def _line(point: PointResult) -> str:
+    s = point.result.summary
+    head = f"  {point.engine} {level_text(point.kind, point.level)} #{point.repeat}:"
+    if point.status == "failed":
+        return f"{head} FAILED: {point.reason} -> {point.result.path}"
+    text = (f"{head} {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
+            f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}, "
+            f"TPOT p50 {_ms(s.tpot.p50 if s.tpot else None)}")
+    if point.verdict is not None:
+        share = f" ({s.goodput_fraction:.0%})" if s.goodput_fraction is not None else ""
+        met = "SLO met" if point.verdict.met else f"SLO failed: {', '.join(point.verdict.failed)}"
+        text += f", goodput {s.goodput:.2f} req/s{share}, {met}"
+    return f"{text} -> {point.result.path}"
+
+
+class EngineSession:
+    """One engine across many points: started once, started again after it died, given up when it cannot start."""
+
+    def __init__(self, cache: EngineCache, name: str, batching: BatchingConfig | None) -> None:
+        self.cache = cache
+        self.name = name
+        self.batching = batching
+
+    async def engine(self) -> Engine:
+        """The running engine; raises EngineError (or ImportError) when it cannot be started."""
+        return await self.cache.get(self.name, self.batching)
+
+    async def measure(self, plan: WorkloadPlan, kind: LevelKind, level: float, repeat: int, *, run_dir: Path,
+                      suite: str, slo: Slo | None, load: LoadConfig, scrape_interval_s: float) -> PointResult:
+        """Warm up, run and judge one level; prints its line (and any warnings) as it ends."""
+        engine = await self.engine()
+        workload = plan.workload(kind, level)
+        if (warm := plan.warmup_workload(workload)) is not None:
+            await LoadGenerator(engine, warm, config=load).run()
+        ttft_s, tpot_s = slo.request_limits() if slo else (None, None)
+        labels: dict[str, Any] = {"suite": suite, kind: _level_json(kind, level), "repeat": repeat}
+        if slo is not None:
+            labels["slo"] = str(slo)
+        result = await run(engine, workload, results_dir=run_dir, tag=level_text(kind, level), load=load,
+                           scrape_interval_s=scrape_interval_s, ttft_slo_s=ttft_s, tpot_slo_s=tpot_s, labels=labels)
+        reason = _why_failed(result, load.request_timeout_s)
+        point = PointResult(self.name, kind, level, repeat, result, "failed" if reason else "ok", reason,
+                            slo.check(result.summary) if slo else None, parity.check(result.records))
+        print(_line(point))
+        if point.status == "ok":
+            for line in failure_lines(result, load.request_timeout_s):
+                print(f"      {line}")
+        for warning in [*result.warnings(), *filter(None, [point.parity.warning()])]:
+            print(f"      warning: {warning}")
+        if point.engine_died is not None:
+            print(f"batchbench: {self.name} died during {level_text(kind, level)} #{repeat}; starting it again for "
+                  "the next point", file=sys.stderr)
+            await self.cache.release(self.name, self.batching)
+        return point
+
+
+def write_summary(path: Path, doc: dict[str, Any]) -> None:
+    """The invocation's own summary (every point's verdict, parity, failure reason) beside its results documents.
+
+    Rewritten after every point, so an interrupted sweep keeps what it measured; the report builder lists it
+    among the other JSON files it does not read."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def finish(run_dir: Path, points: list[PointResult], engine_problems: dict[str, str], *, no_report: bool,
+           slo: Slo | None, status: int | None = None) -> int:
+    """The exit status (unless given) and the report, as every measuring command ends."""
+    if not points:
+        print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
+        return EXIT_ENGINE
+    if status is None:
+        clean = all(p.status == "ok" and p.result.summary.failed == 0 for p in points)
+        status = EXIT_OK if clean else EXIT_FAILURES
+    if engine_problems or any(p.engine_died for p in points):
+        status = EXIT_ENGINE
+        for name, why in engine_problems.items():
+            print(f"batchbench: {name}: {why}", file=sys.stderr)
+    return status if no_report else write_report(run_dir, status, slo)

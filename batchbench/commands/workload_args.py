@@ -1,0 +1,208 @@
+"""The user's own workload, as ``bench`` and ``capacity`` take it: lengths or a dataset, size, arrivals, SLO.
+
+:func:`add_workload_arguments` defines the options once; :func:`plan` turns them into a
+:class:`WorkloadPlan`, checking everything that can be checked before an engine starts (the dataset,
+the tokenizer, lengths against the model's context window), so a bad option costs seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from batchbench import datasets, tokenizer
+from batchbench.commands.common import positive_int, positive_seconds
+from batchbench.fixtures import tiny_model_dir
+from batchbench.loadgen import LoadConfig
+from batchbench.profiles import Profile
+from batchbench.slo import Slo
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+
+#: How a level is applied: requests kept in flight (closed loop) or sent per second (open loop).
+LevelKind = Literal["concurrency", "rate"]
+#: Requests built for a closed-loop run of a set ``--duration`` without ``--num-requests``: a ceiling the
+#: duration normally ends first.
+DURATION_REQUEST_CAP = 10_000
+#: The vocabulary synthetic prompts draw from when the model's is not known: every real model has more.
+DEFAULT_VOCAB = 2048
+DEFAULT_LENGTH = Lengths.fixed(128)
+
+
+def _type(parse: type[Lengths] | type[Slo]) -> object:
+    """An argparse type from a ``parse`` classmethod: its ValueError becomes argparse's usage error."""
+    def convert(text: str) -> Lengths | Slo:
+        try:
+            return parse.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__.lower()
+    return convert
+
+
+def positive_number(text: str) -> float:
+    """A number more than 0 (a level, a gamma shape, a tolerance)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number more than 0, not {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: bool = False) -> None:
+    """Lengths or dataset, size, warm-up, arrivals, SLO, repeats: the options ``bench`` and ``capacity`` share."""
+    lengths = "a number (fixed), uniform:LOW:HIGH, lognormal:MEDIAN:SIGMA[:LOW:HIGH] or mixed:SHORT:LONG:PERIOD"
+    parser.add_argument("--input-len", type=_type(Lengths), default=None, metavar="LENGTHS",
+                        help=f"prompt tokens: {lengths} (default 128; not with --dataset)")
+    parser.add_argument("--output-len", type=_type(Lengths), default=None, metavar="LENGTHS",
+                        help="output tokens, same forms (default 128; with --dataset it replaces the dataset's own)")
+    parser.add_argument("--dataset", type=Path, default=None, metavar="FILE",
+                        help='prompts: JSONL ({"prompt": "text"} or {"prompt_token_ids": [...]}, optional '
+                             '"output_len") or ShareGPT JSON; used in file order, cycled')
+    parser.add_argument("--tokenizer", default=None, metavar="PATH_OR_HF_ID",
+                        help="tokenizer for text datasets (default: --model's, or the embedded model's)")
+    parser.add_argument("--num-requests", type=positive_int, default=None,
+                        help="requests per run (default: the profile's; with --duration, a ceiling)")
+    parser.add_argument("--duration", type=positive_seconds, default=None, metavar="SECONDS",
+                        help="send requests for this long, then let those in flight finish")
+    parser.add_argument("--warmup", type=non_negative_int, default=0, metavar="N",
+                        help="requests sent before each run the same way, not recorded (default 0)")
+    parser.add_argument("--arrival", choices=["poisson", "gamma"], default="poisson",
+                        help="inter-arrival times of --rate runs (default poisson)")
+    parser.add_argument("--burstiness", type=positive_number, default=1.0, metavar="SHAPE",
+                        help="gamma shape of --arrival gamma: 1 is Poisson, below 1 burstier (default 1)")
+    parser.add_argument("--slo", type=_type(Slo), required=slo_required, default=None, metavar="OBJECTIVES",
+                        help="e.g. ttft_p99=200ms,tpot_p99=50ms: each run is checked, and goodput counts the "
+                             "requests within the TTFT/TPOT limits")
+    parser.add_argument("--repeats", type=positive_int, default=1, help="runs of each level (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scrape-interval", type=positive_seconds, default=0.25, metavar="SECONDS",
+                        help="how often the engine's metrics are read (default 0.25)")
+    parser.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
+                        help="per-request deadline over the whole stream (default: the profile's)")
+    parser.add_argument("--no-report", action="store_true", help="write results only")
+
+
+@dataclass
+class WorkloadPlan:
+    """The workload of each level: the same requests for every level and engine, released per level."""
+
+    name: str
+    num_requests: int
+    duration_s: float | None
+    warmup: int
+    arrival: Literal["poisson", "gamma"]
+    burstiness: float
+    seed: int
+    #: Builds ``n`` requests (released all at once; each level gives its own arrivals).
+    build: Callable[[int], Workload]
+    notes: list[str] = field(default_factory=list)
+    _built: dict[int, Workload] = field(default_factory=dict)
+
+    def workload(self, kind: LevelKind, level: float) -> Workload:
+        """The level's workload: ``level`` requests in flight, or sent at ``level``/s (``inf``: all at once)."""
+        if kind == "concurrency":
+            arrival = Arrival("closed", concurrency=int(level))
+        elif math.isinf(level):
+            arrival = Arrival("offline")
+        else:
+            arrival = Arrival(self.arrival, rate=level, burstiness=self.burstiness)
+        return self.requests(self._size(kind, level)).with_arrival(arrival)
+
+    def warmup_workload(self, workload: Workload) -> Workload | None:
+        """The first ``warmup`` requests of ``workload`` (cycled), released the same way; None without warm-up."""
+        if not self.warmup:
+            return None
+        base = workload.requests
+        requests = tuple(replace(base[i % len(base)], request_id=f"warmup-{i:05d}") for i in range(self.warmup))
+        times = [r.arrival_s for r in base[:self.warmup]] + [base[-1].arrival_s] * max(0, self.warmup - len(base))
+        spec = replace(workload.spec, name="warm-up", num_requests=self.warmup)
+        return Workload(spec, tuple(replace(r, arrival_s=t) for r, t in zip(requests, times)))
+
+    def load(self, request_timeout_s: float) -> LoadConfig:
+        return LoadConfig(request_timeout_s=request_timeout_s, send_until_s=self.duration_s)
+
+    def _size(self, kind: LevelKind, level: float) -> int:
+        if self.duration_s is None:
+            return self.num_requests
+        if kind == "rate":  # the schedule's own length is the duration
+            return min(self.num_requests, max(1, math.ceil(level * self.duration_s)))
+        return self.num_requests
+
+    def requests(self, n: int) -> Workload:
+        """``n`` requests, built once (building checks them: a dataset's lines against the context window)."""
+        if n not in self._built:
+            self._built[n] = self.build(n)
+        return self._built[n]
+
+
+def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels: list[float]) -> WorkloadPlan:
+    """The workload the options describe, every check done; ValueError with a message for the user."""
+    if args.dataset is not None and args.input_len is not None:
+        raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
+    if args.burstiness != 1.0 and args.arrival != "gamma":
+        raise ValueError("--burstiness is the shape of gamma arrivals: add --arrival gamma")
+    if args.duration is not None and kind == "rate" and any(math.isinf(v) for v in levels):
+        raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
+                         "to fill; give --num-requests")
+    num_requests = args.num_requests or (DURATION_REQUEST_CAP if args.duration else profile.num_requests)
+    output = args.output_len or DEFAULT_LENGTH
+    max_len = profile.max_model_len
+    if args.dataset is None:
+        prompt = args.input_len or DEFAULT_LENGTH
+        if prompt.max_value + output.max_value > max_len:
+            raise ValueError(f"--input-len/--output-len: up to {prompt.max_value} + {output.max_value} tokens "
+                             f"exceeds the model's max length {max_len} (--profile {profile.name})")
+
+        def synthetic(n: int) -> Workload:
+            return WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed,
+                                vocab_size=DEFAULT_VOCAB).build()
+
+        result = WorkloadPlan("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
+                              args.seed, synthetic)
+        result.requests(num_requests)
+        return result
+    dataset = datasets.load(args.dataset)
+    tok = _tokenizer(args) if dataset.needs_tokenizer else None
+
+    def from_dataset(n: int) -> Workload:
+        return datasets.build_workload(
+            dataset, num_requests=n, output=output, override_output=args.output_len is not None,
+            tokenize=tok.encode if tok else None, max_model_len=max_len, vocab_size=tok.vocab_size if tok else None,
+            seed=args.seed)
+
+    result = WorkloadPlan(f"dataset-{args.dataset.stem}", num_requests, args.duration, args.warmup, args.arrival,
+                          args.burstiness, args.seed, from_dataset)
+    if dataset.skipped:
+        result.notes.append(f"{args.dataset}: skipped {dataset.skipped} conversation(s) without a human turn "
+                            "and a reply")
+    # Every entry is checked (tokenised, against the context window) before an engine starts.
+    result.requests(max(num_requests, len(dataset.entries)))
+    return result
+
+
+def _tokenizer(args: argparse.Namespace) -> tokenizer.Tokenizer:
+    """The served model's tokenizer: ``--tokenizer``, else ``--model``'s, else the embedded model's."""
+    source = args.tokenizer or args.model
+    if source is None:
+        if args.engine_url:
+            raise ValueError(f"--dataset {args.dataset} is text, and the engine at a URL serves a model batchbench "
+                             "does not know: give --tokenizer (or --model) so prompts are tokenised as it would")
+        source = str(tiny_model_dir())
+    return tokenizer.load(source)
+

@@ -1,0 +1,158 @@
+"""``batchbench bench`` end to end against the vLLM protocol server, and every bad input refused before a start."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from batchbench.cli import main
+from batchbench.commands.common import EXIT_ENGINE, EXIT_FAILURES, EXIT_USAGE
+from tests.server_process import serving
+
+#: Nothing listens here: a usage error must be found before anything tries to reach it.
+NOWHERE = ["--engine", "vllm", "--engine-url", "vllm=http://127.0.0.1:9"]
+
+
+@pytest.fixture(scope="module")
+def fake_vllm_url() -> Iterator[str]:
+    with serving("batchbench.fixtures.protocol", "vllm", "--token-delay", "0.001", "--max-running", "64") as url:
+        yield url
+
+
+def _token_dataset(path: Path) -> Path:
+    lines = [{"prompt_token_ids": [5, 6, 7, 8], "output_len": 3}, {"prompt_token_ids": list(range(10, 30))},
+             {"prompt_token_ids": [40, 41], "output_len": 6}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_bench_sweeps_a_token_id_dataset_over_concurrencies_with_an_slo(
+        fake_vllm_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dataset = _token_dataset(tmp_path / "prompts.jsonl")
+    code = main(["bench", "--engine", "vllm", "--engine-url", f"vllm={fake_vllm_url}", "--dataset", str(dataset),
+                 "--num-requests", "6", "--concurrency", "1,4", "--slo", "ttft_p99=30s,tpot_p99=10s",
+                 "--warmup", "2", "--results-dir", str(tmp_path / "results")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (run_dir,) = (tmp_path / "results").glob("bench-*")
+    docs = [json.loads(p.read_text()) for p in sorted(run_dir.glob("vllm_*.json"))]
+    assert sorted((d["labels"]["concurrency"], d["labels"]["repeat"]) for d in docs) == [(1, 0), (4, 0)]
+    for doc in docs:
+        assert doc["labels"]["suite"] == "bench" and doc["labels"]["slo"] == "ttft_p99<=30s,tpot_p99<=10s"
+        # The dataset's requests in file order, cycled; warm-up requests are not recorded.
+        assert sorted((r["prompt_len"], r["max_tokens"]) for r in doc["records"]) == [
+            (2, 6), (2, 6), (4, 3), (4, 3), (20, 128), (20, 128)]
+        assert doc["slo"] == {"ttft_s": 30.0, "tpot_s": 10.0}  # goodput's per-request limits
+        assert doc["summary"]["good"] == 6
+    summary = json.loads((run_dir / "bench.json").read_text())
+    assert [(r["concurrency"], r["status"], r["slo"]["met"], r["parity"]["ok"]) for r in summary["runs"]] == [
+        (1, "ok", True, True), (4, "ok", True, True)]
+    assert out.count("6/6 ok") == 2 and out.count("SLO met") == 2
+    assert (run_dir / "report" / "report.json").is_file()
+
+
+def test_a_failing_objective_is_named_on_the_run_line(fake_vllm_url: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--engine", "vllm", "--engine-url", f"vllm={fake_vllm_url}", "--input-len", "8",
+                 "--output-len", "4", "--num-requests", "4", "--concurrency", "2", "--slo", "ttft_p50=1us",
+                 "--results-dir", str(tmp_path), "--no-report"])
+    out = capsys.readouterr().out
+    assert code == 0, out  # missing an SLO is a finding, not an error
+    assert "SLO failed: ttft_p50=" in out and ">0.001ms" in out
+    (run_dir,) = tmp_path.glob("bench-*")
+    (run,) = json.loads((run_dir / "bench.json").read_text())["runs"]
+    assert run["slo"]["met"] is False and run["goodput"] == 0
+
+
+def test_a_level_whose_engine_is_gone_is_recorded_as_failed_and_stop_on_error_stops_the_sweep(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 0.1 s a step: the engine's own warm-up (16 tokens a request) passes, but 100 tokens cannot come within
+    # the 0.5 s request timeout however slow or fast the machine is (a slower one only times out sooner).
+    with serving("batchbench.fixtures.protocol", "vllm", "--token-delay", "0.1", "--max-running", "16") as url:
+        code = main(["bench", "--engine", "vllm", "--engine-url", f"vllm={url}", "--input-len", "4",
+                     "--output-len", "100", "--num-requests", "2", "--concurrency", "1,2", "--request-timeout", "0.5",
+                     "--stop-on-error", "--results-dir", str(tmp_path), "--no-report"])
+    captured = capsys.readouterr()
+    assert code == EXIT_FAILURES, captured.out + captured.err
+    (run_dir,) = tmp_path.glob("bench-*")
+    (run,) = json.loads((run_dir / "bench.json").read_text())["runs"]  # c=2 never ran
+    assert run["status"] == "failed" and run["reason"] == "all 2 requests timed out (--request-timeout 0.5s)"
+    assert "stopping the sweep (--stop-on-error): c=1 #0 failed" in captured.err
+    assert len(list(run_dir.glob("vllm_*.json"))) == 1  # the failed level's results are kept
+
+
+def test_an_engine_that_cannot_be_reached_is_an_engine_error(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", *NOWHERE, "--input-len", "4", "--output-len", "4", "--num-requests", "2",
+                 "--results-dir", str(tmp_path), "--no-report"]) == EXIT_ENGINE
+    assert "vllm cannot run" in capsys.readouterr().err
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Runs the CLI expecting exit status 2 (argparse's or the command's own); returns what it printed."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code  # type: ignore[assignment]
+    captured = capsys.readouterr()
+    assert code == EXIT_USAGE, captured.out + captured.err
+    assert "results in" not in captured.out, "a usage error must be found before anything is written or started"
+    return captured.err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--slo", "ttft_p99=200"], "is not a duration"),
+    (["--slo", "latency=200ms"], "expected METRIC_STAT=LIMIT"),
+    (["--rate", "0"], "a rate must be more than 0 requests/s, not 0"),
+    (["--rate", "2,-1"], "a rate must be more than 0 requests/s, not -1"),
+    (["--concurrency", "0"], "a concurrency must be at least 1, not 0"),
+    (["--concurrency", "1,x"], "expected whole numbers separated by commas"),
+    (["--input-len", "2000", "--output-len", "100"], "exceeds the model's max length 2048"),
+    (["--input-len", "uniform:64"], "expected N, fixed:N, uniform:LOW:HIGH"),
+    (["--input-len", "uniform:9:3"], "need value >= 1 and 1 <= low <= high"),
+    (["--burstiness", "0.5"], "--burstiness is the shape of gamma arrivals"),
+    (["--rate", "inf", "--duration", "5"], "--duration with --rate inf"),
+])
+def test_bad_options_are_usage_errors_before_any_engine_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:
+    err = _usage_error(["bench", *NOWHERE, "--results-dir", str(tmp_path), *extra], capsys)
+    assert message in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("", "no prompts in it"),
+    ("\n\n", "no prompts in it"),
+    ('{"prompt_token_ids": [1, 2]}\n{"prompt_token_ids": [1, 2\n', "prompts.jsonl:2: not JSON"),
+    ('{"prompt_token_ids": []}\n', "prompts.jsonl:1: prompt_token_ids must be a non-empty list"),
+    ('{"prompt_token_ids": [3], "output_length": 4}\n', "prompts.jsonl:1: unknown key(s) output_length"),
+    ('{"prompt_token_ids": [3], "output_len": 0}\n', "prompts.jsonl:1: output_len must be a whole number"),
+    ('[1, 2]\n', "prompts.jsonl item 1: expected"),
+    ('{"prompt_token_ids": [5], "output_len": 4000}\n', "prompts.jsonl:1: prompt (1 tokens) + output (4000) exceeds"),
+])
+def test_a_bad_dataset_is_a_usage_error_naming_the_file_and_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str) -> None:
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text(content)
+    err = _usage_error(["bench", *NOWHERE, "--dataset", str(dataset), "--results-dir", str(tmp_path / "r")], capsys)
+    assert message in err
+
+
+def test_a_text_dataset_needs_a_tokenizer_that_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dataset = tmp_path / "text.jsonl"
+    dataset.write_text('{"prompt": "Hello there"}\n')
+    base = ["bench", *NOWHERE, "--dataset", str(dataset), "--results-dir", str(tmp_path / "r")]
+    assert "give --tokenizer (or --model)" in _usage_error(base, capsys)
+    missing = str(tmp_path / "no-such-tokenizer")
+    assert f"tokenizer {missing!r} cannot be loaded" in _usage_error([*base, "--tokenizer", missing], capsys)
+
+
+def test_capacity_needs_an_slo_and_consistent_bounds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--slo" in _usage_error(["capacity", *NOWHERE], capsys)
+    err = _usage_error(["capacity", *NOWHERE, "--slo", "ttft_p99=1s", "--start", "8", "--max", "4"], capsys)
+    assert "start (8) <= max (4)" in err
+    assert "must be a finite number more than 0" in _usage_error(
+        ["capacity", *NOWHERE, "--slo", "ttft_p99=1s", "--start", "0"], capsys)
