@@ -67,8 +67,16 @@ def test_the_wheel_installs_one_top_level_name_with_its_data(wheel: Path) -> Non
     top = {n.split("/", 1)[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"batchbench"}
     for data in ("batchbench/adapters/images.toml", "batchbench/fixtures/models/tiny-llama/config.json",
+                 "batchbench/fixtures/models/tiny-llama/tokenizer.json",
                  "batchbench/fixtures/wire/tgi/metrics.prom", "batchbench/reports/__init__.py"):
         assert data in names, f"{data} is not in the wheel"
+    # Every package of the checkout is in the wheel (pyproject lists them by hand, one folder mapping each).
+    mapped = {"batchbench": "batchbench", "adapters": "batchbench/adapters", "fixtures": "batchbench/fixtures",
+              "reports": "batchbench/reports"}
+    for folder, inside in mapped.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            packaged = f"{inside}/{init.relative_to(ROOT / folder).as_posix()}"
+            assert packaged in names, f"package {init.parent.relative_to(ROOT)} is not in the wheel (pyproject.toml)"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[pytest11]" in text and "batchbench.pytest_plugin" in text and "batchbench.cli:main" in text
