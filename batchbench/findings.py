@@ -837,18 +837,22 @@ def _recommend(points: Sequence[PointFindings], slo: Slo | None, sweet: SweetSpo
     why: list[str] = []
     latency: int | None = None
     if ttft is not None:
+        stopped = ""  # why the walk up the curve stopped: the first point that fails, or cannot be judged
         for p in valid:
             unsupported = [n for n in p.slo_notes if any(f" {o.name} " in n for o in ttft.objectives)]
             if unsupported:
-                why.append(f"the TTFT objectives cannot be judged at {p.concurrency} ({unsupported[0]})")
+                stopped = f"the TTFT objectives cannot be judged at {p.concurrency} ({unsupported[0]})"
                 break
             verdict = ttft.verdict(p.slo_values)
             if not verdict.met:
-                why.append(f"{', '.join(verdict.failed)} at {p.concurrency}")
+                stopped = f"{', '.join(verdict.failed)} at {p.concurrency}"
                 break
             latency = p.concurrency
-        why.insert(0, f"latency pool {latency}: the largest batch holding {ttft}" if latency is not None
-                   else f"no latency pool: {ttft} fails from the lowest concurrency")
+        if latency is not None:
+            why.append(f"latency pool {latency}: the largest batch holding {ttft}")
+            why += [stopped] if stopped else []
+        else:
+            why.append(f"no latency pool: {stopped or f'{ttft} fails from the lowest concurrency'}")
     else:
         latency = sweet.concurrency if sweet is not None else None
         why.append(f"latency pool {latency}: the sweet spot (no TTFT objective given)")

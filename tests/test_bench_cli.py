@@ -10,6 +10,9 @@ import pytest
 
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_ENGINE, EXIT_FAILURES, EXIT_USAGE
+from batchbench.commands.workload_args import slo_samples
+from batchbench.slo import Slo
+from batchbench.validity import samples_needed
 from tests.server_process import serving
 
 #: Nothing listens here: a usage error must be found before anything tries to reach it.
@@ -156,3 +159,9 @@ def test_capacity_needs_an_slo_and_consistent_bounds(tmp_path: Path, capsys: pyt
     assert "start (8) <= max (4)" in err
     assert "must be a finite number more than 0" in _usage_error(
         ["capacity", *NOWHERE, "--slo", "ttft_p99=1s", "--start", "0"], capsys)
+
+
+def test_a_p99_objective_raises_the_default_request_count_to_what_a_p99_needs() -> None:
+    assert slo_samples(None) == 0
+    assert slo_samples(Slo.parse("ttft_p99=200ms")) == samples_needed(99) == 200
+    assert slo_samples(Slo.parse("ttft_p50=1s,e2e_max=2s")) == samples_needed(50)  # max needs no tail

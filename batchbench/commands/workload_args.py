@@ -20,6 +20,7 @@ from batchbench.fixtures import tiny_model_dir
 from batchbench.loadgen import LoadConfig
 from batchbench.profiles import Profile
 from batchbench.slo import Slo
+from batchbench.validity import samples_needed, stat_percentile
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 #: How a level is applied: requests kept in flight (closed loop) or sent per second (open loop).
@@ -77,7 +78,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
     parser.add_argument("--tokenizer", default=None, metavar="PATH_OR_HF_ID",
                         help="tokenizer for text datasets (default: --model's, or the embedded model's)")
     parser.add_argument("--num-requests", type=positive_int, default=None,
-                        help="requests per run (default: the profile's; with --duration, a ceiling)")
+                        help="requests per run (default: the profile's, raised to what the --slo percentiles need, "
+                             "e.g. 200 for a p99; with --duration, a ceiling)")
     parser.add_argument("--duration", type=positive_seconds, default=None, metavar="SECONDS",
                         help="send requests for this long, then let those in flight finish")
     parser.add_argument("--warmup", type=non_negative_int, default=0, metavar="N",
@@ -151,6 +153,14 @@ class WorkloadPlan:
         return self._built[n]
 
 
+def slo_samples(slo: Slo | None) -> int:
+    """Requests a run needs for every percentile the SLO names to be more than its maximum (p99: 200;
+    :func:`batchbench.validity.samples_needed`): the default request count is raised to it, so an SLO's
+    verdict is not withheld for want of samples unless the user asked for fewer."""
+    quantiles = [q for o in (slo.objectives if slo else ()) if (q := stat_percentile(o.stat)) is not None]
+    return max((samples_needed(q) for q in quantiles), default=0)
+
+
 def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels: list[float]) -> WorkloadPlan:
     """The workload the options describe, every check done; ValueError with a message for the user."""
     if args.dataset is not None and args.input_len is not None:
@@ -160,7 +170,8 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
     if args.duration is not None and kind == "rate" and any(math.isinf(v) for v in levels):
         raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
                          "to fill; give --num-requests")
-    num_requests = args.num_requests or (DURATION_REQUEST_CAP if args.duration else profile.num_requests)
+    num_requests = args.num_requests or (DURATION_REQUEST_CAP if args.duration else
+                                         max(profile.num_requests, slo_samples(getattr(args, "slo", None))))
     output = args.output_len or DEFAULT_LENGTH
     max_len = profile.max_model_len
     if args.dataset is None:
