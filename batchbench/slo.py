@@ -62,8 +62,9 @@ class Objective:
         return f"{self.name}<={_format_s(self.limit_s)}"
 
 
-def _format_s(seconds: float) -> str:
-    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+def _format_s(seconds: float, digits: int = 6) -> str:
+    """``200ms``, ``2s``: a limit as the user wrote it (``digits`` 6), a measured value to 3 significant digits."""
+    return f"{seconds * 1000:.{digits}g}ms" if seconds < 1 else f"{seconds:.{digits}g}s"
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,11 @@ class Slo:
         samples). What :meth:`check` does with one run's figures, and what findings do with the medians of
         repeated runs, so a point over repeats is judged exactly as one run is."""
         values = {o.name: values.get(o.name) for o in self.objectives}
+        def measured(value: float | None) -> str:
+            return "no samples" if value is None else _format_s(value, 3)
+
         failed = tuple(
-            f"{o.name}={'no samples' if values[o.name] is None else _format_s(values[o.name])}>{_format_s(o.limit_s)}"
+            f"{o.name}={measured(values[o.name])}>{_format_s(o.limit_s)}"
             for o in self.objectives
             if values[o.name] is None or values[o.name] > o.limit_s  # type: ignore[operator]
         )
