@@ -82,6 +82,10 @@ class EngineCache:
         self._live[key] = engine
         return engine
 
+    def is_live(self, name: str, batching: BatchingConfig | None = None) -> bool:
+        """Whether ``get`` would return a running engine without starting one."""
+        return (name, batching) in self._live
+
     async def release(self, name: str, batching: BatchingConfig | None = None) -> None:
         """Stop one engine now (e.g. after a test that pushed it past its limits)."""
         engine = self._live.pop((name, batching), None)

@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.adapters.base import BatchingConfig, EngineError
-from batchbench.adapters.registry import EngineOptions, make_engine
-from batchbench.commands.common import EXIT_INTERRUPTED, EXIT_USAGE, make_run_dir
+from batchbench.adapters.registry import EngineOptions
+from batchbench.commands.common import EXIT_INTERRUPTED, EXIT_USAGE, StartingEngines, make_run_dir
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan
-from batchbench.engines import EngineCache
 from batchbench.options import add_engine_arguments, engine_options
 from batchbench.profiles import get_profile
+from batchbench.progress import Progress
 from batchbench.slo import Slo
 
 
@@ -105,12 +105,13 @@ class Sweep:
 
 async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None,
                  work: WorkloadPlan, kind: LevelKind, levels: list[float], args: argparse.Namespace, run_dir: Path,
-                 timeout_s: float, sweep: Sweep) -> None:
-    cache = EngineCache(lambda name, config: make_engine(name, config, options), max_live=1)
+                 timeout_s: float, sweep: Sweep, progress: Progress) -> None:
+    engines_here = StartingEngines(options, progress)
+    cache = engines_here.cache()
     load = work.load(timeout_s)
     try:
         for name in engines:
-            session = EngineSession(cache, name, batching)
+            session = EngineSession(engines_here, cache, name, batching)
             try:
                 for level in levels:
                     for repeat in range(args.repeats):
@@ -121,10 +122,10 @@ async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: Bat
                         if point.status == "failed" and args.stop_on_error:
                             raise _Stop(f"{level_text(kind, level)} #{repeat} failed: {point.reason}")
             except (EngineError, ImportError) as exc:
-                print(f"batchbench: {name} cannot run: {exc}", file=sys.stderr)
+                progress.print(f"batchbench: {name} cannot run: {exc}", err=True)
                 sweep.engine_problems[name] = str(exc)
             except _Stop as stop:
-                print(f"batchbench: {name}: stopping the sweep (--stop-on-error): {stop}", file=sys.stderr)
+                progress.print(f"batchbench: {name}: stopping the sweep (--stop-on-error): {stop}", err=True)
             await cache.release(name, batching)
     finally:
         await cache.close()
@@ -159,8 +160,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"batchbench: {note}")
     sweep = Sweep()
     timeout_s = args.request_timeout or profile.request_timeout_s
+    progress = Progress.for_terminal()
     try:
-        asyncio.run(_sweep(engines, options, batching, work, kind, levels, args, run_dir, timeout_s, sweep))
+        with progress:
+            asyncio.run(_sweep(engines, options, batching, work, kind, levels, args, run_dir, timeout_s, sweep,
+                               progress))
     except KeyboardInterrupt:
         print(f"\nbatchbench: interrupted; {len(sweep.points)} finished run(s), any cut-short run's journal and "
               f"bench.json are in {run_dir}", file=sys.stderr)

@@ -25,14 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.adapters.base import BatchingConfig, EngineError
-from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.adapters.registry import EngineOptions
 from batchbench.capacity import CapacityResult, Search
-from batchbench.commands.common import EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, make_run_dir
+from batchbench.commands.common import (
+    EXIT_FAILURES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    StartingEngines,
+    make_run_dir,
+)
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan, positive_number
-from batchbench.engines import EngineCache
 from batchbench.options import add_engine_arguments, engine_options
 from batchbench.profiles import get_profile
+from batchbench.progress import Progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,12 +83,14 @@ def _search(args: argparse.Namespace, kind: LevelKind) -> Search:
 
 
 async def _find(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None, work: WorkloadPlan,
-                kind: LevelKind, args: argparse.Namespace, run_dir: Path, timeout_s: float, found: Found) -> None:
-    cache = EngineCache(lambda name, config: make_engine(name, config, options), max_live=1)
+                kind: LevelKind, args: argparse.Namespace, run_dir: Path, timeout_s: float, found: Found,
+                progress: Progress) -> None:
+    engines_here = StartingEngines(options, progress)
+    cache = engines_here.cache()
     load = work.load(timeout_s)
     try:
         for name in engines:
-            session, search = EngineSession(cache, name, batching), _search(args, kind)
+            session, search = EngineSession(engines_here, cache, name, batching), _search(args, kind)
             try:
                 while (level := search.next_level()) is not None:
                     repeat = sum(len(p.outcomes) for p in search.result().points if p.level == level)
@@ -92,11 +101,11 @@ async def _find(engines: tuple[str, ...], options: EngineOptions, batching: Batc
                     found.results[name] = search.result()
                     write_summary(run_dir / "capacity.json", found.document(kind, args))
             except (EngineError, ImportError) as exc:
-                print(f"batchbench: {name} cannot run: {exc}", file=sys.stderr)
+                progress.print(f"batchbench: {name} cannot run: {exc}", err=True)
                 found.engine_problems[name] = str(exc)
                 continue
             found.results[name] = result = search.result()
-            print(_verdict_line(name, kind, result))
+            progress.print(_verdict_line(name, kind, result))
             await cache.release(name, batching)
     finally:
         await cache.close()
@@ -139,8 +148,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"batchbench: {note}")
     found = Found()
     timeout_s = args.request_timeout or profile.request_timeout_s
+    progress = Progress.for_terminal()
     try:
-        asyncio.run(_find(engines, options, batching, work, kind, args, run_dir, timeout_s, found))
+        with progress:
+            asyncio.run(_find(engines, options, batching, work, kind, args, run_dir, timeout_s, found, progress))
     except KeyboardInterrupt:
         print(f"\nbatchbench: interrupted; {len(found.points)} finished run(s) and capacity.json are in {run_dir}",
               file=sys.stderr)

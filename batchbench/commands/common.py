@@ -8,6 +8,10 @@ import time
 import uuid
 from pathlib import Path
 
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.engines import EngineCache
+from batchbench.progress import EngineStart, Progress
 from batchbench.runner import RunResult
 from batchbench.slo import Slo
 
@@ -91,3 +95,36 @@ def write_report(run_dir: Path, status: int, slo: Slo | None) -> int:
         print(f"  - {sentence}")
     print(f"batchbench: report written to {report.out_dir}")
     return status
+
+
+class StartingEngines:
+    """Engines for a command's :class:`~batchbench.engines.EngineCache`, each start shown on the progress display.
+
+    The cache makes an engine (this class is its factory) inside its own ``get``, so the start is shown around
+    that call and the engine, once made, gives the display its timeout and server log to follow.
+    """
+
+    def __init__(self, options: EngineOptions, progress: Progress) -> None:
+        self.options, self.progress = options, progress
+        self._start: EngineStart | None = None
+
+    def make(self, name: str, batching: BatchingConfig | None) -> Engine:
+        engine = make_engine(name, batching, self.options)
+        if self._start is not None:
+            self._start.attach(engine.startup_timeout, engine.server_log)
+        return engine
+
+    def cache(self) -> EngineCache:
+        """An engine cache holding one live engine at a time: measured engines never share the machine."""
+        return EngineCache(self.make, max_live=1)
+
+    async def get(self, cache: EngineCache, name: str, batching: BatchingConfig | None) -> Engine:
+        """The live engine, or one started now with its start on the display."""
+        if cache.is_live(name, batching):
+            return await cache.get(name, batching)
+        with self.progress.engine_starting(name) as start:
+            self._start = start
+            try:
+                return await cache.get(name, batching)
+            finally:
+                self._start = None

@@ -19,7 +19,15 @@ from typing import Any, Literal
 from batchbench import parity
 from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.capacity import Measurement
-from batchbench.commands.common import EXIT_ENGINE, EXIT_FAILURES, EXIT_OK, died, failure_lines, write_report
+from batchbench.commands.common import (
+    EXIT_ENGINE,
+    EXIT_FAILURES,
+    EXIT_OK,
+    StartingEngines,
+    died,
+    failure_lines,
+    write_report,
+)
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan
 from batchbench.engines import EngineCache
 from batchbench.loadgen import LoadConfig, LoadGenerator
@@ -112,14 +120,16 @@ def _line(point: PointResult) -> str:
 class EngineSession:
     """One engine across many points: started once, started again after it died, given up when it cannot start."""
 
-    def __init__(self, cache: EngineCache, name: str, batching: BatchingConfig | None) -> None:
-        self.cache = cache
+    def __init__(self, engines: StartingEngines, cache: EngineCache, name: str,
+                 batching: BatchingConfig | None) -> None:
+        self.engines, self.cache = engines, cache
+        self.progress = engines.progress
         self.name = name
         self.batching = batching
 
     async def engine(self) -> Engine:
         """The running engine; raises EngineError (or ImportError) when it cannot be started."""
-        return await self.cache.get(self.name, self.batching)
+        return await self.engines.get(self.cache, self.name, self.batching)
 
     async def measure(self, plan: WorkloadPlan, kind: LevelKind, level: float, repeat: int, *, run_dir: Path,
                       suite: str, slo: Slo | None, load: LoadConfig, scrape_interval_s: float) -> PointResult:
@@ -132,20 +142,22 @@ class EngineSession:
         labels: dict[str, Any] = {"suite": suite, kind: _level_json(kind, level), "repeat": repeat}
         if slo is not None:
             labels["slo"] = str(slo)
-        result = await run(engine, workload, results_dir=run_dir, tag=level_text(kind, level), load=load,
-                           scrape_interval_s=scrape_interval_s, ttft_slo_s=ttft_s, tpot_slo_s=tpot_s, labels=labels)
-        reason = _why_failed(result, load.request_timeout_s)
-        point = PointResult(self.name, kind, level, repeat, result, "failed" if reason else "ok", reason,
-                            slo.check(result.summary) if slo else None, parity.check(result.records))
-        print(_line(point))
+        with self.progress.run(len(workload.requests), f"{self.name} {level_text(kind, level)} #{repeat}") as bar:
+            result = await run(engine, workload, results_dir=run_dir, tag=level_text(kind, level), load=load,
+                               scrape_interval_s=scrape_interval_s, ttft_slo_s=ttft_s, tpot_slo_s=tpot_s,
+                               labels=labels, on_record=bar.observe)
+            reason = _why_failed(result, load.request_timeout_s)
+            point = PointResult(self.name, kind, level, repeat, result, "failed" if reason else "ok", reason,
+                                slo.check(result.summary) if slo else None, parity.check(result.records))
+            bar.finish(_line(point))
         if point.status == "ok":
             for line in failure_lines(result, load.request_timeout_s):
-                print(f"      {line}")
+                self.progress.print(f"      {line}")
         for warning in [*result.warnings(), *filter(None, [point.parity.warning()])]:
-            print(f"      warning: {warning}")
+            self.progress.print(f"      warning: {warning}")
         if point.engine_died is not None:
-            print(f"batchbench: {self.name} died during {level_text(kind, level)} #{repeat}; starting it again for "
-                  "the next point", file=sys.stderr)
+            self.progress.print(f"batchbench: {self.name} died during {level_text(kind, level)} #{repeat}; starting "
+                                "it again for the next point", err=True)
             await self.cache.release(self.name, self.batching)
         return point
 

@@ -32,20 +32,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchbench.adapters.base import BatchingConfig, Engine, EngineError
-from batchbench.adapters.registry import EngineOptions, get_spec, make_engine
+from batchbench.adapters.base import BatchingConfig, EngineError
+from batchbench.adapters.registry import EngineOptions, get_spec
 from batchbench.commands.common import (
     EXIT_ENGINE,
     EXIT_FAILURES,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    StartingEngines,
     concurrency_list,
     died,
     failure_lines,
@@ -54,11 +54,10 @@ from batchbench.commands.common import (
     positive_seconds,
     write_report,
 )
-from batchbench.engines import EngineCache
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.options import add_engine_arguments, engine_options
 from batchbench.profiles import Profile, get_profile
-from batchbench.progress import EngineStart, Progress
+from batchbench.progress import Progress
 from batchbench.repeats import RepeatProtocol, Repeats
 from batchbench.runner import RunResult, run
 from batchbench.slo import Slo
@@ -172,20 +171,17 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
         design = plan.design
         engine_options_here = (dataclasses.replace(options, max_model_len=design.max_model_len)
                                if design.max_model_len is not None and plan.batching is not None else options)
-        starting: list[EngineStart] = []  # the start under way: the cache makes the engine inside it
-        cache = EngineCache(functools.partial(_make, options=engine_options_here, starting=starting), max_live=1)
+        engines_here = StartingEngines(engine_options_here, progress)
+        cache = engines_here.cache()
         try:
             try:
-                with progress.engine_starting(name) as start:
-                    starting[:] = [start]
-                    engine = await cache.get(name, plan.batching)
+                engine = await engines_here.get(cache, name, plan.batching)
             except (EngineError, ImportError) as exc:
                 progress.print(f"batchbench: skipping {name}: {exc}", err=True)
                 outcome.engine_problems[name] = str(exc)
                 continue
-            progress.print(f"batchbench: {name} ready (started in {getattr(engine, 'startup_s', 0) or 0:.1f}s); "
-                           f"sweeping concurrency {', '.join(map(str, levels))} x {'/'.join(LAYOUTS)}, then the "
-                           f"padding pair at {design.fit}, {repeats} time(s) each "
+            progress.print(f"batchbench: {name}: sweeping concurrency {', '.join(map(str, levels))} x "
+                           f"{'/'.join(LAYOUTS)}, then the padding pair at {design.fit}, {repeats} time(s) each "
                            f"({len(plan.workloads) * repeats} runs)")
             # The sweep's own shapes once, unrecorded: the engine's warm-up stops short of them.
             await LoadGenerator(engine, design.workload(design.fit, design.fit), config=load).run()
@@ -218,15 +214,6 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                     progress.print(line)
         finally:
             await cache.close()
-
-
-def _make(name: str, batching: BatchingConfig | None, *, options: EngineOptions,
-          starting: list[EngineStart]) -> Engine:
-    """The engine the cache starts, shown on the progress display with its timeout and server log."""
-    engine = make_engine(name, batching, options)
-    if starting:
-        starting[-1].attach(engine.startup_timeout, engine.server_log)
-    return engine
 
 
 def _throughput_lines(engine: str, series: dict[tuple[str, int], Repeats[RunResult]]) -> list[str]:
