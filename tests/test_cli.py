@@ -32,10 +32,14 @@ def test_run_sweeps_both_layouts_and_the_padding_pair_with_repeats(fake_vllm_url
     assert code == 0, out
     (run_dir,) = tmp_path.glob("run-*")  # each invocation writes into a folder of its own
     docs = [json.loads(p.read_text()) for p in run_dir.glob("*.json")]
-    labels = sorted((d["labels"]["layout"], d["labels"]["concurrency"], d["labels"]["repeat"]) for d in docs)
+    repeats: dict[tuple[str, int], list[int]] = {}
+    for d in docs:
+        repeats.setdefault((d["labels"]["layout"], d["labels"]["concurrency"]), []).append(d["labels"]["repeat"])
     measured = [("continuous", 1), ("continuous", 2), ("homogeneous", 8), ("padded-mixed", 8),
                 ("static-waves", 1), ("static-waves", 2)]  # the padding pair at the profile's batch size
-    assert labels == sorted((layout, c, r) for layout, c in measured for r in (0, 1))
+    assert sorted(repeats) == measured
+    # Two passes each, and up to two more where no two quiet runs agreed within 25%.
+    assert all(sorted(r) == list(range(len(r))) and 2 <= len(r) <= 4 for r in repeats.values()), repeats
     # An engine at a URL keeps its own configuration: no KV fit was designed for it.
     assert {d["labels"]["kv_fit"] for d in docs} == {None}
     # An engine at a URL runs in processes that are not ours to tell apart: its machine load is not measured.
@@ -44,7 +48,7 @@ def test_run_sweeps_both_layouts_and_the_padding_pair_with_repeats(fake_vllm_url
     assert "median of the kept runs per concurrency" in out and "static-waves  1: " in out
     report = json.loads((run_dir / "report" / "report.json").read_text())
     assert sorted((s["labels"]["layout"], s["labels"]["concurrency"], s["repeats"]) for s in report["series"]) == [
-        (layout, c, 2) for layout, c in measured]
+        (layout, c, len(repeats[(layout, c)])) for layout, c in measured]
     assert "### Across repeats" in (run_dir / "report" / "report.md").read_text()
 
 
