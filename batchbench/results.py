@@ -99,6 +99,9 @@ class ScrapeStats:
 
     failures: int = 0
     last_error: str | None = None
+    #: Scrapes made during the run (its end included), and their mean wall time seen from the client.
+    scrapes: int | None = None
+    mean_scrape_s: float | None = None
 
 
 _ENGINE_SCHEMA = {"required": ["engine", "batching"],

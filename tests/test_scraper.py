@@ -64,3 +64,10 @@ async def test_a_hung_or_failing_scrape_is_counted_and_the_series_goes_on() -> N
     assert scraper.failures == 2
     assert "connection refused" in (scraper.last_error or "")
     assert len(scraper.samples) == len(engine.started) - 2 >= 3
+
+
+async def test_the_observer_counts_its_scrapes_and_the_time_they_took() -> None:
+    engine = SlowMetrics({1: 3 * INTERVAL_S})  # one slow answer among quick ones
+    scraper = await scrape_for(engine, 10 * INTERVAL_S)
+    assert scraper.scrapes == len(engine.started)  # the final scrape at the run's end included
+    assert 3 * INTERVAL_S <= scraper.scrape_time_s < 3 * INTERVAL_S + scraper.scrapes * INTERVAL_S

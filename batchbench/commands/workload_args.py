@@ -94,7 +94,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
     parser.add_argument("--repeats", type=positive_int, default=1, help="runs of each level (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scrape-interval", type=positive_seconds, default=0.25, metavar="SECONDS",
-                        help="how often the engine's metrics are read (default 0.25)")
+                        help="how often the engine's metrics are read (default 0.25; see batchbench run --help)")
     parser.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                         help="per-request deadline over the whole stream (default: the profile's)")
     parser.add_argument("--no-report", action="store_true", help="write results only")
