@@ -51,8 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
 
+from batchbench import parity
 from batchbench.adapters.base import BatchingConfig
 from batchbench.metrics import Summary, mean_decoding, meets_slos, percentile, summarize, tpot
+from batchbench.parity import Parity
 from batchbench.records import RequestRecord
 from batchbench.regimes import REGIME_RANK, Regime, RegimeReport, SweepPoint, classify_regimes, median_of
 from batchbench.repeats import Interval
@@ -681,6 +683,8 @@ class Findings:
     #: Documents that are no point of a curve, each named with why.
     skipped: tuple[str, ...] = ()
     seed: int = 0
+    #: Per engine, whether it served the workload as written, by its own token counts (:mod:`batchbench.parity`).
+    parity: dict[str, Parity] = dataclasses.field(default_factory=dict)
 
     def layout(self, engine: str, layout: str) -> LayoutFindings | None:
         return self.engines.get(engine, {}).get(layout)
@@ -700,6 +704,7 @@ class Findings:
             "invalid_points": [{"engine": engine, "layout": layout, "concurrency": p.concurrency,
                                 "reasons": list(p.invalid_reasons)} for engine, layout, p in self.invalid_points],
             "skipped": list(self.skipped),
+            "parity": {engine: p.to_dict() for engine, p in self.parity.items()},
             "intervals": {"repeats": "median and min-max of the valid repeats",
                           "bootstrap": f"a single run: its statistic and the middle {BOOTSTRAP_CONFIDENCE:.0%} of "
                                        f"{BOOTSTRAP_RESAMPLES} resamples of its requests (seed {self.seed})"},
@@ -985,7 +990,9 @@ def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, see
             found["padded-mixed"] = dataclasses.replace(found["padded-mixed"], padding_cost=cost)
         engines[engine] = found
     comparisons = _comparisons(engines, slo)
-    draft = Findings(slo, (), engines, tuple(comparisons), tuple(skipped), seed)
+    parities = {engine: parity.check([r for p in points if p.engine == engine for run in p.runs for r in run.records])
+                for engine in engines}
+    draft = Findings(slo, (), engines, tuple(comparisons), tuple(skipped), seed, parities)
     return dataclasses.replace(draft, sentences=tuple(sentences(draft)))
 
 
@@ -1164,6 +1171,9 @@ def sentences(findings: Findings) -> list[str]:
         mixed = layouts.get("padded-mixed")
         if mixed is not None and mixed.padding_cost is not None:
             out.append(_padding_sentence(engine, mixed.padding_cost))
+    for engine, served in findings.parity.items():
+        if (warning := served.warning()) is not None:
+            out.append(f"{engine}: {warning}.")
     invalid = findings.invalid_points
     if invalid:
         out.append(f"{len(invalid)} point(s) invalid, shown but left out of the findings ("

@@ -364,3 +364,17 @@ def test_a_suite_filter_keeps_only_that_suites_runs() -> None:
     found = findings_from_documents([*sweep(levels=(4, 8)), other], suite="main")
     assert found.engines.keys() == {"alpha"}
     assert findings_from_documents([*sweep(levels=(4, 8)), other]).engines.keys() == {"alpha", "beta"}
+
+
+def test_an_engine_that_served_other_lengths_is_named_with_the_first_difference() -> None:
+    docs = sweep(levels=(1, 2))
+    for doc in docs:
+        for i, record in enumerate(doc.records):
+            record.prompt_tokens = record.prompt_len + (1 if i == 3 else 0)  # one request got a BOS token more
+    found = findings_from_documents(docs)
+    served = found.parity["alpha"]
+    assert (served.checked, served.prompt_mismatches, served.output_mismatches) == (480, 2, 0)
+    assert found.to_dict()["parity"]["alpha"]["ok"] is False
+    assert any(s.startswith("alpha: workload parity: 2 of 480 requests' prompt token counts differ") and
+               "request w-00003: prompt 17 tokens, workload 16" in s for s in found.sentences)
+    assert findings_from_documents(sweep(levels=(1, 2))).parity["alpha"].ok  # no counts reported: nothing to flag
