@@ -43,9 +43,11 @@ from batchbench.theory import (
     kv_heads_per_rank,
 )
 
-__all__ = ["GiB", "KVShape", "ParameterCount", "Plan", "PlanError", "plan"]
+__all__ = ["DEFAULT_CONTEXT", "GiB", "KVShape", "ParameterCount", "Plan", "PlanError", "plan"]
 
 GiB = 1 << 30
+#: The context length sequences are planned at unless one is given (a common serving max_model_len).
+DEFAULT_CONTEXT = 8192
 
 
 class PlanError(ValueError):
@@ -247,14 +249,18 @@ def plan(
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
     tp: int = 1,
-    context: int = 8192,
+    context: int | None = None,
     block_size: int = 16,
     prompt_len: int | None = None,
     output_len: int | None = None,
 ) -> Plan:
     """Plan one model on GPUs of ``memory_bytes`` each, ``tp`` of them in tensor parallel; a :class:`PlanError`
     naming the problem when the config lacks a field, a dtype is unknown, the weights do not fit, ``tp`` does
-    not divide the heads, or an input is out of range."""
+    not divide the heads, or an input is out of range. ``context`` defaults to :data:`DEFAULT_CONTEXT`, or the
+    model's ``max_position_embeddings`` when that is shorter."""
+    max_context = config.get("max_position_embeddings")
+    if context is None:
+        context = min(DEFAULT_CONTEXT, max_context) if isinstance(max_context, int) else DEFAULT_CONTEXT
     for name, value in (("tp", tp), ("context", context), ("block_size", block_size), ("memory_bytes", memory_bytes)):
         if value < 1:
             raise PlanError(f"{name} must be >= 1, not {value!r}")
@@ -272,7 +278,6 @@ def plan(
         dtype_bytes(kv_dtype)  # checked before any other input, so the error names the dtype
     except ValueError as exc:
         raise PlanError(str(exc)) from None
-    max_context = config.get("max_position_embeddings")
     if isinstance(max_context, int) and context > max_context:
         raise PlanError(f"context {context} is longer than the model's max_position_embeddings ({max_context})")
 

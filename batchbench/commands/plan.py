@@ -24,7 +24,7 @@ from typing import Any
 
 from batchbench.commands.common import EXIT_OK, EXIT_USAGE, positive_int
 from batchbench.fixtures import model_configs_dir
-from batchbench.planner import GiB, Plan, PlanError, plan
+from batchbench.planner import DEFAULT_CONTEXT, GiB, Plan, PlanError, plan
 from batchbench.theory import DTYPE_BYTES, dtype_bytes
 
 #: Units --memory takes: decimal (GB) and binary (GiB), as GPU vendors and engines use both.
@@ -33,9 +33,9 @@ UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 
 def memory_size(text: str) -> int:
-    """``80GiB`` -> 85899345920, ``141GB`` -> 141000000000: one GPU's memory in bytes."""
+    """``80GiB`` -> 85899345920, ``141GB`` -> 141000000000 (a bare number is bytes): one GPU's memory."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = UNITS.get(match.group(2).lower()) if match else None
+    unit = UNITS.get(match.group(2).lower() or "b") if match else None
     if match is None or unit is None:
         raise argparse.ArgumentTypeError(f"expected a size such as 80GiB or 141GB (units {', '.join(UNITS)}), "
                                          f"not {text!r}")
@@ -107,8 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-dtype", type=dtype, default="bf16", metavar="DTYPE",
                    help="the KV cache's dtype: bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, fp32 (default bf16)")
     p.add_argument("--tp", type=positive_int, default=1, metavar="N", help="tensor-parallel GPUs (default 1)")
-    p.add_argument("--context", type=positive_int, default=8192, metavar="TOKENS",
-                   help="the context length sequences are planned at (max_model_len; default 8192)")
+    p.add_argument("--context", type=positive_int, default=None, metavar="TOKENS",
+                   help=f"the context length sequences are planned at (max_model_len; default {DEFAULT_CONTEXT}, or "
+                   "the model's max_position_embeddings if shorter)")
     p.add_argument("--prompt-len", type=positive_int, default=None, metavar="P",
                    help="a workload's prompt tokens (with --output-len: where it becomes memory-bound)")
     p.add_argument("--output-len", type=positive_int, default=None, metavar="O", help="a workload's output tokens")
