@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from batchbench.commands import bench, capacity, report, run
+from batchbench.commands import bench, capacity, plan, report, run
 
 #: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.
-COMMANDS = (run, bench, capacity, report)
+COMMANDS = (run, bench, capacity, report, plan)
 
 
 def parser() -> argparse.ArgumentParser:

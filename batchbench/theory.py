@@ -19,10 +19,15 @@ __all__ = [
     "DTYPE_BYTES",
     "continuous_idle_fraction",
     "decode_idle_fraction",
+    "dtype_bytes",
+    "is_mla",
     "kv_bytes_per_token_of_config",
     "kv_cache_bytes_per_token",
     "kv_capacity_tokens",
     "kv_fit_concurrency",
+    "kv_fit_sequences",
+    "kv_heads_per_rank",
+    "mla_kv_cache_bytes_per_token",
     "padding_fraction",
     "waves_idle_fraction",
 ]
@@ -138,36 +143,103 @@ def kv_capacity_tokens(memory_bytes: int, bytes_per_token: int, block_size: int 
         raise ValueError(f"block_size must be >= 1, not {block_size!r}")
     return (memory_bytes // (bytes_per_token * block_size)) * block_size
 
-#: Bytes per element of the KV dtypes a model config may name.
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+#: Bytes per element of the dtypes weights or a KV cache may be kept in, under the names model configs
+#: (``torch_dtype``) and engines' flags (vLLM's ``--kv-cache-dtype fp8_e4m3``) give them.
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype``; a ValueError naming the known ones otherwise (a typo must not size a cache)."""
+    try:
+        return DTYPE_BYTES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)}") from None
+
+
+def mla_kv_cache_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int,
+                                 bytes_per_element: int) -> int:
+    """KV-cache bytes one token occupies under multi-head latent attention (DeepSeek-V2/V3): layers x
+    (kv_lora_rank + qk_rope_head_dim) x bytes.
+
+    MLA caches one compressed latent per token and layer, shared by K and V and by every head (no factor
+    of 2, no head count), plus the decoupled RoPE key; that is what makes its cache a fraction of GQA's.
+    """
+    for name, value in (("num_layers", num_layers), ("kv_lora_rank", kv_lora_rank),
+                        ("qk_rope_head_dim", qk_rope_head_dim), ("bytes_per_element", bytes_per_element)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, not {value!r}")
+    return num_layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_element
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
+    """KV heads one tensor-parallel rank caches: the heads split evenly, at least one per rank.
+
+    With fewer KV heads than ranks each head is replicated on ``tp / num_kv_heads`` ranks (vLLM does
+    this), so the count must divide evenly one way or the other; otherwise a ValueError.
+    """
+    if num_kv_heads < 1 or tp < 1:
+        raise ValueError(f"num_kv_heads and tp must be >= 1, not {num_kv_heads!r} and {tp!r}")
+    if num_kv_heads % tp and tp % num_kv_heads:
+        raise ValueError(f"tensor parallelism {tp} does not divide the {num_kv_heads} KV heads "
+                         f"(nor do they divide it): the heads cannot be split evenly across ranks")
+    return max(1, num_kv_heads // tp)
+
+
+def is_mla(config: Mapping[str, Any]) -> bool:
+    """Whether a Hugging Face config uses multi-head latent attention (it names a ``kv_lora_rank``)."""
+    return config.get("kv_lora_rank") is not None
 
 
 def kv_bytes_per_token_of_config(
-    config: Mapping[str, Any], *, dtype: str = "bfloat16", kv_heads: int | None = None
+    config: Mapping[str, Any], *, dtype: str = "bfloat16", kv_heads: int | None = None, tp: int = 1
 ) -> int:
-    """KV bytes per token of a Hugging Face model config (``config.json`` as a dict).
+    """KV bytes per token of a Hugging Face model config (``config.json`` as a dict), on one of ``tp``
+    tensor-parallel ranks (``tp=1``: the whole model's).
 
     ``kv_heads`` overrides the config's KV heads (e.g. MHA: all attention heads);
     ``head_dim`` defaults to hidden_size / attention heads, as transformers does.
+    Under tensor parallelism each rank caches its share of the KV heads
+    (:func:`kv_heads_per_rank`); an MLA model's latent is not split by head, so
+    every rank caches all of it (:func:`mla_kv_cache_bytes_per_token`), as vLLM does.
     """
+    layers, size = config["num_hidden_layers"], dtype_bytes(dtype)
+    if is_mla(config):
+        return mla_kv_cache_bytes_per_token(layers, config["kv_lora_rank"], config["qk_rope_head_dim"], size)
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return kv_cache_bytes_per_token(
-        config["num_hidden_layers"], kv_heads or config.get("num_key_value_heads", heads), head_dim, DTYPE_BYTES[dtype]
-    )
+    per_rank = kv_heads_per_rank(kv_heads or config.get("num_key_value_heads") or heads, tp)
+    return kv_cache_bytes_per_token(layers, per_rank, head_dim, size)
+
+
+def kv_fit_sequences(capacity_tokens: int, sequence_tokens: int, block_size: int) -> int:
+    """How many sequences each holding ``sequence_tokens`` of KV fit in a paged cache at once.
+
+    Each sequence takes whole blocks of its own (blocks are never shared between sequences here: no
+    prefix caching), and the cache holds ``capacity_tokens // block_size`` blocks.
+    """
+    if capacity_tokens < 0:
+        raise ValueError(f"capacity_tokens must be >= 0, not {capacity_tokens!r}")
+    for name, value in (("sequence_tokens", sequence_tokens), ("block_size", block_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, not {value!r}")
+    return (capacity_tokens // block_size) // math.ceil(sequence_tokens / block_size)
 
 
 def kv_fit_concurrency(capacity_tokens: int, prompt_len: int, output_len: int, block_size: int) -> int:
     """How many sequences of one shape fit in a paged KV cache at once: regime 3's predicted onset.
 
     A sequence holds KV for its prompt and every output token but the last
-    (the last one is returned, never fed back), in whole blocks; the cache
-    holds ``capacity_tokens // block_size`` blocks. Past this concurrency a
-    closed loop keeps more sequences in flight than the cache can hold.
+    (the last one is returned, never fed back), in whole blocks
+    (:func:`kv_fit_sequences`). Past this concurrency a closed loop keeps
+    more sequences in flight than the cache can hold.
     """
     for name, value in (("capacity_tokens", capacity_tokens), ("prompt_len", prompt_len),
                         ("output_len", output_len), ("block_size", block_size)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, not {value!r}")
-    blocks_per_sequence = math.ceil((prompt_len + output_len - 1) / block_size)
-    return (capacity_tokens // block_size) // blocks_per_sequence
+    return kv_fit_sequences(capacity_tokens, prompt_len + output_len - 1, block_size)
