@@ -119,6 +119,8 @@ class Plan:
     workload_fit: int | None
     #: The first concurrency at which the workload's sequences no longer all fit: fit + 1.
     memory_bound_from: int | None
+    #: Why nothing is left for the KV cache (the weights take all the memory); None when something is.
+    problem: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types; the parameter total beside its parts, so a reader need not add them up."""
@@ -255,9 +257,9 @@ def plan(
     output_len: int | None = None,
 ) -> Plan:
     """Plan one model on GPUs of ``memory_bytes`` each, ``tp`` of them in tensor parallel; a :class:`PlanError`
-    naming the problem when the config lacks a field, a dtype is unknown, the weights do not fit, ``tp`` does
-    not divide the heads, or an input is out of range. ``context`` defaults to :data:`DEFAULT_CONTEXT`, or the
-    model's ``max_position_embeddings`` when that is shorter."""
+    naming the problem when the config lacks a field, a dtype is unknown, ``tp`` does not divide the heads, or an
+    input is out of range. Weights that leave no room for KV are an answer (capacity 0, ``problem`` says why).
+    ``context`` defaults to :data:`DEFAULT_CONTEXT`, or the model's ``max_position_embeddings`` when shorter."""
     max_context = config.get("max_position_embeddings")
     if context is None:
         context = min(DEFAULT_CONTEXT, max_context) if isinstance(max_context, int) else DEFAULT_CONTEXT
@@ -290,10 +292,13 @@ def plan(
 
     usable = math.floor(memory_bytes * Fraction(str(memory_fraction)))
     kv_memory = usable - weights
+    problem = None
     if kv_memory <= 0:
-        raise PlanError(f"the weights ({weights / GiB:,.2f} GiB per GPU) do not fit in {usable / GiB:,.2f} GiB "
-                        f"({memory_bytes / GiB:,.2f} GiB x {memory_fraction:g}): more GPUs (--tp), more memory "
-                        "or a smaller weight dtype")
+        # An answer, not an error: the KV arithmetic still holds, and "nothing fits" is what the user asked.
+        problem = (f"the weights ({weights / GiB:,.2f} GiB per GPU) do not fit in {usable / GiB:,.2f} GiB "
+                   f"({memory_bytes / GiB:,.2f} GiB x {memory_fraction:g}): more GPUs (--tp), more memory or a "
+                   "smaller weight dtype")
+        kv_memory = 0
     capacity = kv_capacity_tokens(kv_memory, per_token_gpu, block_size)
     sequence = _in_blocks(_held_tokens(context, kv), block_size)
     workload = fit = None
@@ -308,5 +313,5 @@ def plan(
         kv_memory_bytes=kv_memory, kv_capacity_tokens=capacity, kv_capacity_blocks=capacity // block_size,
         sequence_tokens=sequence, max_sequences=kv_fit_sequences(capacity, sequence, block_size),
         workload_sequence_tokens=workload, workload_fit=fit,
-        memory_bound_from=None if fit is None else fit + 1,
+        memory_bound_from=None if fit is None else fit + 1, problem=problem,
     )

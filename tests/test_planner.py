@@ -247,7 +247,6 @@ def test_an_mla_config_without_its_rope_dim_names_it() -> None:
     ({"kv_dtype": "int3"}, "unknown dtype 'int3'"),
     ({"weight_dtype": "fp4"}, "unknown dtype 'fp4'"),
     ({"tp": 3}, "does not divide the 32 attention heads"),
-    ({"memory_bytes": 16 * GiB}, "do not fit"),
     ({"prompt_len": 8000, "output_len": 500}, "does not fit the context of 8192"),
     ({"prompt_len": 100}, "both its prompt and its output"),
     ({"context": 16384}, "max_position_embeddings"),
@@ -301,13 +300,23 @@ def test_cli_reads_a_config_file_or_its_folder(tmp_path: Path, capsys: pytest.Ca
         assert status == 0 and json.loads(out)["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2
 
 
+def test_weights_that_leave_no_room_are_an_answer_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    p = plan(config("Llama-3-8B"), memory_bytes=16 * GiB)  # 16 GB of bf16 weights in 14.4 GiB
+    assert (p.kv_capacity_tokens, p.max_sequences, p.kv_bytes_per_token) == (0, 0, 131072)
+    assert p.problem is not None and "do not fit in 14.40 GiB" in p.problem
+    # The command: one 80 GiB GPU cannot hold Llama-3-70B in bf16, yet its KV arithmetic is given.
+    status, out, _ = run_cli(capsys, "--model", "Llama-3-70B", "--json")
+    found = json.loads(out)
+    assert status == 0 and found["kv_bytes_per_token"] == 327680 and found["max_sequences"] == 0
+    assert "do not fit in 72.00 GiB" in found["problem"]
+
+
 def test_cli_lists_the_shipped_models(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run_cli(capsys, "--model", "list")
     assert status == 0 and out.split() == sorted(KV_BYTES_BF16)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--model", "Llama-3-70B"], "do not fit in 72.00 GiB"),
     (["--model", "Mixtral-8x7B", "--tp", "3"], "does not divide the 32 attention heads"),
     (["--model", "no-such-model"], "no shipped config of that name (shipped: DeepSeek-V3"),
 ])

@@ -174,7 +174,9 @@ def lines(p: Plan) -> list[str]:
         out.append(f"7 workload     {p.prompt_len}+{p.output_len} tokens hold {p.workload_sequence_tokens:,} tokens of "
                    f"KV (the last output token is never fed back; whole blocks): {p.workload_fit:,} fit at once, "
                    f"memory-bound from {p.memory_bound_from:,} concurrent sequences")
-    if p.max_sequences == 0:
+    if p.problem is not None:
+        out.append(f"nothing is left for the KV cache: {p.problem}")
+    elif p.max_sequences == 0:
         out.append(f"not one sequence of {p.context:,} tokens fits: a shorter --context, more GPUs or less weight")
     out.append("not counted: activations, CUDA graphs and other engine buffers taken from the same memory, so an "
                "engine reports somewhat less")
