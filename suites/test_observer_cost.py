@@ -6,10 +6,11 @@ histogram's buckets on each read. This measures it on an idle, launched engine: 
 process of its process groups, from /proc) over the same wall time with and without reads, alternated, so the
 difference is what the reads cost. Reproduce with ``pytest suites/test_observer_cost.py -s``.
 
-Measured here (the embedded continuous-batching engine's CPU build, tiny model, 2 vCPUs, 20 s phases): 6.3 ms
-of server CPU per read, so 4 Hz adds 2.5% of one core to an idle server's 1.9%. A busy server's histograms are fuller and a read costs more. What is
-asserted: a read costs the server less than the interval between reads (the observer cannot saturate it) and
-less than 5% of a core at the default interval; the figures are printed and kept in the benchmark's extra info.
+Measured here (the embedded continuous-batching engine's CPU build, tiny model, 2 vCPUs, 20 s phases):
+6.3 ms of server CPU per read, so 4 Hz adds 2.5% of one core to an idle server's 1.9%. A busy server's
+histograms are fuller and a read costs more. What is asserted: a read costs the server less than the interval
+between reads (the observer cannot saturate it) and less than 5% of a core at the default interval; the
+figures are printed and kept in the benchmark's extra info.
 """
 
 from __future__ import annotations
