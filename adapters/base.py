@@ -86,6 +86,10 @@ class BatchingConfig:
     #: budget is left for newcomers. A cap is chunking, so it needs
     #: chunked_prefill on or unset.
     prefill_chunk_tokens: int | None = None
+    #: Reuse the KV of a prompt prefix an earlier request computed (vLLM enable-prefix-caching, SGLang's radix
+    #: cache). None: the engine's default as batchbench starts it, which is off: the suites replay identical
+    #: prompts, and a cache would measure the replay, not the engine.
+    prefix_caching: bool | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("static", "continuous"):
@@ -140,6 +144,8 @@ class BatchingConfig:
             parts.append(f"mem{self.memory_fraction:g}")
         if self.prefill_chunk_tokens is not None:
             parts.append(f"lpt{self.prefill_chunk_tokens}")
+        if self.prefix_caching is not None:
+            parts.append("prefixcache" if self.prefix_caching else "noprefixcache")
         return "-".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,6 +189,8 @@ class Capabilities:
     prefill_chunk_cap: bool = False
     #: Can be made to produce exactly max_tokens (ignore EOS); TGI cannot.
     exact_output_length: bool = True
+    #: Honours BatchingConfig.prefix_caching (prefix caching switched on or off at start).
+    prefix_caching: bool = False
 
 
 @dataclass(frozen=True)
@@ -359,6 +367,11 @@ class Engine(ABC):
             raise ValueError(
                 f"engine {cls.name!r} has no per-request cap on prefill tokens per step; "
                 "leave BatchingConfig.prefill_chunk_tokens unset"
+            )
+        if batching.prefix_caching is not None and not cls.capabilities.prefix_caching:
+            raise ValueError(
+                f"engine {cls.name!r}: batchbench cannot switch its prefix caching; "
+                "leave BatchingConfig.prefix_caching unset"
             )
 
     @classmethod

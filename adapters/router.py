@@ -41,6 +41,7 @@ def _merge_capabilities(engines: Iterable[Engine]) -> Capabilities:
         chunked_prefill=all(c.chunked_prefill for c in caps),
         prefill_chunk_cap=all(c.prefill_chunk_cap for c in caps),
         exact_output_length=all(c.exact_output_length for c in caps),
+        prefix_caching=all(c.prefix_caching for c in caps),
     )
 
 
@@ -152,7 +153,14 @@ class RoutedEngine(Engine):
             preemptions=_sum(s.preemptions for s in samples),
             rejections=_sum(s.rejections for s in samples),
             completed=_sum(s.completed for s in samples),
+            prefix_cache_queries=_sum(s.prefix_cache_queries for s in samples),
+            prefix_cache_hits=_sum(s.prefix_cache_hits for s in samples),
         )
+
+    async def reset_cache(self) -> bool:
+        """Every pool's cache emptied; True only if each pool cleared its own."""
+        cleared = await asyncio.gather(*(engine.reset_cache() for _, engine in self.pools))
+        return all(cleared)
 
     def server_process_groups(self) -> frozenset[int] | None:
         """Every pool's own processes; None when some pool's are not known."""

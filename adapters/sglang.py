@@ -72,6 +72,7 @@ class SGLangEngine(OpenAICompletionsEngine):
         server_metrics=True,
         reports_kv_capacity=True,
         chunked_prefill=True,
+        prefix_caching=True,
     )
 
     def __init__(
@@ -96,8 +97,9 @@ class SGLangEngine(OpenAICompletionsEngine):
     # ------------------------------------------------------------------ launch
 
     def server_args(self, batching: BatchingConfig, *, host: str, port: int) -> list[str]:
-        args = ["--model-path", self.model.path, "--host", host, "--port", str(port),
-                "--enable-metrics", "--disable-radix-cache"]
+        args = ["--model-path", self.model.path, "--host", host, "--port", str(port), "--enable-metrics"]
+        if not batching.prefix_caching:  # off unless asked for, as vLLM's (BatchingConfig.prefix_caching)
+            args.append("--disable-radix-cache")
         if self.model.served_name:
             args += ["--served-model-name", self.model.served_name]
         if self.model.dummy_weights:

@@ -79,7 +79,7 @@ class VLLMEngine(OpenAICompletionsEngine):
     metric_prefixes: ClassVar[tuple[str, ...] | None] = (
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc", "vllm:num_preemptions", "vllm:admission_rejections", "vllm:cache_config_info",
-        "vllm:request_success",
+        "vllm:request_success", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
     )
     capabilities: ClassVar[Capabilities] = Capabilities(
         batching_modes=frozenset({"continuous"}),
@@ -87,6 +87,7 @@ class VLLMEngine(OpenAICompletionsEngine):
         reports_kv_capacity=True,
         chunked_prefill=True,
         prefill_chunk_cap=True,
+        prefix_caching=True,
     )
     #: ``--block-size`` whenever kv_capacity_tokens sets the cache (``--num-gpu-blocks-override``).
     kv_block_size: ClassVar[int | None] = 32
@@ -172,7 +173,9 @@ class VLLMEngine(OpenAICompletionsEngine):
 
     def server_args(self, batching: BatchingConfig, *, host: str, port: int) -> list[str]:
         args = ["--model", self.model.path, "--host", host, "--port", str(port), "--dtype", self.dtype]
-        args += ["--skip-tokenizer-init", "--no-enable-prefix-caching", "--disable-uvicorn-access-log"]
+        # Prefix caching off unless asked for: the suites replay identical prompts (BatchingConfig.prefix_caching).
+        caching = "--enable-prefix-caching" if batching.prefix_caching else "--no-enable-prefix-caching"
+        args += ["--skip-tokenizer-init", caching, "--disable-uvicorn-access-log"]
         if self.model.served_name:
             args += ["--served-model-name", self.model.served_name]
         if self.model.dummy_weights:
@@ -205,6 +208,9 @@ class VLLMEngine(OpenAICompletionsEngine):
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.cpu_kv_cache_gib:g}"
         if self.cpu_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_threads_bind
+        if batching.prefix_caching:
+            # Registers POST /reset_prefix_cache (reset_cache), so each run starts with a cold cache.
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return env
 
     def payload(self, request: Request) -> dict[str, Any]:
@@ -226,8 +232,9 @@ class VLLMEngine(OpenAICompletionsEngine):
     async def reset_cache(self) -> bool:
         """``POST /reset_prefix_cache``; False where the server has no such route (dev mode off).
 
-        A vLLM that batchbench starts runs without prefix caching, so there is nothing to reset; an
-        engine at a URL may cache, and resets only if its operator set ``VLLM_SERVER_DEV_MODE=1``.
+        A vLLM that batchbench starts caches prefixes only when asked to (``BatchingConfig.prefix_caching``),
+        and then in dev mode, so it can be reset; an engine at a URL may cache, and resets only if its operator
+        set ``VLLM_SERVER_DEV_MODE=1``.
         """
         assert self.client is not None, "reset_cache() before start()"
         try:
@@ -255,6 +262,8 @@ class VLLMEngine(OpenAICompletionsEngine):
             preemptions=samples.sum("vllm:num_preemptions_total"),
             rejections=samples.sum("vllm:admission_rejections_total"),
             completed=samples.sum("vllm:request_success_total"),
+            prefix_cache_queries=samples.sum("vllm:prefix_cache_queries_total"),
+            prefix_cache_hits=samples.sum("vllm:prefix_cache_hits_total"),
         )
 
 

@@ -127,6 +127,9 @@ class RunHeader:
     environment: dict[str, Any] = field(default_factory=dict, metadata=_doc(
         "machine, accelerators, package versions and commit (batchbench.environment.capture)"))
     labels: dict[str, Any] = field(default_factory=dict, metadata=_doc("free-form labels of the run (suite, repeat)"))
+    cache_reset: bool | None = field(default=None, metadata=_doc(
+        "whether the engine's prefix cache was emptied before the run (Engine.reset_cache): false when it has "
+        "nothing to reset or no way to, null when not asked"))
 
     @property
     def engine_name(self) -> str:

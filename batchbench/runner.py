@@ -73,13 +73,16 @@ async def run(
     tpot_slo_s: float | None = None,
     labels: dict[str, Any] | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
+    reset_cache: bool = True,
 ) -> RunResult:
     """Replay ``workload`` against the running ``engine`` and write its results document.
 
     ``on_record`` sees each finished request after it is journalled (a progress display): it runs on the
-    measuring loop, so it must be cheap.
+    measuring loop, so it must be cheap. ``reset_cache``: empty the engine's prefix cache first, so a cache the
+    previous run warmed is never measured as this run's speed (``False`` only when that is the point).
     """
     load = load or LoadConfig()
+    cache_reset = await engine.reset_cache() if reset_cache else None
     path = results_path(results_dir, engine, workload, tag)
     writer = JournalWriter(path)
     writer.begin(RunHeader(
@@ -92,6 +95,7 @@ async def run(
         slo=Slo(ttft_s=ttft_slo_s, tpot_s=tpot_slo_s),
         environment=environment.capture(),
         labels=labels or {},
+        cache_reset=cache_reset,
     ))
     engine.begin_run()
     t0 = now()

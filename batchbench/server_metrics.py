@@ -28,6 +28,10 @@ class ServerMetrics:
     rejections: float | None = None
     #: Requests the engine itself counts as finished (every finish reason), cumulative.
     completed: float | None = None
+    #: Prompt tokens looked up in the prefix cache, and those found there, cumulative (vLLM's
+    #: ``prefix_cache_queries``/``prefix_cache_hits``): their increase over a run is its hit rate.
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

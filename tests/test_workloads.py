@@ -444,3 +444,17 @@ def test_interleave_mixes_by_arrival() -> None:
 def test_invalid_inputs_raise_readable_value_errors(make, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@given(st.integers(0, 64), st.integers(1, 5), st.integers(1, 40), st.integers(0, 2**16))
+def test_shared_prefixes_open_every_prompt_of_their_group(prefix: int, groups: int, n: int, seed: int) -> None:
+    spec = WorkloadSpec("p", n, prompt=Lengths.uniform(1, 16), prefix_tokens=prefix, prefix_groups=groups, seed=seed)
+    wl = spec.build()
+    own = WorkloadSpec("p", n, prompt=Lengths.uniform(1, 16), seed=seed).build()
+    for i, (r, alone) in enumerate(zip(wl.requests, own.requests)):
+        first = wl.requests[i % groups]
+        assert r.prompt_token_ids[:prefix] == first.prompt_token_ids[:prefix]  # the group's prefix
+        assert r.prompt_token_ids[prefix:] == alone.prompt_token_ids  # then its own prompt, as without prefixes
+        assert r.prompt_len == prefix + alone.prompt_len
+    if prefix >= 4 and groups > 1 and n > 1:  # different groups, different prefixes (4 random ids never collide)
+        assert wl.requests[0].prompt_token_ids[:prefix] != wl.requests[1].prompt_token_ids[:prefix]
