@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,15 +13,10 @@ from hypothesis import strategies as st
 from batchbench.adapters.http import sse_data
 
 
-class Pieces(httpx.AsyncByteStream):
+async def arriving(pieces: list[bytes]) -> AsyncIterator[bytes]:
     """A response body that arrives in the given pieces, as TCP segments would."""
-
-    def __init__(self, pieces: list[bytes]) -> None:
-        self.pieces = pieces
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for piece in self.pieces:
-            yield piece
+    for piece in pieces:
+        yield piece
 
 
 def split_at(body: bytes, cuts: list[int]) -> list[bytes]:
@@ -32,7 +26,7 @@ def split_at(body: bytes, cuts: list[int]) -> list[bytes]:
 
 def events_of(pieces: list[bytes]) -> list[str]:
     async def collect() -> list[str]:
-        return [data async for data in sse_data(httpx.Response(200, stream=Pieces(pieces)))]
+        return [data async for data in sse_data(arriving(pieces))]
 
     return asyncio.run(collect())
 
@@ -66,14 +60,13 @@ def test_each_event_is_yielded_as_soon_as_its_blank_line_arrives() -> None:
     """The stamp is taken when sse_data yields, so it must not wait for the next piece."""
     arrived: list[int] = []
 
-    class Watched(httpx.AsyncByteStream):
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            for i, piece in enumerate([b'data: {"a": 1}\r\n', b"\r\n", b'data: {"a": 2}\r\n\r', b"\ndata: [DONE]"]):
-                arrived.append(i)
-                yield piece
+    async def watched() -> AsyncIterator[bytes]:
+        for i, piece in enumerate([b'data: {"a": 1}\r\n', b"\r\n", b'data: {"a": 2}\r\n\r', b"\ndata: [DONE]"]):
+            arrived.append(i)
+            yield piece
 
     async def collect() -> list[tuple[str, int]]:
-        return [(d, arrived[-1]) async for d in sse_data(httpx.Response(200, stream=Watched()))]
+        return [(d, arrived[-1]) async for d in sse_data(watched())]
 
     assert asyncio.run(collect()) == [('{"a": 1}', 1), ('{"a": 2}', 2), ("[DONE]", 3)]
 
