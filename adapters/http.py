@@ -175,7 +175,8 @@ def _connect_failure(engine: str, client: HttpClient, exc: BaseException, *,
 
 def loads(data: str | bytes) -> Any:
     """Parse JSON: with orjson where installed, falling back to json for what orjson refuses and json reads
-    (NaN, integers beyond 64 bits, lone surrogates), so the choice of parser never changes what parses."""
+    (NaN, lone surrogates), so the choice of parser does not change what parses. One difference remains:
+    orjson reads an integer beyond 64 bits as a float; the events read here carry none (token ids, counts)."""
     if orjson is not None:
         try:
             return orjson.loads(data)

@@ -4,12 +4,15 @@ whatever the line endings. The stamp of a chunk is taken when sse_data yields it
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from batchbench.adapters import http
+from batchbench.adapters.base import StreamProtocolError
 from batchbench.adapters.http import sse_data
 
 
@@ -90,3 +93,16 @@ def test_a_very_long_line_in_many_reads_is_one_event(benchmark) -> None:  # noqa
     pieces = [body[i:i + 4096] for i in range(0, len(body), 4096)]
     events = benchmark.pedantic(events_of, args=(pieces,), rounds=3, iterations=1)
     assert events == [payload, "[DONE]"]
+
+
+@pytest.mark.parametrize("text", ['{"a": NaN}', '{"s": "\\ud800"}', '{"t": "line\u2028sep"}', '[1, 2.5, "é"]',
+                                  '{"id": 18446744073709551615, "n": -9223372036854775808}'])
+def test_events_parse_as_json_reads_them_with_or_without_orjson(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """orjson where installed, json otherwise: what parses, and to what, does not depend on it."""
+    want = json.loads(text)
+    got = http.parse_json_event("vllm", text, "r")
+    monkeypatch.setattr(http, "orjson", None)
+    without = http.parse_json_event("vllm", text, "r")
+    assert repr(got) == repr(without) == repr(want)
+    with pytest.raises(StreamProtocolError, match="malformed stream event"):
+        http.parse_json_event("vllm", text[:-1], "r")
