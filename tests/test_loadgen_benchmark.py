@@ -14,6 +14,7 @@ the whole client path: request, stream parsing, record keeping and its write.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from batchbench import eventloop
 from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.harness import LoopThread
@@ -43,13 +45,20 @@ def fake_server() -> Iterator[str]:
         yield url
 
 
+#: The suites' loop (asyncio's, in batchbench.harness.LoopThread) and the command line's (uvloop where installed).
+LOOPS = {"asyncio": asyncio.new_event_loop, "cli": eventloop.new_event_loop}
+
+
+@pytest.mark.parametrize("loop_kind", sorted(LOOPS))
 @pytest.mark.parametrize("concurrency", [64, 256])
-def test_client_cost_per_chunk(fake_server: str, benchmark: Any, concurrency: int, tmp_path: Path) -> None:
+def test_client_cost_per_chunk(fake_server: str, benchmark: Any, concurrency: int, loop_kind: str,
+                               tmp_path: Path) -> None:
     requests = WAVES * concurrency
     workload = WorkloadSpec("bench", requests, prompt=Lengths.fixed(16), output=Lengths.fixed(TOKENS),
                             arrival=Arrival("closed", concurrency=concurrency)).build()
     load = LoadConfig(max_in_flight=concurrency)
-    loop = LoopThread()
+    loop = LoopThread(LOOPS[loop_kind])
+    loop_name = type(loop.loop).__module__.split(".")[0]
     rounds: list[dict[str, float]] = []
 
     async def once() -> list[RequestRecord]:
@@ -76,11 +85,12 @@ def test_client_cost_per_chunk(fake_server: str, benchmark: Any, concurrency: in
     assert len(records) == requests and all(r.ok and r.output_tokens == TOKENS for r in records)
     measured = rounds[1:]  # the first is pytest-benchmark's warm-up round
     for r in measured:
-        print(f"\nconcurrency {concurrency}: {r['us_per_chunk']:.1f} us CPU/chunk, {r['chunks_per_s']:.0f} chunks/s, "
-              f"TTFT p50 {r['ttft_p50_ms']:.1f} ms ({r['chunks']:.0f} chunks, {r['cpu_s']:.2f} s CPU, "
-              f"{r['wall_s']:.2f} s wall)", end="")
+        print(f"\nconcurrency {concurrency}, {loop_name}: {r['us_per_chunk']:.1f} us CPU/chunk, "
+              f"{r['chunks_per_s']:.0f} chunks/s, TTFT p50 {r['ttft_p50_ms']:.1f} ms ({r['chunks']:.0f} chunks, "
+              f"{r['cpu_s']:.2f} s CPU, {r['wall_s']:.2f} s wall)", end="")
     benchmark.extra_info.update({
         "concurrency": concurrency,
+        "loop": loop_name,
         "rounds": measured,
         "client_cpu_us_per_chunk": statistics.median(r["us_per_chunk"] for r in measured),
         "chunks_per_s": statistics.median(r["chunks_per_s"] for r in measured),
