@@ -246,6 +246,10 @@ class Chunk:
     n_tokens: int
     usage: Usage | None = None
     finish_reason: str | None = None
+    #: On the first piece only, where the adapter knows it: when the request was written to the connection
+    #: (:func:`now`). Later than the load generator's own stamp, taken before the adapter built the request,
+    #: so the client's own preparation is not counted as the engine's latency.
+    sent: float | None = None
 
 
 class EngineError(Exception):

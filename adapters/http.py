@@ -1,8 +1,15 @@
 """HTTP plumbing shared by every networked adapter.
 
-One place maps transport failures and HTTP status codes onto the
-:mod:`adapters.base` error types, and one place splits a Server-Sent Events
-body into events, so vLLM, TGI and TensorRT-LLM fail and stream the same way.
+One client per engine (:class:`HttpClient`, one aiohttp session and its connection pool), one
+place that maps transport failures and HTTP status codes onto the :mod:`adapters.base` error
+types, and one place that splits a Server-Sent Events body into events, so vLLM, TGI, SGLang and
+TensorRT-LLM connect, fail and stream the same way.
+
+aiohttp rather than httpx: on the streaming path, which runs once per chunk, httpx + httpcore + h11
+cost the load generator about half of its CPU per chunk (tests/test_loadgen_benchmark.py, profiled
+in the commit that moved here); httpcore also wrote a request's headers and body in two writes with
+an event-loop turn between, and assigned requests to pooled connections in O(connections x queued).
+aiohttp parses responses in C and writes headers and body in one write.
 """
 
 from __future__ import annotations
@@ -10,11 +17,13 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import SimpleNamespace
+from typing import Any, Protocol
 
-import httpx
+import aiohttp
+import yarl
 
 from batchbench.adapters.base import (
     EngineHTTPError,
@@ -22,20 +31,114 @@ from batchbench.adapters.base import (
     EngineUnreachable,
     StreamProtocolError,
 )
+from batchbench.clock import now
+
+try:  # orjson parses a stream event several times faster than json; it is optional
+    import orjson
+except ImportError:  # pragma: no cover - exercised where orjson is not installed
+    orjson = None  # type: ignore[assignment]
 
 #: Status codes an overloaded engine answers with; counted as rejections.
 OVERLOAD_STATUSES = frozenset({429, 503})
+#: Seconds to open a connection; nothing else has a client-side timeout (see :class:`HttpClient`).
+CONNECT_TIMEOUT_S = 10.0
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-def make_client(base_url: str, *, max_connections: int = 1024) -> httpx.AsyncClient:
-    """A client sized so the connection pool never throttles the load generator.
+class SentStamp:
+    """When a request's bytes were handed to the socket: :func:`now` just before the write, None until then.
 
-    No read timeout: the load generator owns per-request deadlines, and a long
-    decode legitimately goes quiet between chunks.
+    The load generator stamps a request before the adapter even builds it; this stamp is the latest
+    the client can take, so the time the client spent preparing a request, finding a connection and
+    getting through the event loop is not counted as the engine's latency.
     """
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
-    return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout)
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+
+
+async def _stamp_sent(session: aiohttp.ClientSession, ctx: SimpleNamespace,
+                      params: aiohttp.TraceRequestChunkSentParams) -> None:
+    """aiohttp's hook just before a body is written (headers and body go out together, in one write)."""
+    stamp = ctx.trace_request_ctx
+    if stamp is not None and stamp.t is None:
+        stamp.t = now()
+
+
+class ByteStream(Protocol):
+    def iter_any(self) -> AsyncIterator[bytes]:
+        """Each piece of the body as soon as it arrives."""
+
+
+class Response(Protocol):
+    """What the adapters use of a response (aiohttp's ``ClientResponse`` is one)."""
+
+    status: int
+    content: ByteStream
+
+    async def read(self) -> bytes:
+        """The whole body."""
+
+
+class HttpClient:
+    """An engine's HTTP client: one aiohttp session, so every request reuses one connection pool.
+
+    The pool has no limit of its own: the load generator bounds the requests in flight, and a pool
+    smaller than that bound would queue requests where the load generator cannot see it. Only
+    connecting has a timeout: the load generator owns per-request deadlines, and a long decode
+    legitimately goes quiet between chunks. The session is opened on first use, inside the running
+    event loop, as aiohttp requires.
+    """
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.host = yarl.URL(self.base_url).host
+        self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, yarl.URL] = {}
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            trace = aiohttp.TraceConfig()
+            trace.on_request_chunk_sent.append(_stamp_sent)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S),
+                trace_configs=[trace],
+            )
+        return self._session
+
+    def url(self, path: str) -> yarl.URL:
+        """The server's root joined with ``path`` (a root that has a path prefix keeps it), built once per path."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = yarl.URL(self.base_url + path, encoded="%" in path)
+        return url
+
+    def request(
+        self, method: str, path: str, *, body: bytes | None = None, params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None, sent: SentStamp | None = None,
+    ) -> AbstractAsyncContextManager[Response]:
+        """``async with client.request(...) as response``; ``sent`` is stamped just before the body is written."""
+        return self._open().request(method, self.url(path), data=body, params=params, headers=headers,
+                                    trace_request_ctx=sent)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> HttpClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def make_client(base_url: str) -> HttpClient:
+    """The client an engine at ``base_url`` is reached with."""
+    return HttpClient(base_url)
 
 
 def check_url(engine: str, url: str) -> str:
@@ -45,8 +148,9 @@ def check_url(engine: str, url: str) -> str:
     their own paths (``/v1/completions``, ``/health``, ``/metrics``) to the server's root.
     """
     try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, TypeError) as exc:
+        parsed = yarl.URL(url)
+        parsed.port  # noqa: B018 - a port that is not a number raises here
+    except (ValueError, TypeError) as exc:
         raise EngineUnreachable(engine, f"invalid URL {url!r}: {exc}", permanent=True) from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise EngineUnreachable(engine, f"invalid URL {url!r}: expected http(s)://host:port", permanent=True)
@@ -54,25 +158,44 @@ def check_url(engine: str, url: str) -> str:
     return root.removesuffix("/v1") if parsed.path.rstrip("/") == "/v1" else root
 
 
-def _connect_failure(engine: str, client: httpx.AsyncClient, exc: httpx.HTTPError, *,
+def _connect_failure(engine: str, client: HttpClient, exc: BaseException, *,
                      request_id: str | None = None) -> EngineUnreachable:
     """A transport failure as EngineUnreachable, permanent when waiting cannot fix it."""
     cause: BaseException | None = exc
     while cause is not None:
-        if isinstance(cause, socket.gaierror):
-            return EngineUnreachable(engine, f"host {client.base_url.host!r} of {client.base_url} does not resolve "
+        if isinstance(cause, socket.gaierror | aiohttp.ClientConnectorDNSError):
+            return EngineUnreachable(engine, f"host {client.host!r} of {client.base_url} does not resolve "
                                      f"({cause})", request_id=request_id, permanent=True)
-        if isinstance(cause, ssl.SSLError):
+        if isinstance(cause, ssl.SSLError | aiohttp.ClientSSLError):
             return EngineUnreachable(engine, f"TLS handshake with {client.base_url} failed ({cause}); is it a "
                                      "plain-HTTP port (http://, not https://)?", request_id=request_id, permanent=True)
         cause = cause.__cause__ or cause.__context__
     return EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}", request_id=request_id)
 
 
+def loads(data: str | bytes) -> Any:
+    """Parse JSON: with orjson where installed, falling back to json for what orjson refuses and json reads
+    (NaN, lone surrogates), so the choice of parser does not change what parses. One difference remains:
+    orjson reads an integer beyond 64 bits as a float; the events read here carry none (token ids, counts)."""
+    if orjson is not None:
+        try:
+            return orjson.loads(data)
+        except ValueError:
+            pass
+    return json.loads(data)
+
+
+def dumps(doc: Any) -> bytes:
+    """Serialise a request body (orjson where installed)."""
+    if orjson is not None:
+        return orjson.dumps(doc)
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
 def _error_text(body: bytes) -> str:
     text = body.decode("utf-8", "replace").strip()
     try:
-        doc = json.loads(text)
+        doc = loads(text)
     except ValueError:
         # Not an engine's JSON error: an HTML page (a proxy, another server) says nothing in 500 characters.
         return " ".join(text[:200].split()) + (" ..." if len(text) > 200 else "")
@@ -86,61 +209,70 @@ def _error_text(body: bytes) -> str:
 
 @asynccontextmanager
 async def post_stream(
-    client: httpx.AsyncClient, engine: str, path: str, payload: dict[str, Any], *, request_id: str,
-    headers: dict[str, str] | None = None,
-) -> AsyncIterator[httpx.Response]:
-    """POST and yield the streaming response, with errors mapped to EngineError types."""
+    client: HttpClient, engine: str, path: str, payload: dict[str, Any], *, request_id: str,
+    headers: dict[str, str] | None = None, sent: SentStamp | None = None,
+) -> AsyncIterator[AsyncIterator[bytes]]:
+    """POST a JSON body and yield the response body's pieces as they arrive, errors mapped to EngineError types.
+
+    ``sent`` is stamped just before the request is written.
+    """
+    all_headers = _JSON_HEADERS if headers is None else {**_JSON_HEADERS, **headers}
     try:
-        async with client.stream("POST", path, json=payload, headers=headers) as response:
-            if response.status_code != 200:
-                body = await response.aread()
-                message = f"HTTP {response.status_code} from {path}: {_error_text(body)}"
-                if response.status_code in OVERLOAD_STATUSES:
-                    raise EngineRejected(engine, message, status=response.status_code, request_id=request_id)
-                raise EngineHTTPError(engine, message, status=response.status_code, request_id=request_id)
-            yield response
-    except httpx.ConnectError as exc:
+        async with client.request("POST", path, body=dumps(payload), headers=all_headers, sent=sent) as response:
+            if response.status != 200:
+                body = await response.read()
+                message = f"HTTP {response.status} from {path}: {_error_text(body)}"
+                if response.status in OVERLOAD_STATUSES:
+                    raise EngineRejected(engine, message, status=response.status, request_id=request_id)
+                raise EngineHTTPError(engine, message, status=response.status, request_id=request_id)
+            yield response.content.iter_any()
+    except aiohttp.ClientConnectorError as exc:
         raise _connect_failure(engine, client, exc, request_id=request_id) from exc
-    except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+    except aiohttp.ServerTimeoutError as exc:  # only connecting has a timeout
+        raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: no connection within "
+                                f"{CONNECT_TIMEOUT_S:g}s", request_id=request_id) from exc
+    except aiohttp.ClientError as exc:
         raise StreamProtocolError(
             engine, f"connection broke mid-stream ({type(exc).__name__}: {exc or 'no detail'})", request_id=request_id
         ) from exc
 
 
-async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+async def sse_data(pieces: AsyncIterable[bytes]) -> AsyncIterator[str]:
     """Yield the ``data:`` payload of each Server-Sent Event as soon as it is complete.
 
-    Events are separated by a blank line; multi-line data is joined with
-    newlines; lines end with CRLF, LF or CR, as the SSE specification says.
-    Comments and other fields are ignored.
+    ``pieces`` is the body as it arrives (reads of any size). Events are separated by a blank
+    line; multi-line data is joined with newlines; lines end with CRLF, LF or CR, as the SSE
+    specification says. Comments and other fields are ignored.
 
-    The body is split here, on bytes, rather than with httpx's ``aiter_lines``,
-    which gets two things wrong for SSE (tests/test_sse.py): it splits text at
-    every Unicode line break (U+2028, U+0085, ...), which JSON strings may hold
-    unescaped, so generated text containing one broke the event; and it holds a
-    CR that ends a read back until the next read shows whether an LF follows,
-    so an event whose CRLF was torn across two reads was stamped only when the
-    next bytes arrived. Here a CR ends the line at once and an LF opening the
-    next read is dropped.
+    The body is split here, on bytes, rather than by a client's line iterator, which gets two
+    things wrong for SSE (tests/test_sse.py): one that splits text at every Unicode line break
+    (U+2028, U+0085, ...), which JSON strings may hold unescaped, broke an event whose text held
+    one; and one that holds a CR that ends a read back until the next read shows whether an LF
+    follows stamps an event whose CRLF was torn across two reads only when the next bytes arrive.
+    Here a CR ends the line at once and an LF opening the next read is dropped.
     """
     data: list[str] = []
     # The unfinished last line, appended to in place: a long line arriving in many reads costs its
-    # length once, not once per read (``pending + piece`` copied it all again each time).
+    # length once, not once per read.
     pending = bytearray()
     skip_lf = False  # the last piece ended with CR: an LF opening the next one is the rest of that CRLF
-    async for piece in response.aiter_bytes():
+    async for piece in pieces:
         if skip_lf and piece.startswith(b"\n"):
             piece = piece[1:]
         skip_lf = piece.endswith(b"\r")
         if b"\r" in piece:
             piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        cut = piece.rfind(b"\n")
-        if cut < 0:
-            pending += piece
+        lines: list[Any] = piece.split(b"\n")
+        rest = lines.pop()
+        if not lines:  # no line ended in this piece
+            pending += rest
             continue
-        pending += piece[:cut]
-        lines = pending.split(b"\n")
-        pending = bytearray(piece[cut + 1:])
+        if pending:
+            pending += lines[0]
+            lines[0] = pending
+            pending = bytearray(rest)
+        elif rest:
+            pending += rest
         for line in lines:
             if not line:
                 if data:
@@ -155,55 +287,45 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
         yield "\n".join(data)
 
 
-async def _get(client: httpx.AsyncClient, engine: str, path: str) -> httpx.Response:
-    """GET ``path``; anything but a 200 is an EngineError (the body shortened, never a whole HTML page)."""
+async def _call(client: HttpClient, engine: str, method: str, path: str, *,
+                params: Mapping[str, Any] | None = None) -> bytes:
+    """One whole request; anything but a 200 is an EngineError (the body shortened, never a whole HTML page)."""
     try:
-        response = await client.get(path)
-    except httpx.ConnectError as exc:
+        async with client.request(method, path, params=params) as response:
+            status, body = response.status, await response.read()
+    except aiohttp.ClientConnectorError as exc:
         raise _connect_failure(engine, client, exc) from exc
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         raise EngineUnreachable(engine, f"{path} failed: {type(exc).__name__}: {exc}") from exc
-    if response.status_code != 200:
+    if status != 200:
         raise EngineHTTPError(
-            engine, f"HTTP {response.status_code} from {client.base_url}{path}: {_error_text(response.content)}",
-            status=response.status_code,
+            engine, f"HTTP {status} from {client.base_url}{path}: {_error_text(body)}", status=status,
         )
-    return response
+    return body
 
 
-async def get_json(client: httpx.AsyncClient, engine: str, path: str) -> Any:
+async def get_json(client: HttpClient, engine: str, path: str) -> Any:
     """GET a JSON document, mapping failures to EngineError types."""
-    response = await _get(client, engine, path)
+    body = await _call(client, engine, "GET", path)
     try:
-        return response.json()
+        return loads(body)
     except ValueError as exc:
-        raise StreamProtocolError(engine, f"{path} did not return JSON: {response.text[:200]!r}") from exc
+        raise StreamProtocolError(engine, f"{path} did not return JSON: {body[:200]!r}") from exc
 
 
-async def get_text(client: httpx.AsyncClient, engine: str, path: str) -> str:
+async def get_text(client: HttpClient, engine: str, path: str) -> str:
     """GET a text document (health, /metrics), mapping failures to EngineError types."""
-    return (await _get(client, engine, path)).text
+    return (await _call(client, engine, "GET", path)).decode("utf-8", "replace")
 
 
-async def post_text(client: httpx.AsyncClient, engine: str, path: str, *, params: dict[str, Any] | None = None) -> str:
+async def post_text(client: HttpClient, engine: str, path: str, *, params: dict[str, Any] | None = None) -> str:
     """POST without a body (an engine's control route), mapping failures to EngineError types."""
-    try:
-        response = await client.post(path, params=params)
-    except httpx.ConnectError as exc:
-        raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}") from exc
-    except httpx.HTTPError as exc:
-        raise EngineUnreachable(engine, f"{path} failed: {type(exc).__name__}: {exc}") from exc
-    if response.status_code != 200:
-        raise EngineHTTPError(
-            engine, f"HTTP {response.status_code} from {path}: {_error_text(response.content)}",
-            status=response.status_code,
-        )
-    return response.text
+    return (await _call(client, engine, "POST", path, params=params)).decode("utf-8", "replace")
 
 
 def parse_json_event(engine: str, data: str, request_id: str) -> Any:
     """Decode one SSE data payload, naming the engine and request when it is not JSON."""
     try:
-        return json.loads(data)
+        return loads(data)
     except ValueError as exc:
         raise StreamProtocolError(engine, f"malformed stream event {data[:200]!r}", request_id=request_id) from exc

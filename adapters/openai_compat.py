@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import Chunk, EngineError, EngineHTTPError, EngineRejected, StreamProtocolError, Usage
-from batchbench.adapters.http import OVERLOAD_STATUSES, parse_json_event, post_stream, sse_data
+from batchbench.adapters.http import OVERLOAD_STATUSES, SentStamp, parse_json_event, post_stream, sse_data
 from batchbench.adapters.served import ServedEngine
 from batchbench.clock import now
 from batchbench.workload import Request
@@ -34,13 +34,15 @@ class OpenAICompletionsEngine(ServedEngine):
     async def stream(self, request: Request) -> AsyncIterator[Chunk]:
         assert self.client is not None, "stream() before start()"
         rid = request.request_id
+        stamp = SentStamp()
         async with self.failures_explained(rid), post_stream(
             self.client, self.name, self.completions_path, self.payload(request), request_id=rid,
-            headers=self.request_headers(request),
-        ) as response:
+            headers=self.request_headers(request), sent=stamp,
+        ) as body:
             done = got_usage = False
             completed = 0
-            async for data in sse_data(response):
+            sent = stamp.t  # handed on with the first chunk
+            async for data in sse_data(body):
                 t = now()
                 if data == "[DONE]":
                     done = True
@@ -62,11 +64,13 @@ class OpenAICompletionsEngine(ServedEngine):
                         )
                     got_usage = True
                     totals = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
-                    yield Chunk(t=t, n_tokens=0, usage=totals)
+                    yield Chunk(t=t, n_tokens=0, usage=totals, sent=sent)
+                    sent = None
                     continue
                 n_tokens, completed = self.count_tokens(choices, usage, completed)
                 finish = next((c.get("finish_reason") for c in choices if c.get("finish_reason")), None)
-                yield Chunk(t=t, n_tokens=n_tokens, finish_reason=finish)
+                yield Chunk(t=t, n_tokens=n_tokens, finish_reason=finish, sent=sent)
+                sent = None
             if not done:
                 raise StreamProtocolError(self.name, "stream ended before [DONE]", request_id=rid)
             if not got_usage:

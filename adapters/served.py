@@ -18,8 +18,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-import httpx
-
 from batchbench.adapters.base import (
     BatchingConfig,
     Engine,
@@ -31,7 +29,7 @@ from batchbench.adapters.base import (
     ModelRef,
     StreamProtocolError,
 )
-from batchbench.adapters.http import check_url, get_json, get_text, make_client
+from batchbench.adapters.http import HttpClient, check_url, get_json, get_text, make_client
 from batchbench.adapters.launch import Launch
 from batchbench.adapters.prometheus import Samples
 from batchbench.clock import now
@@ -64,7 +62,7 @@ class ServedEngine(Engine):
         self.launch = launch if url is None else None
         self.extra_args = extra_args
         self.base_url: str | None = self.url
-        self.client: httpx.AsyncClient | None = None
+        self.client: HttpClient | None = None
         self.startup_s: float | None = None
         self.server_argv: list[str] | None = None
         self.server_log_tail: str | None = None

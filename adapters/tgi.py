@@ -19,7 +19,7 @@ queue}.rs`` (the batching gauges) and ``launcher/src/main.rs`` (flags):
   the non-streaming routes answer 429); both are mapped to EngineRejected.
 - The ``text-generation`` client package is not used: it pins
   ``huggingface-hub<1.0``, which conflicts with transformers 5 in the same
-  environment. Plain httpx speaks the (small) protocol instead.
+  environment. batchbench's own HTTP client speaks the (small) protocol instead.
 
 Limitations of TGI's API that the records must live with:
 
@@ -62,7 +62,7 @@ from batchbench.adapters.base import (
     StreamProtocolError,
     Usage,
 )
-from batchbench.adapters.http import get_json, parse_json_event, post_stream, sse_data
+from batchbench.adapters.http import SentStamp, get_json, parse_json_event, post_stream, sse_data
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.served import ServedEngine
 from batchbench.adapters.spec import EngineSpec
@@ -211,11 +211,13 @@ class TGIEngine(ServedEngine):
     async def stream(self, request: Request) -> AsyncIterator[Chunk]:
         assert self.client is not None, "stream() before start()"
         rid = request.request_id
+        stamp = SentStamp()
         async with self.failures_explained(rid), post_stream(
-            self.client, self.name, "/generate_stream", self.payload(request), request_id=rid,
-        ) as response:
+            self.client, self.name, "/generate_stream", self.payload(request), request_id=rid, sent=stamp,
+        ) as body:
             finished = False
-            async for data in sse_data(response):
+            sent = stamp.t  # handed on with the first chunk
+            async for data in sse_data(body):
                 t = now()
                 event = parse_json_event(self.name, data, rid)
                 if not isinstance(event, dict):
@@ -223,7 +225,8 @@ class TGIEngine(ServedEngine):
                                               request_id=rid)
                 if "error" in event:
                     raise self.error_event(event, rid)
-                chunk = self._chunk(event, t, rid)
+                chunk = self._chunk(event, t, rid, sent)
+                sent = None
                 yield chunk
                 if chunk.usage is not None:
                     finished = True
@@ -233,11 +236,11 @@ class TGIEngine(ServedEngine):
                     self.name, "stream ended without the final event carrying details", request_id=rid,
                 )
 
-    def _chunk(self, event: dict[str, Any], t: float, rid: str) -> Chunk:
+    def _chunk(self, event: dict[str, Any], t: float, rid: str, sent: float | None) -> Chunk:
         if not isinstance(event.get("token"), dict):
             raise StreamProtocolError(self.name, f"stream event without a token: {event!r:.200}", request_id=rid)
         if event.get("generated_text") is None:
-            return Chunk(t=t, n_tokens=1)
+            return Chunk(t=t, n_tokens=1, sent=sent)
         details = event.get("details")
         if not isinstance(details, dict) or not isinstance(details.get("generated_tokens"), int):
             raise StreamProtocolError(
@@ -249,6 +252,7 @@ class TGIEngine(ServedEngine):
             n_tokens=1,
             usage=Usage(input_length if isinstance(input_length, int) else None, details["generated_tokens"]),
             finish_reason=details.get("finish_reason"),
+            sent=sent,
         )
 
     def error_event(self, event: dict[str, Any], rid: str) -> EngineError:

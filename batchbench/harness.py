@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,8 +40,10 @@ T = TypeVar("T")
 class LoopThread:
     """An asyncio loop running in a daemon thread; ``call(coro)`` runs a coroutine there and waits."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop) -> None:
+        """``new_loop``: asyncio's loop for the suites (engines start from this thread); the load generator's
+        benchmark also measures the command line's (:func:`batchbench.eventloop.new_event_loop`)."""
+        self.loop = new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="batchbench-loop", daemon=True)
         self._thread.start()
 

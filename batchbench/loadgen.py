@@ -146,6 +146,8 @@ class LoadGenerator:
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 async for chunk in self.engine.stream(request):
+                    if chunk.sent is not None:
+                        record.sent_s = chunk.sent - self.t0
                     if chunk.n_tokens:
                         received += chunk.n_tokens
                         if received > request.max_tokens:

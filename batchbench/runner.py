@@ -97,18 +97,23 @@ async def run(
         labels=labels or {},
         cache_reset=cache_reset,
     ))
-    engine.begin_run()
-    t0 = now()
-    def record(r: RequestRecord) -> None:
-        writer.record(r)
-        if on_record is not None:
-            on_record(r)
+    try:
+        engine.begin_run()
+        t0 = now()
 
-    generator = LoadGenerator(engine, workload, on_record=record, config=load)
-    scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
-    meter = ClientMeter()
-    machine_meter = MachineMeter.for_engine(engine)
-    machine_meter.start()
+        def record(r: RequestRecord) -> None:
+            writer.record(r)
+            if on_record is not None:
+                on_record(r)
+
+        generator = LoadGenerator(engine, workload, on_record=record, config=load)
+        scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
+        meter = ClientMeter()
+        machine_meter = MachineMeter.for_engine(engine)
+        machine_meter.start()
+    except BaseException:
+        writer.close()  # the journal's writer thread stops with the header written: a partial run
+        raise
     status, error = "complete", None
     try:
         with meter:
@@ -118,22 +123,26 @@ async def run(
         status, error = "interrupted", f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        duration = now() - t0
-        summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
-        report = engine.report()
-        client = meter.result()
-        machine = machine_meter.result()
-        writer.finish(RunFooter(
-            status=status,
-            error=error,
-            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            duration_s=duration,
-            engine_report=report,
-            scrape=ScrapeStats(failures=scraper.failures, last_error=scraper.last_error, scrapes=scraper.scrapes,
-                               mean_scrape_s=scraper.scrape_time_s / scraper.scrapes if scraper.scrapes else None),
-            summary=summary,
-            guardrails=server_summary(scraper.samples),
-            client=client,
-            machine=machine,
-        ))
+        try:
+            duration = now() - t0
+            summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
+                                tpot_slo_s=tpot_slo_s)
+            report = engine.report()
+            client = meter.result()
+            machine = machine_meter.result()
+            writer.finish(RunFooter(
+                status=status,
+                error=error,
+                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                duration_s=duration,
+                engine_report=report,
+                scrape=ScrapeStats(failures=scraper.failures, last_error=scraper.last_error, scrapes=scraper.scrapes,
+                                   mean_scrape_s=scraper.scrape_time_s / scraper.scrapes if scraper.scrapes else None),
+                summary=summary,
+                guardrails=server_summary(scraper.samples),
+                client=client,
+                machine=machine,
+            ))
+        finally:
+            writer.close()  # where the footer could not be written: every record handed over still is (partial)
     return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client, machine)

@@ -11,9 +11,11 @@ import pytest
 from batchbench import results
 from batchbench.adapters.base import EngineNotHealthy, EngineUnreachable, ModelRef
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.clock import now
 from batchbench.fixtures.protocol.vllm import VLLMServer
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.metrics import itl_samples, summarize
+from batchbench.records import RequestRecord
 from batchbench.runner import run
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
@@ -188,3 +190,31 @@ async def test_interrupted_run_keeps_every_record_measured(fake: VLLMServer, tmp
     assert [r.error_kind for r in recs if not r.ok] == ["cancelled"]
     assert doc.footer.summary is not None and doc.footer.summary.ok == 5
     assert doc.header.workload_hash == wl.hash()
+
+
+async def test_a_run_that_raises_keeps_every_record_handed_over(fake: VLLMServer, tmp_path: Path) -> None:
+    """The journal is written by a thread; an exception mid-run still leaves every record handed to it."""
+    wl = workload(40, out=3, arrival=Arrival("closed", concurrency=1))
+    seen: list[str] = []
+
+    def on_record(record: RequestRecord) -> None:
+        seen.append(record.request_id)
+        if len(seen) == 30:
+            raise RuntimeError("the progress display broke")
+
+    async with engine_at(fake.url) as engine:
+        with pytest.raises(RuntimeError, match="display broke"):
+            await run(engine, wl, results_dir=tmp_path, on_record=on_record)
+    (path,) = tmp_path.glob("*.json")
+    doc = results.load(path)
+    assert doc.status == "interrupted" and [r.request_id for r in doc.records] == seen
+
+
+async def test_the_send_is_stamped_when_the_request_is_written(fake: VLLMServer) -> None:
+    """The adapter's stamp (on the first chunk) is later than the load generator's and before any answer."""
+    async with engine_at(fake.url) as engine:
+        before = now()
+        chunks = [chunk async for chunk in engine.stream(workload(1, out=3).requests[0])]
+    first = chunks[0].sent
+    assert first is not None and before < first < chunks[0].t
+    assert all(chunk.sent is None for chunk in chunks[1:])

@@ -3,56 +3,96 @@
 The harness must not be the bottleneck it measures. The vLLM protocol server runs
 in its own process (so its CPU is not counted), streams tokens as fast as it
 can, and the client's own CPU time per chunk is recorded with pytest-benchmark:
-``pytest tests/test_loadgen_benchmark.py --benchmark-json=out.json``. At the
-recorded cost per chunk, one core ingests ``1 / cost`` tokens/s, which must stay
-far above what the engines under test produce.
+``pytest tests/test_loadgen_benchmark.py -s`` prints each round (CPU per chunk,
+chunks per wall second, TTFT p50); ``--benchmark-json=out.json`` keeps them. At
+the recorded cost per chunk, one core ingests ``1 / cost`` tokens/s, which must
+stay far above what the engines under test produce.
+
+Each record is journalled as a real run does (``JournalWriter``), so the figure is
+the whole client path: request, stream parsing, record keeping and its write.
 """
 
 from __future__ import annotations
 
+import asyncio
+import statistics
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from batchbench import eventloop
 from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.harness import LoopThread
-from batchbench.loadgen import LoadGenerator
+from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.records import RequestRecord
+from batchbench.results import JournalWriter, RunHeader
 from batchbench.workload import Arrival, Lengths, WorkloadSpec
 from tests.server_process import serving
 
-REQUESTS, TOKENS, CONCURRENCY = 256, 64, 64
+TOKENS = 64
+#: Requests per round: this many times the concurrency, so most of a round runs at full concurrency.
+WAVES = 4
 
 
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[str]:
     with serving("batchbench.fixtures.protocol", "vllm", "--model", "fake-model", "--token-delay", "0",
-                 "--max-running", "1024") as url:
+                 "--max-running", "1024", "--max-queue", "4096") as url:
         yield url
 
 
-def test_client_cost_per_chunk(fake_server: str, benchmark: Any) -> None:
-    workload = WorkloadSpec("bench", REQUESTS, prompt=Lengths.fixed(16), output=Lengths.fixed(TOKENS),
-                            arrival=Arrival("closed", concurrency=CONCURRENCY)).build()
-    loop = LoopThread()
+#: The suites' loop (asyncio's, in batchbench.harness.LoopThread) and the command line's (uvloop where installed).
+LOOPS = {"asyncio": asyncio.new_event_loop, "cli": eventloop.new_event_loop}
 
-    async def once() -> tuple[list, float]:
+
+@pytest.mark.parametrize("loop_kind", sorted(LOOPS))
+@pytest.mark.parametrize("concurrency", [64, 256])
+def test_client_cost_per_chunk(fake_server: str, benchmark: Any, concurrency: int, loop_kind: str,
+                               tmp_path: Path) -> None:
+    requests = WAVES * concurrency
+    workload = WorkloadSpec("bench", requests, prompt=Lengths.fixed(16), output=Lengths.fixed(TOKENS),
+                            arrival=Arrival("closed", concurrency=concurrency)).build()
+    load = LoadConfig(max_in_flight=concurrency)
+    loop = LoopThread(LOOPS[loop_kind])
+    loop_name = type(loop.loop).__module__.split(".")[0]
+    rounds: list[dict[str, float]] = []
+
+    async def once() -> list[RequestRecord]:
+        writer = JournalWriter(tmp_path / f"round-{len(rounds)}.json")
+        writer.begin(RunHeader(run_id="bench", engine={"engine": "vllm", "batching": {}},
+                               workload=workload.describe()))
         async with VLLMEngine(model=ModelRef("fake-model"), url=fake_server) as engine:
-            cpu = time.process_time()
-            records = await LoadGenerator(engine, workload).run()
-            return records, time.process_time() - cpu
+            cpu, wall = time.process_time(), time.perf_counter()
+            try:
+                records = await LoadGenerator(engine, workload, on_record=writer.record, config=load).run()
+            finally:
+                writer.close()
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        chunks = sum(len(r.chunk_times) for r in records)
+        ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
+        rounds.append({"cpu_s": cpu, "wall_s": wall, "chunks": chunks, "us_per_chunk": 1e6 * cpu / chunks,
+                       "chunks_per_s": chunks / wall, "ttft_p50_ms": 1e3 * statistics.median(ttfts)})
+        return records
 
     try:
-        records, cpu_s = benchmark.pedantic(lambda: loop.call(once()), rounds=3, iterations=1, warmup_rounds=1)
+        records = benchmark.pedantic(lambda: loop.call(once()), rounds=3, iterations=1, warmup_rounds=1)
     finally:
         loop.close()
-    assert len(records) == REQUESTS and all(r.ok and r.output_tokens == TOKENS for r in records)
-    chunks = sum(len(r.chunk_times) for r in records)
+    assert len(records) == requests and all(r.ok and r.output_tokens == TOKENS for r in records)
+    measured = rounds[1:]  # the first is pytest-benchmark's warm-up round
+    for r in measured:
+        print(f"\nconcurrency {concurrency}, {loop_name}: {r['us_per_chunk']:.1f} us CPU/chunk, "
+              f"{r['chunks_per_s']:.0f} chunks/s, TTFT p50 {r['ttft_p50_ms']:.1f} ms ({r['chunks']:.0f} chunks, "
+              f"{r['cpu_s']:.2f} s CPU, {r['wall_s']:.2f} s wall)", end="")
     benchmark.extra_info.update({
-        "chunks": chunks,
-        "client_cpu_s": cpu_s,
-        "client_cpu_us_per_chunk": 1e6 * cpu_s / chunks,
-        "client_chunks_per_cpu_s": chunks / cpu_s,
+        "concurrency": concurrency,
+        "loop": loop_name,
+        "rounds": measured,
+        "client_cpu_us_per_chunk": statistics.median(r["us_per_chunk"] for r in measured),
+        "chunks_per_s": statistics.median(r["chunks_per_s"] for r in measured),
+        "ttft_p50_ms": statistics.median(r["ttft_p50_ms"] for r in measured),
     })

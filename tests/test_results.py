@@ -97,22 +97,29 @@ def journal_entries(path: Path) -> list[dict[str, Any]]:
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(request_records, max_size=12), st.lists(server_samples, max_size=4))
-def test_journal_holds_each_record_as_soon_as_record_returns(recs: list[RequestRecord],
-                                                             samples: list[ServerMetrics]) -> None:
+def test_journal_holds_every_record_handed_over_before_a_crash(recs: list[RequestRecord],
+                                                               samples: list[ServerMetrics]) -> None:
+    """record() only queues (the writer thread writes); closing, as the runner does however a run ends, writes
+    everything handed over before it."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "nested" / "run.json"
         writer = JournalWriter(path)
         writer.begin(HEADER)
         assert writer.journal_path == path.with_suffix(".jsonl")
-        for s in samples:
-            writer.sample(s)
-        for i, rec in enumerate(recs):
-            writer.record(rec)
-            entries = journal_entries(writer.journal_path)
-            assert entries[-1] == {"type": "record", **rec.to_dict()}
-            assert len(entries) == 1 + len(samples) + i + 1
-        # A crash now (finish never called): the final document does not exist,
-        # yet loading it folds the journal into a partial document with everything.
+        with pytest.raises(RuntimeError, match="crash"):
+            try:
+                for s in samples:
+                    writer.sample(s)
+                for rec in recs:
+                    writer.record(rec)
+                raise RuntimeError("crash")
+            finally:
+                writer.close()
+        entries = journal_entries(writer.journal_path)
+        assert entries[1:] == ([{"type": "sample", **s.to_dict()} for s in samples]
+                               + [{"type": "record", **rec.to_dict()} for rec in recs])
+        # The crash left no final document, yet loading it folds the journal into a partial document with
+        # everything.
         assert not path.exists()
         for target in (path, writer.journal_path):
             doc = load(target)
@@ -135,6 +142,7 @@ def test_torn_journal_drops_only_the_incomplete_line(recs: list[RequestRecord], 
         writer.begin(HEADER)
         for rec in recs:
             writer.record(rec)
+        writer.close()
         raw = writer.journal_path.read_bytes()
         lines = raw.splitlines(keepends=True)
         header_end = len(lines[0])
@@ -158,6 +166,7 @@ def test_torn_last_line_example(tmp_path: Path) -> None:
     writer.begin(HEADER)
     for i in range(3):
         writer.record(make_record(i))
+    writer.close()
     with open(writer.journal_path, "a", encoding="utf-8") as fh:
         fh.write('{"type":"record","request_id":"req-3","prompt_len":1')  # died mid-write
     doc = load(path)
@@ -317,7 +326,7 @@ def test_load_rejects_a_journal_without_header(tmp_path: Path) -> None:
 # a real crash
 
 CHILD = """
-import os, signal, sys
+import os, signal, sys, time
 from pathlib import Path
 from batchbench.results import JournalWriter, RunHeader
 from batchbench.records import RequestRecord
@@ -330,6 +339,10 @@ for i in range(5):
                                 sent_s=0.1 * i + 0.01, done_s=1.0 + i, chunk_times=[0.5 + i, 0.75 + i],
                                 chunk_tokens=[1, 19], completion_tokens=20, finish_reason="length", ok=True,
                                 in_flight_at_send=i + 1))
+# No close(): the writer thread writes what it is handed on its own, at once.
+deadline = time.monotonic() + 10
+while writer.journal_path.read_text().count("\\n") < 6 and time.monotonic() < deadline:
+    time.sleep(0.001)
 if sys.argv[2] == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
 os._exit(1)
@@ -446,11 +459,13 @@ def test_a_journal_cut_anywhere_in_its_last_line_loads_as_partial(tmp_path: Path
         writer.record(r)
     if last == "record":
         writer.record(make_record(3))
-    else:  # the footer line exactly as finish() writes it, without the fold that would follow
+    writer.close()
+    if last == "footer":  # the footer line exactly as finish() writes it, without the fold that would follow
         footer_keys = {f.name for f in dataclasses.fields(RunFooter)}
         on_disk = RunDocument(header=HEADER, footer=footer).to_dict()
-        writer._write({"type": "footer", **{k: v for k, v in on_disk.items() if k in footer_keys}})
-    writer.close()
+        entry = {"type": "footer", **{k: v for k, v in on_disk.items() if k in footer_keys}}
+        with open(writer.journal_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, separators=(",", ":")) + "\n")
     raw = writer.journal_path.read_bytes()
     last_start = raw.rstrip(b"\n").rindex(b"\n") + 1
     last_json_end = len(raw) - 1  # the last line's JSON text ends before its newline

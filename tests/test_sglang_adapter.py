@@ -70,7 +70,7 @@ async def test_server_info_gives_the_version_and_the_kv_pool(engine: SGLangEngin
 async def test_older_servers_answer_on_get_server_info() -> None:
     info = json.loads((WIRE / "server_info.json").read_text())
     eng = SGLangEngine(model=MODEL, url="http://s.test")
-    eng.client = recorded(json.dumps(info).encode(), content_type="application/json")
+    eng.client = recorded(json.dumps(info).encode())
     loaded = await eng.load_server_info()
     assert loaded is not None and loaded["max_total_num_tokens"] == 8192
     assert (eng.version, eng.kv_capacity_tokens) == ("0.5.23", 8192)
@@ -98,10 +98,10 @@ async def test_reset_cache_refused_while_requests_run(server: SGLangServer, engi
 
 async def test_recorded_flush_answers() -> None:
     eng = SGLangEngine(model=MODEL, url="http://s.test")
-    eng.client = recorded((WIRE / "flush_cache_200.txt").read_bytes(), content_type="text/plain")
+    eng.client = recorded((WIRE / "flush_cache_200.txt").read_bytes())
     assert await eng.reset_cache() is True
     await eng.client.aclose()
-    eng.client = recorded((WIRE / "flush_cache_400.txt").read_bytes(), status=400, content_type="text/plain")
+    eng.client = recorded((WIRE / "flush_cache_400.txt").read_bytes(), status=400)
     with pytest.raises(EngineHTTPError, match="Flush cache failed"):
         await eng.reset_cache()
     await eng.client.aclose()

@@ -4,25 +4,22 @@ whatever the line endings. The stamp of a chunk is taken when sse_data yields it
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from batchbench.adapters import http
+from batchbench.adapters.base import StreamProtocolError
 from batchbench.adapters.http import sse_data
 
 
-class Pieces(httpx.AsyncByteStream):
+async def arriving(pieces: list[bytes]) -> AsyncIterator[bytes]:
     """A response body that arrives in the given pieces, as TCP segments would."""
-
-    def __init__(self, pieces: list[bytes]) -> None:
-        self.pieces = pieces
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for piece in self.pieces:
-            yield piece
+    for piece in pieces:
+        yield piece
 
 
 def split_at(body: bytes, cuts: list[int]) -> list[bytes]:
@@ -32,7 +29,7 @@ def split_at(body: bytes, cuts: list[int]) -> list[bytes]:
 
 def events_of(pieces: list[bytes]) -> list[str]:
     async def collect() -> list[str]:
-        return [data async for data in sse_data(httpx.Response(200, stream=Pieces(pieces)))]
+        return [data async for data in sse_data(arriving(pieces))]
 
     return asyncio.run(collect())
 
@@ -66,14 +63,13 @@ def test_each_event_is_yielded_as_soon_as_its_blank_line_arrives() -> None:
     """The stamp is taken when sse_data yields, so it must not wait for the next piece."""
     arrived: list[int] = []
 
-    class Watched(httpx.AsyncByteStream):
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            for i, piece in enumerate([b'data: {"a": 1}\r\n', b"\r\n", b'data: {"a": 2}\r\n\r', b"\ndata: [DONE]"]):
-                arrived.append(i)
-                yield piece
+    async def watched() -> AsyncIterator[bytes]:
+        for i, piece in enumerate([b'data: {"a": 1}\r\n', b"\r\n", b'data: {"a": 2}\r\n\r', b"\ndata: [DONE]"]):
+            arrived.append(i)
+            yield piece
 
     async def collect() -> list[tuple[str, int]]:
-        return [(d, arrived[-1]) async for d in sse_data(httpx.Response(200, stream=Watched()))]
+        return [(d, arrived[-1]) async for d in sse_data(watched())]
 
     assert asyncio.run(collect()) == [('{"a": 1}', 1), ('{"a": 2}', 2), ("[DONE]", 3)]
 
@@ -97,3 +93,16 @@ def test_a_very_long_line_in_many_reads_is_one_event(benchmark) -> None:  # noqa
     pieces = [body[i:i + 4096] for i in range(0, len(body), 4096)]
     events = benchmark.pedantic(events_of, args=(pieces,), rounds=3, iterations=1)
     assert events == [payload, "[DONE]"]
+
+
+@pytest.mark.parametrize("text", ['{"a": NaN}', '{"s": "\\ud800"}', '{"t": "line\u2028sep"}', '[1, 2.5, "é"]',
+                                  '{"id": 18446744073709551615, "n": -9223372036854775808}'])
+def test_events_parse_as_json_reads_them_with_or_without_orjson(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """orjson where installed, json otherwise: what parses, and to what, does not depend on it."""
+    want = json.loads(text)
+    got = http.parse_json_event("vllm", text, "r")
+    monkeypatch.setattr(http, "orjson", None)
+    without = http.parse_json_event("vllm", text, "r")
+    assert repr(got) == repr(without) == repr(want)
+    with pytest.raises(StreamProtocolError, match="malformed stream event"):
+        http.parse_json_event("vllm", text[:-1], "r")

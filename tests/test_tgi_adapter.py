@@ -110,8 +110,7 @@ async def test_recorded_info_and_a_2x_style_kv_budget() -> None:
     info = json.loads((WIRE / "info.json").read_text())
     assert {"model_id", "max_concurrent_requests", "max_input_tokens", "max_total_tokens", "version"} <= set(info)
     eng = TGIEngine(model=MODEL, url="http://tgi.test")
-    eng.client = recorded(json.dumps({**info, "max_batch_total_tokens": 20000}).encode(),
-                          content_type="application/json")
+    eng.client = recorded(json.dumps({**info, "max_batch_total_tokens": 20000}).encode())
     loaded = await eng.load_info()
     assert loaded["model_id"] == "batchbench/tiny-llama"
     assert eng.kv_capacity_tokens == 20000

@@ -24,13 +24,13 @@ Exit status: 0 every run succeeded; 1 measured, but some requests or levels fail
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchbench import eventloop
 from batchbench.adapters.base import BatchingConfig, EngineError
 from batchbench.adapters.registry import EngineOptions
 from batchbench.commands.common import EXIT_INTERRUPTED, EXIT_USAGE, StartingEngines, make_run_dir
@@ -163,8 +163,8 @@ def main(args: argparse.Namespace) -> int:
     progress = Progress.for_terminal()
     try:
         with progress:
-            asyncio.run(_sweep(engines, options, batching, work, kind, levels, args, run_dir, timeout_s, sweep,
-                               progress))
+            eventloop.run(_sweep(engines, options, batching, work, kind, levels, args, run_dir, timeout_s, sweep,
+                                 progress))
     except KeyboardInterrupt:
         print(f"\nbatchbench: interrupted; {len(sweep.points)} finished run(s), any cut-short run's journal and "
               f"bench.json are in {run_dir}", file=sys.stderr)

@@ -18,12 +18,12 @@ Exit status: 0 a capacity was found for every engine; 1 some engine met the SLO 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchbench import eventloop
 from batchbench.adapters.base import BatchingConfig, EngineError
 from batchbench.adapters.registry import EngineOptions
 from batchbench.capacity import CapacityResult, Search
@@ -151,7 +151,7 @@ def main(args: argparse.Namespace) -> int:
     progress = Progress.for_terminal()
     try:
         with progress:
-            asyncio.run(_find(engines, options, batching, work, kind, args, run_dir, timeout_s, found, progress))
+            eventloop.run(_find(engines, options, batching, work, kind, args, run_dir, timeout_s, found, progress))
     except KeyboardInterrupt:
         print(f"\nbatchbench: interrupted; {len(found.points)} finished run(s) and capacity.json are in {run_dir}",
               file=sys.stderr)

@@ -30,13 +30,13 @@ not run or died (the others' results and the report are still written);
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchbench import eventloop
 from batchbench.adapters.base import BatchingConfig, EngineError
 from batchbench.adapters.registry import EngineOptions, get_spec
 from batchbench.commands.common import (
@@ -291,8 +291,8 @@ def main(args: argparse.Namespace) -> int:
     progress = Progress.for_terminal()
     try:
         with progress:
-            asyncio.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, args.repeats,
-                               timeout_s, args.scrape_interval, args.slo, outcome, progress))
+            eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, args.repeats,
+                                 timeout_s, args.scrape_interval, args.slo, outcome, progress))
     except KeyboardInterrupt:
         # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.
         # Cut short while the first engine started, nothing was measured: progress's one line said it all.
