@@ -6,7 +6,7 @@ request that opens with it, prefills only the rest. The workload: ``GROUPS``
 shared prefixes of 3/4 of the context, each followed by a short prompt of the
 request's own, sent closed loop. The same engine runs with prefix caching on
 and off (two live engines, runs alternated); before every run the runner
-empties the cache (``Engine.reset_cache``, vLLM's ``/reset_prefix_cache``), so
+empties the cache (``Engine.reset_cache``, the engine's own reset route), so
 no run measures a cache the previous run warmed.
 
 What the mechanism predicts, and is asserted:
