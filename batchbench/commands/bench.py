@@ -33,7 +33,7 @@ from typing import Any
 from batchbench import eventloop
 from batchbench.adapters.base import BatchingConfig, EngineError
 from batchbench.adapters.registry import EngineOptions
-from batchbench.commands.common import EXIT_INTERRUPTED, EXIT_USAGE, StartingEngines, make_run_dir
+from batchbench.commands.common import EXIT_INTERRUPTED, EXIT_USAGE, StartingEngines, make_run_dir, one_batching
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan
 from batchbench.options import add_engine_arguments, engine_options
@@ -143,19 +143,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir)
-        if len(args.batching) > 1:
-            raise ValueError("--batching: bench measures one configuration per invocation; give it once")
-        batching = BatchingConfig.parse(args.batching[0]) if args.batching else None
+        batching = one_batching(args.batching, "bench")
         work = plan(args, profile, kind=kind, levels=levels)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        run_dir = make_run_dir(args.results_dir, "bench")
-    except OSError as exc:
-        print(f"batchbench: cannot write results under {args.results_dir}: {exc}", file=sys.stderr)
+    if (run_dir := make_run_dir(args.results_dir, "bench")) is None:
         return EXIT_USAGE
-    print(f"batchbench: results in {run_dir}")
     for note in work.notes:
         print(f"batchbench: {note}")
     sweep = Sweep()

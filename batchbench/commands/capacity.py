@@ -34,6 +34,7 @@ from batchbench.commands.common import (
     EXIT_USAGE,
     StartingEngines,
     make_run_dir,
+    one_batching,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan, positive_number
@@ -130,20 +131,15 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir)
-        if len(args.batching) > 1:
-            raise ValueError("--batching: capacity searches one configuration per invocation; give it once")
-        batching = BatchingConfig.parse(args.batching[0]) if args.batching else None
+        batching = one_batching(args.batching, "capacity")
         _search(args, kind)  # its bounds are checked before anything starts
         work = plan(args, profile, kind=kind, levels=[args.start, args.max_level])
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        run_dir = make_run_dir(args.results_dir, "capacity")
-    except OSError as exc:
-        print(f"batchbench: cannot write results under {args.results_dir}: {exc}", file=sys.stderr)
+    if (run_dir := make_run_dir(args.results_dir, "capacity")) is None:
         return EXIT_USAGE
-    print(f"batchbench: results in {run_dir}; SLO {args.slo}")
+    print(f"batchbench: SLO {args.slo}")
     for note in work.notes:
         print(f"batchbench: {note}")
     found = Found()

@@ -6,7 +6,9 @@ import argparse
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.adapters.registry import EngineOptions, make_engine
@@ -47,13 +49,38 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def make_run_dir(results_dir: Path, prefix: str) -> Path:
-    """A fresh folder ``RESULTS_DIR/PREFIX-YYYYmmdd-HHMMSS-xxxx`` for one invocation; OSError if it cannot be made.
+def parsed_by(cls: type[Any]) -> Callable[[str], Any]:
+    """An argparse type from a class's ``parse`` classmethod (``Slo``, ``Lengths``): its ValueError, which
+    names the user's text, becomes argparse's usage error."""
+    def convert(text: str) -> Any:
+        try:
+            return cls.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = cls.__name__.lower()
+    return convert
+
+
+def one_batching(specs: list[str], command: str) -> BatchingConfig | None:
+    """The one ``--batching`` a measuring command takes (None: the engine's default); ValueError for several."""
+    if len(specs) > 1:
+        raise ValueError(f"--batching: {command} measures one configuration per invocation; give it once")
+    return BatchingConfig.parse(specs[0]) if specs else None
+
+
+def make_run_dir(results_dir: Path, prefix: str) -> Path | None:
+    """A fresh folder ``RESULTS_DIR/PREFIX-YYYYmmdd-HHMMSS-xxxx`` for one invocation, announced; None (and why,
+    on stderr) when it cannot be made, which the caller turns into a usage error before any engine starts.
 
     One folder per invocation, and reports built from that folder alone, so runs of different invocations
     are never merged by accident."""
     run_dir = results_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    run_dir.mkdir(parents=True)
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as exc:
+        print(f"batchbench: cannot write results under {results_dir}: {exc}", file=sys.stderr)
+        return None
+    print(f"batchbench: results in {run_dir}")
     return run_dir
 
 

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from batchbench.commands.common import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
+from batchbench.commands.common import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, parsed_by
 from batchbench.reports import fmt
 from batchbench.reports.build import ReportError, build_report, load_rows
 from batchbench.reports.compare import DEFAULT_THRESHOLD_PCT, BaselineComparison, Delta, compare
@@ -44,13 +44,6 @@ def _threshold(text: str) -> float:
     return value
 
 
-def _slo(text: str) -> Slo:
-    try:
-        return Slo.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _gate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=_threshold, default=DEFAULT_THRESHOLD_PCT, metavar="PCT",
                    help=f"percent change that counts as a change (default {DEFAULT_THRESHOLD_PCT:g})")
@@ -66,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="where the report files go (default: DIR/report)")
     rep.add_argument("--baseline", type=Path, default=None, metavar="EARLIER",
                      help="an earlier results folder, results document or report.json to compare against")
-    rep.add_argument("--slo", type=_slo, default=None, metavar="OBJECTIVES",
+    rep.add_argument("--slo", type=parsed_by(Slo), default=None, metavar="OBJECTIVES",
                      help="objectives for the findings' goodput, e.g. ttft_p99=200ms,tpot_p50=50ms")
     rep.add_argument("--no-plots", action="store_true", help="skip the figures (faster; HTML without images)")
     _gate_arguments(rep)

@@ -50,6 +50,7 @@ from batchbench.commands.common import (
     died,
     failure_lines,
     make_run_dir,
+    parsed_by,
     positive_int,
     positive_seconds,
     write_report,
@@ -77,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "median and range (default 3)")
     run_p.add_argument("--levels", type=concurrency_list, default=None, metavar="C,C,...",
                        help="the sweep's concurrency levels (default: the profile's, 1,2,4,8,16,32 in quick)")
-    run_p.add_argument("--slo", type=_slo, default=None, metavar="METRIC_STAT=LIMIT,...",
+    run_p.add_argument("--slo", type=parsed_by(Slo), default=None, metavar="METRIC_STAT=LIMIT,...",
                        help="service-level objectives for goodput and the recommended settings, e.g. "
                             "ttft_p99=500ms,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e; stats: p50, p90, p99, "
                             "mean, max)")
@@ -262,13 +263,6 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.1f}ms"
 
 
-def _slo(text: str) -> Slo:
-    try:
-        return Slo.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def main(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
     try:
@@ -280,12 +274,8 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        run_dir = make_run_dir(args.results_dir, "run")
-    except OSError as exc:
-        print(f"batchbench: cannot write results under {args.results_dir}: {exc}", file=sys.stderr)
+    if (run_dir := make_run_dir(args.results_dir, "run")) is None:
         return EXIT_USAGE
-    print(f"batchbench: results in {run_dir}")
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()

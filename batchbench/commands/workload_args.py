@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from batchbench import datasets, tokenizer
-from batchbench.commands.common import positive_int, positive_seconds
+from batchbench.commands.common import parsed_by, positive_int, positive_seconds
 from batchbench.fixtures import tiny_model_dir
 from batchbench.loadgen import LoadConfig
 from batchbench.profiles import Profile
@@ -31,17 +31,6 @@ DURATION_REQUEST_CAP = 10_000
 #: The vocabulary synthetic prompts draw from when the model's is not known: every real model has more.
 DEFAULT_VOCAB = 2048
 DEFAULT_LENGTH = Lengths.fixed(128)
-
-
-def _type(parse: type[Lengths] | type[Slo]) -> object:
-    """An argparse type from a ``parse`` classmethod: its ValueError becomes argparse's usage error."""
-    def convert(text: str) -> Lengths | Slo:
-        try:
-            return parse.parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    convert.__name__ = parse.__name__.lower()
-    return convert
 
 
 def positive_number(text: str) -> float:
@@ -68,9 +57,9 @@ def non_negative_int(text: str) -> int:
 def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: bool = False) -> None:
     """Lengths or dataset, size, warm-up, arrivals, SLO, repeats: the options ``bench`` and ``capacity`` share."""
     lengths = "a number (fixed), uniform:LOW:HIGH, lognormal:MEDIAN:SIGMA[:LOW:HIGH] or mixed:SHORT:LONG:PERIOD"
-    parser.add_argument("--input-len", type=_type(Lengths), default=None, metavar="LENGTHS",
+    parser.add_argument("--input-len", type=parsed_by(Lengths), default=None, metavar="LENGTHS",
                         help=f"prompt tokens: {lengths} (default 128; not with --dataset)")
-    parser.add_argument("--output-len", type=_type(Lengths), default=None, metavar="LENGTHS",
+    parser.add_argument("--output-len", type=parsed_by(Lengths), default=None, metavar="LENGTHS",
                         help="output tokens, same forms (default 128; with --dataset it replaces the dataset's own)")
     parser.add_argument("--dataset", type=Path, default=None, metavar="FILE",
                         help='prompts: JSONL ({"prompt": "text"} or {"prompt_token_ids": [...]}, optional '
@@ -88,7 +77,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                         help="inter-arrival times of --rate runs (default poisson)")
     parser.add_argument("--burstiness", type=positive_number, default=1.0, metavar="SHAPE",
                         help="gamma shape of --arrival gamma: 1 is Poisson, below 1 burstier (default 1)")
-    parser.add_argument("--slo", type=_type(Slo), required=slo_required, default=None, metavar="OBJECTIVES",
+    parser.add_argument("--slo", type=parsed_by(Slo), required=slo_required, default=None, metavar="OBJECTIVES",
                         help="e.g. ttft_p99=200ms,tpot_p99=50ms: each run is checked, and goodput counts the "
                              "requests within the TTFT/TPOT limits")
     parser.add_argument("--repeats", type=positive_int, default=1, help="runs of each level (default 1)")
