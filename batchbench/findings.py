@@ -55,6 +55,7 @@ from batchbench import parity
 from batchbench.adapters.base import BatchingConfig
 from batchbench.metrics import Summary, mean_decoding, meets_slos, percentile, summarize, tpot
 from batchbench.parity import Parity
+from batchbench.planner import CapacityFit, PlanError, fit_in_capacity
 from batchbench.records import RequestRecord
 from batchbench.regimes import REGIME_RANK, Regime, RegimeReport, SweepPoint, classify_regimes, median_of
 from batchbench.repeats import Interval
@@ -207,6 +208,8 @@ class Measurement:
     #: Run labels: sequences of the sweep's workload the KV cache is predicted to hold, and its capacity.
     kv_fit: int | None
     kv_capacity_tokens: int | None
+    #: The planner's arithmetic for the run's KV cache and workload (None: no local model config or no capacity).
+    kv_plan: CapacityFit | None = None
     engine_report: Mapping[str, Any] = field(default_factory=dict, repr=False)
     records: tuple[RequestRecord, ...] = field(default=(), repr=False)
 
@@ -331,6 +334,26 @@ def _label_int(labels: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _kv_plan(doc: RunDocument, capacity: int | None) -> CapacityFit | None:
+    """The planner (:func:`batchbench.planner.fit_in_capacity`) on the run's own figures: the served model's
+    config.json where it is a local folder, the cache's capacity and block size from the sweep's labels, and the
+    workload's longest prompt and output; None when any is missing (a model at a URL, a run without a KV design)."""
+    design = doc.header.labels.get("design")
+    block = design.get("block_size") if isinstance(design, dict) else None
+    model = doc.header.engine.get("model")
+    path = model.get("path") if isinstance(model, dict) else None
+    prompt, output = (doc.header.workload.get(k, {}).get("max") for k in ("prompt_tokens", "output_tokens"))
+    if not (capacity and isinstance(block, int) and isinstance(path, str) and isinstance(prompt, int)
+            and isinstance(output, int)):
+        return None
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        return fit_in_capacity(config, capacity, block_size=block, prompt_len=prompt, output_len=output,
+                               kv_dtype=str(config.get("torch_dtype") or "bf16"))
+    except (OSError, ValueError, PlanError):
+        return None  # no readable config here (the run was measured elsewhere): the report shows the rest
+
+
 def _layout_and_concurrency(doc: RunDocument) -> tuple[str, int] | None:
     """From the run's labels; else from its arrival (closed loop: continuous, waves: static-waves)."""
     labels = doc.header.labels
@@ -385,6 +408,7 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
         validity=check_run(doc, slo=slo, summary=summary),
         kv_usage_peak=guard.kv_usage_peak, preemptions=guard.preemptions, waiting_peak=guard.waiting_peak,
         kv_fit=_label_int(labels, "kv_fit"), kv_capacity_tokens=_label_int(labels, "kv_capacity_tokens"),
+        kv_plan=_kv_plan(doc, _label_int(labels, "kv_capacity_tokens")),
         engine_report=footer.engine_report if footer is not None else {}, records=tuple(doc.records),
     )
 
@@ -505,10 +529,13 @@ class MemoryBound:
     #: The first measured concurrency above the predicted fit, where regime 3 should begin (None: no prediction).
     predicted_onset: int | None
     evidence: tuple[str, ...]
+    #: The planner's arithmetic behind the prediction, from the model's config (None: no local config).
+    kv_plan: CapacityFit | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "regime": self.regime, "kv_usage_peak": self.kv_usage_peak,
                 "kv_fit_predicted": self.kv_fit_predicted, "predicted_onset": self.predicted_onset,
+                "kv_plan": None if self.kv_plan is None else self.kv_plan.to_dict(),
                 "matches_prediction": None if self.predicted_onset is None
                 else self.predicted_onset == self.concurrency, "evidence": list(self.evidence)}
 
@@ -806,8 +833,10 @@ def _layout_findings(engine: str, layout: str, points: Sequence[Point], slo: Slo
             first = by_c[third[0].concurrency]
             fit = _most_common(r.kv_fit for p in points for r in p.runs)
             above = sorted(p.concurrency for p in found if p.valid and fit is not None and p.concurrency > fit)
+            plans = Counter(r.kv_plan for p in points for r in p.runs if r.kv_plan is not None)
             memory = MemoryBound(first.concurrency, third[0].regime, first.kv_usage_peak, fit,
-                                 above[0] if above else None, first.run_ids)
+                                 above[0] if above else None, first.run_ids,
+                                 plans.most_common(1)[0][0] if plans else None)
     goodput = _max_goodput(found, slo) if slo is not None else None
     return LayoutFindings(engine, layout, found, sweet, memory, goodput, None, None,
                           _recommend(found, slo, sweet, goodput, no_curve), no_curve)
@@ -1051,7 +1080,11 @@ def _curve_sentence(f: LayoutFindings) -> str:
         evidence = []
         if m.kv_usage_peak is not None:
             evidence.append(f"KV {m.kv_usage_peak:.0%} full")
-        if m.kv_fit_predicted is not None:
+        if m.kv_plan is not None:
+            k = m.kv_plan
+            evidence.append(f"planned: {k.kv_capacity_tokens} KV tokens at {k.kv_bytes_per_token} B/token hold "
+                            f"{k.fit} sequences of {k.sequence_tokens} tokens")
+        elif m.kv_fit_predicted is not None:
             evidence.append(f"predicted fit {m.kv_fit_predicted}")
         parts.append(f"{m.regime} from {m.concurrency}" + (f" ({'; '.join(evidence)})" if evidence else ""))
     return f"{head} {', '.join(parts)}."

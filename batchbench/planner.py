@@ -43,7 +43,8 @@ from batchbench.theory import (
     kv_heads_per_rank,
 )
 
-__all__ = ["DEFAULT_CONTEXT", "GiB", "KVShape", "ParameterCount", "Plan", "PlanError", "plan"]
+__all__ = ["DEFAULT_CONTEXT", "CapacityFit", "GiB", "KVShape", "ParameterCount", "Plan", "PlanError",
+           "fit_in_capacity", "plan"]
 
 GiB = 1 << 30
 #: The context length sequences are planned at unless one is given (a common serving max_model_len).
@@ -240,6 +241,44 @@ def _held_tokens(tokens: int, kv: KVShape) -> int:
 
 def _in_blocks(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size) * block_size
+
+
+@dataclass(frozen=True)
+class CapacityFit:
+    """Steps 4-5 alone, for a cache whose capacity is known (what an engine reports) rather than planned from
+    memory: the report checks a run's memory-bound onset against this, with the same arithmetic as :func:`plan`."""
+
+    kv_bytes_per_token: int
+    kv_capacity_tokens: int
+    #: The capacity's bytes at the model's KV bytes per token (whole blocks of it are usable).
+    kv_memory_bytes: int
+    block_size: int
+    #: The workload's sequence (prompt + output - 1 tokens), layer-averaged under sliding windows, in blocks.
+    sequence_tokens: int
+    fit: int
+    #: The first concurrency at which the sequences no longer all fit: fit + 1.
+    memory_bound_from: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fit_in_capacity(config: Mapping[str, Any], capacity_tokens: int, *, block_size: int, prompt_len: int,
+                    output_len: int, kv_dtype: str = "bf16") -> CapacityFit:
+    """How many ``prompt_len`` + ``output_len`` sequences of this model a cache of ``capacity_tokens`` holds at
+    once; a :class:`PlanError` naming the field or input when the config or an input cannot be planned from."""
+    for name, value in (("capacity_tokens", capacity_tokens), ("block_size", block_size),
+                        ("prompt_len", prompt_len), ("output_len", output_len)):
+        if value < 1:
+            raise PlanError(f"{name} must be >= 1, not {value!r}")
+    try:
+        per_token = kv_bytes_per_token_of_config(config, dtype=kv_dtype)
+    except (KeyError, ValueError) as exc:
+        raise PlanError(f"cannot size this config's KV cache: {exc}") from None
+    sequence = _in_blocks(_held_tokens(prompt_len + output_len - 1, _kv_shape(config, 1)), block_size)
+    fit = kv_fit_sequences(capacity_tokens, sequence, block_size)
+    return CapacityFit(per_token, capacity_tokens, capacity_tokens // block_size * block_size * per_token,
+                       block_size, sequence, fit, fit + 1)
 
 
 def plan(

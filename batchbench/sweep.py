@@ -59,7 +59,8 @@ class SweepDesign:
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.engine, "prompt_len": self.prompt_len, "output": [self.output_min, self.output_len],
-                "fit": self.fit, "batching": self.batching.label(), "max_model_len": self.max_model_len}
+                "fit": self.fit, "batching": self.batching.label(), "max_model_len": self.max_model_len,
+                "block_size": self.block_size}
 
 
 def fit_target(profile: Profile) -> int:

@@ -76,6 +76,18 @@ def memory_bound_text(found: Any) -> str:
     return ", ".join(parts)
 
 
+def kv_plan_text(engine: str, layout: str, found: Any) -> str | None:
+    """The planner's arithmetic behind a memory-bound finding, in one sentence (None: the finding has none)."""
+    plan = found.get("kv_plan") if isinstance(found, dict) else None
+    if not isinstance(plan, dict):
+        return None
+    return (f"{engine}, {layout}: {fmt.count(plan.get('kv_capacity_tokens'))} tokens of KV cache at "
+            f"{fmt.count(plan.get('kv_bytes_per_token'))} B per token ({fmt.count(plan.get('kv_memory_bytes'))} B, "
+            f"blocks of {plan.get('block_size')}); a sequence of the workload takes {plan.get('sequence_tokens')} "
+            f"tokens, so {plan.get('fit')} fit at once and the cache fills from batch {plan.get('memory_bound_from')}; "
+            f"measured memory-bound from {_c(found)}.")
+
+
 def goodput_text(found: Any, slo: Any) -> str:
     if not slo:
         return "no SLO given"

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from batchbench.reports import plots
-from batchbench.reports.answer import Findings, engines
+from batchbench.reports.answer import Findings, engines, kv_plan_text
 from batchbench.reports.document import Block, Para, Plot, Section
 from batchbench.reports.fmt import num
 from batchbench.reports.model import Run
@@ -199,8 +199,14 @@ def figures_section(findings: dict[str, Any], runs: list[Run], colors: dict[str,
     timelines: list[Block] = [Plot(f"KV usage and queue depth over time at a memory-bound point: {r.display_name()}",
                                    png) for r in _memory_bound_runs(findings, runs)
                               if (png := plots.server_timeline(r, colors.get(r.engine))) is not None]
-    if timelines:
-        sec.blocks.append(Section("KV usage and queue depth at the memory-bound points", level=3, blocks=timelines))
+    arithmetic: list[Block] = [Para(text) for engine, layout, data in engines(findings)
+                               if (text := kv_plan_text(engine, layout, data.get("memory_bound_from"))) is not None]
+    if arithmetic:
+        arithmetic.insert(0, Para("The KV planner's arithmetic (batchbench plan) on each served model's config.json, "
+                                  "against the capacity the engine reported:"))
+    if timelines or arithmetic:
+        sec.blocks.append(Section("KV usage and queue depth at the memory-bound points", level=3,
+                                  blocks=arithmetic + timelines))
     if not sec.blocks:
         sec.blocks.append(Para("No point has the figures to plot."))
     return sec

@@ -19,6 +19,7 @@ from batchbench.findings import (
     findings_from_documents,
     points_from_documents,
 )
+from batchbench.fixtures import tiny_model_dir
 from batchbench.metrics import meets_slos, percentile
 from batchbench.slo import Slo
 from tests.synthetic_runs import RunSpec, document, sweep
@@ -98,6 +99,23 @@ def layout(findings: Any, engine: str = "alpha", name: str = "continuous") -> An
     found = findings.layout(engine, name)
     assert found is not None, (engine, name)
     return found
+
+
+def test_the_memory_bound_finding_carries_the_planners_arithmetic_from_the_models_config() -> None:
+    """The run's own figures (the tiny model's config.json, the cache's 2112 tokens in blocks of 32, 192 + 64-token
+    sequences) give what the sweep was designed for: 1024 B per token (2 x 2 layers x 2 KV heads x 64 x 2 B), a
+    sequence of 255 tokens held in 256, and 66 blocks // 8 blocks = 8 sequences; without a config, no plan."""
+    docs = sweep(fit=8)
+    for doc in docs:
+        doc.header.engine["model"] = {"path": str(tiny_model_dir())}
+        doc.header.workload.update(prompt_tokens={"max": 192}, output_tokens={"max": 64})
+        doc.header.labels.update(kv_capacity_tokens=2112, design={"block_size": 32})
+    plan = layout(findings_from_documents(docs)).memory_bound_from.kv_plan
+    assert (plan.kv_bytes_per_token, plan.sequence_tokens, plan.fit, plan.memory_bound_from) == (1024, 256, 8, 9)
+    assert plan.kv_memory_bytes == 2112 * 1024
+    for doc in docs:
+        doc.header.engine["model"] = {"path": "a-hub-model-id"}
+    assert layout(findings_from_documents(docs)).memory_bound_from.kv_plan is None
 
 
 def test_the_known_sweep_has_its_knee_at_the_fit_and_memory_bound_past_it() -> None:

@@ -16,7 +16,7 @@ from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.commands.plan import load_config, memory_size, shipped_models
 from batchbench.fixtures import model_configs_dir, tiny_model_dir
-from batchbench.planner import GiB, Plan, PlanError, plan
+from batchbench.planner import GiB, Plan, PlanError, fit_in_capacity, plan
 from batchbench.theory import kv_bytes_per_token_of_config, kv_capacity_tokens, kv_fit_concurrency
 
 TiB = 1 << 40
@@ -369,3 +369,22 @@ def test_each_shipped_config_names_its_source(path: Path) -> None:
 def test_plan_to_dict_is_json() -> None:
     p: Plan = plan(config("Mixtral-8x7B"), tp=2)
     assert json.loads(json.dumps(p.to_dict()))["parameters"]["total"] == p.parameters.total
+
+
+@given(capacity=st.integers(1, 1 << 20), block=st.sampled_from([1, 16, 32, 128]), prompt=st.integers(1, 4096),
+       output=st.integers(1, 4096))
+def test_the_fit_in_a_reported_capacity_is_the_kv_suites_onset_rule(capacity: int, block: int, prompt: int,
+                                                                    output: int) -> None:
+    """Without sliding windows the planner's fit in a known capacity is theory.kv_fit_concurrency, the rule the
+    KV suite checks the engine's memory-bound onset against, and the onset is one sequence more."""
+    found = fit_in_capacity(config("Llama-3-8B"), capacity, block_size=block, prompt_len=prompt, output_len=output)
+    assert found.fit == kv_fit_concurrency(capacity, prompt, output, block)
+    assert found.memory_bound_from == found.fit + 1 and found.sequence_tokens % block == 0
+    assert found.kv_memory_bytes == capacity // block * block * 131072
+
+
+def test_a_capacity_fit_names_what_it_cannot_plan_from() -> None:
+    with pytest.raises(PlanError, match="capacity_tokens"):
+        fit_in_capacity(config("Llama-3-8B"), 0, block_size=16, prompt_len=1, output_len=1)
+    with pytest.raises(PlanError, match="num_hidden_layers"):
+        fit_in_capacity({"num_attention_heads": 8}, 64, block_size=16, prompt_len=1, output_len=1)
