@@ -13,12 +13,15 @@ from hypothesis import strategies as st
 from batchbench import results
 from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.cli import main
+from batchbench.commands.common import EXIT_USAGE
 from batchbench.fixtures.protocol.vllm import VLLMServer
 from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.metrics import Distribution, summarize, ttft_by_turn
 from batchbench.records import RequestRecord
 from batchbench.runner import run
 from batchbench.workload import Arrival, Lengths, ThinkTime, WorkloadSpec
+from tests.server_process import serving
 
 
 def sessions_spec(sessions: int = 3, turns: int = 3, *, think: ThinkTime | None = None, seed: int = 0,
@@ -152,3 +155,41 @@ async def test_sessions_and_ttft_by_turn_land_in_the_results_document(fake: VLLM
     by_turn = doc.footer.summary.ttft_by_turn
     assert by_turn is not None and sorted(by_turn) == ["1", "2", "3"] and by_turn["1"] is not None
     assert doc.header.workload["spec"]["turns"] == 3
+
+
+NOWHERE = ["--engine", "vllm", "--engine-url", "vllm=http://127.0.0.1:9"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--turns", "0"], "--turns: must be"),
+    (["--turns", "3", "--rate", "2"], "give --concurrency (conversations at once), not --rate"),
+    (["--turns", "3", "--num-requests", "10"], "--num-requests 10 is not whole conversations of --turns 3"),
+    (["--think-time", "1"], "--think-time is the pause between turns of a conversation: add --turns"),
+    (["--turns", "2", "--think-time", "exp:-1"], "--think-time"),
+    (["--turns", "8", "--input-len", "200", "--output-len", "64"], "per turn x 8 turns (--turns) exceeds"),
+])
+def test_bad_turn_options_are_usage_errors_before_any_engine_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:
+    try:
+        code = main(["bench", *NOWHERE, "--results-dir", str(tmp_path), *extra])
+    except SystemExit as exit_info:
+        code = exit_info.code  # type: ignore[assignment]
+    captured = capsys.readouterr()
+    assert code == EXIT_USAGE and message in captured.err, captured.err
+    assert not list(tmp_path.iterdir())
+
+
+def test_bench_runs_conversations_and_reports_ttft_by_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serving("batchbench.fixtures.protocol", "vllm", "--token-delay", "0.001", "--max-running", "64") as url:
+        code = main(["bench", "--engine", "vllm", "--engine-url", f"vllm={url}", "--turns", "3", "--think-time",
+                     "exp:0.01", "--input-len", "16", "--output-len", "4", "--num-requests", "6", "--concurrency",
+                     "2", "--warmup", "2", "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (run_dir,) = tmp_path.glob("bench-*")
+    (doc,) = [results.load(p) for p in run_dir.glob("vllm_*.json")]
+    assert sorted((r.session, r.turn) for r in doc.records) == [(s, k) for s in (0, 1) for k in (1, 2, 3)]
+    assert [r.prompt_len for r in sorted(doc.records, key=lambda r: r.request_id)] == [16, 36, 56] * 2
+    report = (run_dir / "report" / "report.md").read_text()
+    assert "TTFT by turn" in report
+    assert "over 3-turn conversations, TTFT p50 goes from" in out, out
