@@ -24,9 +24,10 @@ What the mechanism predicts, and is asserted:
   prompt tokens (:func:`predicted_hit_rate`), and nothing hits with it off.
 
 Measured on 2 vCPUs (load 5.5-6.8: others at work), TTFT p50 by turn, lowest of 2
-runs, cache off / on: vllm turn 1 (276 tokens) 21.3 / 10.7 ms, turn 4 (1152)
-61.0 / 16.3 ms, turn 7 (2028) 153.9 / 16.5 ms, hit rate 0.7143 in both runs
-(predicted 0.714, blocks of 128); hf-static (off only) 37.2, 65.3, 167.3 ms.
+runs, cache off / on, on the continuous batcher: turn 1 (276 tokens) 21.3 / 10.7
+ms, turn 4 (1152) 61.0 / 16.3 ms, turn 7 (2028) 153.9 / 16.5 ms, hit rate 0.7143
+in both runs (predicted 0.714, blocks of 128); on the static batcher (off only)
+37.2, 65.3, 167.3 ms.
 """
 
 from __future__ import annotations
