@@ -479,6 +479,8 @@ class PointFindings:
     #: Percentiles shown that their samples do not support, and why an SLO verdict could not be given.
     percentile_notes: tuple[str, ...] = ()
     slo_notes: tuple[str, ...] = ()
+    #: Multi-turn conversations: each turn's mean prompt and TTFT p50 (median over the used runs).
+    turns: tuple[TurnTtft, ...] = ()
 
     def figure(self, key: str) -> Estimate | None:
         return self.figures.get(key)
@@ -499,7 +501,30 @@ class PointFindings:
             "excluded_runs": [{"run_id": run, "reasons": list(reasons)} for run, reasons in self.excluded_runs],
             "percentile_note": "; ".join(self.percentile_notes) or None,
             "slo_note": "; ".join(self.slo_notes) or None,
+            "ttft_by_turn": [t._asdict() for t in self.turns],
         }
+
+
+class TurnTtft(NamedTuple):
+    """One turn of a point's conversations: how long its prompts were, and its TTFT p50."""
+
+    turn: int
+    prompt_tokens: float
+    ttft_p50_s: float | None
+
+
+def _turns(runs: Sequence[Measurement]) -> tuple[TurnTtft, ...]:
+    """Each turn's mean prompt (from the records) and TTFT p50, the median of the runs' own p50s (their
+    summaries): the context grows with the turn, and this is how TTFT follows it. Empty without sessions."""
+    prompts: dict[int, list[int]] = {}
+    for r in (rec for run in runs for rec in run.records if rec.turn is not None):
+        prompts.setdefault(r.turn, []).append(r.prompt_len)  # type: ignore[arg-type]
+    found = []
+    for turn in sorted(prompts):
+        p50s = [d.p50 for run in runs if run.summary is not None and run.summary.ttft_by_turn
+                and (d := run.summary.ttft_by_turn.get(str(turn))) is not None]
+        found.append(TurnTtft(turn, statistics.fmean(prompts[turn]), statistics.median(p50s) if p50s else None))
+    return tuple(found)
 
 
 def _ivd(found: Estimate | None) -> dict[str, Any] | None:
@@ -797,7 +822,7 @@ def _point_findings(point: Point, slo: Slo | None, seed: int, regime: Regime | N
         kv_usage_peak=peak(r.kv_usage_peak for r in used), preemptions=peak(r.preemptions for r in used),
         waiting_peak=peak(r.waiting_peak for r in used), run_ids=tuple(r.run_id for r in used),
         excluded_runs=tuple((r.run_id, r.validity.reasons) for r in point.runs if point.valid and not r.valid),
-        percentile_notes=pct_notes, slo_notes=slo_notes,
+        percentile_notes=pct_notes, slo_notes=slo_notes, turns=_turns(used),
     )
 
 
@@ -1175,6 +1200,18 @@ def _levels(points: Sequence[tuple[str, str, PointFindings]]) -> str:
     return "; ".join(f"{e} {layout} at {', '.join(map(str, sorted(cs)))}" for (e, layout), cs in grouped.items())
 
 
+def _turns_sentence(engine: str, layout: str, p: PointFindings) -> str | None:
+    """How TTFT follows the conversation's growing context, first turn against last."""
+    timed = [t for t in p.turns if t.ttft_p50_s is not None]
+    if len(timed) < 2:
+        return None
+    first, last = timed[0], timed[-1]
+    ratio = f" (x{last.ttft_p50_s / first.ttft_p50_s:.2f})" if first.ttft_p50_s else ""  # type: ignore[operator]
+    return (f"{engine} {layout} at concurrency {p.concurrency}: over {last.turn}-turn conversations, TTFT p50 goes "
+            f"from {first.ttft_p50_s * 1000:.1f} ms at turn {first.turn} ({first.prompt_tokens:.0f} prompt tokens) "
+            f"to {last.ttft_p50_s * 1000:.1f} ms at turn {last.turn} ({last.prompt_tokens:.0f}){ratio}.")
+
+
 def sentences(findings: Findings) -> list[str]:
     """The answer in plain English, most important first: engines against each other, then each engine's curve,
     what continuous batching bought, the SLO, the recommendation, padding; last what was left out and why."""
@@ -1201,6 +1238,8 @@ def sentences(findings: Findings) -> list[str]:
                 out.append(_slo_sentence(f, findings.slo))
             if (text := _recommend_sentence(f)) is not None:
                 out.append(text)
+        out += [text for layout, f in layouts.items() for p in f.points
+                if (text := _turns_sentence(engine, layout, p)) is not None]
         mixed = layouts.get("padded-mixed")
         if mixed is not None and mixed.padding_cost is not None:
             out.append(_padding_sentence(engine, mixed.padding_cost))

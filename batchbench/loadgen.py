@@ -10,6 +10,12 @@ a request held back by that bound shows the wait as schedule lag.
 Closed loop keeps ``concurrency`` requests in flight; static waves send
 ``concurrency`` requests together and the next wave only when all of them
 have finished: static batching emulated at the client, on any engine.
+
+Multi-turn sessions (a workload with ``turns``) run closed loop over
+``concurrency`` conversations: each sends its turns in order, a turn only
+once the previous answer is complete and the user's think time has passed.
+That moment is the turn's scheduled send time, so latency is still measured
+from when the user would have sent it.
 """
 
 from __future__ import annotations
@@ -72,7 +78,9 @@ class LoadGenerator:
         """Send every request; return all records (failed ones included), in completion order."""
         self.t0 = now() if t0 is None else t0
         arrival = self.workload.arrival
-        if arrival.open_loop:
+        if sessions := self.workload.sessions():
+            await self._sessions(sessions, arrival.concurrency)
+        elif arrival.open_loop:
             await self._open_loop()
         elif arrival.kind == "closed":
             await self._closed_loop(arrival.concurrency)
@@ -125,11 +133,54 @@ class LoadGenerator:
             scheduled = now()
             await asyncio.gather(*(self._send(r, scheduled, wave) for r in requests[start:start + size]))
 
+    async def _sessions(self, sessions: list[tuple[Request, ...]], concurrency: int) -> None:
+        """``concurrency`` users, each taking the next conversation when its last one ends.
+
+        A turn is scheduled when the previous answer's stream closed (the client has the whole answer only
+        then) plus its think time. A failed turn ends its conversation: the turns after it are recorded as
+        failed with ``error_kind`` ``"not_sent"``, so a run's request count never hides them.
+        """
+        queue: Iterator[tuple[Request, ...]] = iter(sessions)
+
+        async def user() -> None:
+            for turns in queue:  # a shared iterator: each conversation is taken once
+                if self._past_deadline():
+                    return
+                previous: RequestRecord | None = None
+                for k, request in enumerate(turns):
+                    if previous is None:
+                        scheduled = now()
+                    else:
+                        scheduled = self.t0 + (previous.closed_s or 0.0) + request.think_s
+                        if (delay := scheduled - now()) > 0:
+                            await asyncio.sleep(delay)
+                        if self._past_deadline():
+                            return
+                    previous = await self._send(request, scheduled)
+                    if not previous.ok:
+                        self._not_sent(turns[k + 1:], previous)
+                        break
+
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+
+    def _not_sent(self, turns: tuple[Request, ...], failed: RequestRecord) -> None:
+        """Records for the turns a conversation never sent because ``failed`` (an earlier turn) failed."""
+        at = now() - self.t0
+        for request in turns:
+            record = RequestRecord(
+                request_id=request.request_id, prompt_len=request.prompt_len, max_tokens=request.max_tokens,
+                scheduled_s=at, sent_s=at, done_s=at, closed_s=at, priority=request.priority,
+                session=request.session, turn=request.turn, error_kind="not_sent",
+                error=f"not sent: turn {failed.turn} of session {failed.session} ({failed.request_id}) failed "
+                      f"first ({failed.error_kind})")
+            self.records.append(record)
+            self.on_record(record)
+
     def _past_deadline(self) -> bool:
         until = self.config.send_until_s
         return until is not None and now() - self.t0 >= until
 
-    async def _send(self, request: Request, scheduled: float, wave: int | None = None) -> None:
+    async def _send(self, request: Request, scheduled: float, wave: int | None = None) -> RequestRecord:
         self.in_flight += 1
         record = RequestRecord(
             request_id=request.request_id,
@@ -139,6 +190,8 @@ class LoadGenerator:
             priority=request.priority,
             wave=wave,
             in_flight_at_send=self.in_flight,
+            session=request.session,
+            turn=request.turn,
         )
         sent = now()
         record.sent_s = sent - self.t0
@@ -185,3 +238,4 @@ class LoadGenerator:
             self.in_flight -= 1
             self.records.append(record)
             self.on_record(record)
+        return record

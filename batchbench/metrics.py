@@ -36,6 +36,7 @@ __all__ = [
     "summarize",
     "tpot",
     "ttft_by_bucket",
+    "ttft_by_turn",
 ]
 
 
@@ -208,6 +209,9 @@ class Summary:
     #: reports as ITL. Beside :attr:`itl` (per token) it shows when an engine sends several tokens per chunk.
     #: Both use the same percentile method (numpy's linear). None in documents written before it was stored.
     itl_per_chunk: Distribution | None = None
+    #: Multi-turn sessions: TTFT of each turn ("1", "2", ...; see :func:`ttft_by_turn`). None for a run without
+    #: sessions, and in documents written before it was stored.
+    ttft_by_turn: dict[str, Distribution | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -235,6 +239,8 @@ class Summary:
             "goodput_fraction": self.goodput_fraction,
             "mean_decoding": self.mean_decoding,
             "itl_per_chunk": _dist_dict(self.itl_per_chunk),
+            "ttft_by_turn": None if self.ttft_by_turn is None else
+            {turn: _dist_dict(d) for turn, d in self.ttft_by_turn.items()},
         }
 
 
@@ -293,6 +299,7 @@ def summarize(
         goodput_fraction=good / n if n else None,
         mean_decoding=mean_decoding(ok, duration_s),
         itl_per_chunk=Distribution.of(b - a for r in ok for a, b in itertools.pairwise(r.chunk_times)),
+        ttft_by_turn=({str(turn): d for turn, d in by_turn.items()} if (by_turn := ttft_by_turn(records)) else None),
     )
 
 
@@ -350,3 +357,24 @@ def ttft_by_bucket(
         index = sum(1 for e in edges if e <= size) - 1
         groups[labels[index]].append(ttft)
     return {label: Distribution.of(values) for label, values in groups.items()}
+
+
+# --------------------------------------------------------------------------- multi-turn sessions
+
+
+def ttft_by_turn(records: Sequence[RequestRecord]) -> dict[int, Distribution | None]:
+    """TTFT distributions of ok requests by their turn in a conversation (1, 2, ...), in turn order.
+
+    A later turn carries the whole conversation so far, so its prefill grows with the turn unless the
+    engine keeps the history's KV: the turn is the axis on which that shows. Every turn any record has
+    appears, None when none of its requests succeeded (a turn that always failed is not a fast turn).
+    Empty for records without sessions.
+    """
+    groups: dict[int, list[float]] = {}
+    for r in records:
+        if r.turn is None:
+            continue
+        values = groups.setdefault(r.turn, [])
+        if r.ok and r.ttft_s is not None:
+            values.append(r.ttft_s)
+    return {turn: Distribution.of(groups[turn]) for turn in sorted(groups)}

@@ -48,6 +48,9 @@ class RequestRecord:
     #: When the client saw the stream close (after the engine's end-of-stream marker); kept apart from
     #: ``done_s`` so that closing the connection is not counted as the engine's latency.
     closed_s: float | None = None
+    #: A turn of a multi-turn conversation: its session and turn (1 first); None for a single request.
+    session: int | None = None
+    turn: int | None = None
 
     @property
     def output_tokens(self) -> int:

@@ -226,6 +226,28 @@ def bucket_table(runs: list[Run]) -> Table:
                          "— means no request met that batch size.")
 
 
+def turn_table(runs: list[Run]) -> Table | None:
+    """TTFT per turn of the runs' multi-turn conversations (p50 / p90 ms and count); None when no run has any.
+
+    A later turn carries the whole conversation so far, so this is where a growing context (and a prefix
+    cache that spares re-reading it) shows."""
+    with_turns = [(name, r.summary.ttft_by_turn) for name, r in zip(_column_names(runs), runs)
+                  if r.summary is not None and r.summary.ttft_by_turn]
+    if not with_turns:
+        return None
+    turns = sorted({int(t) for _, by_turn in with_turns for t in by_turn})
+    rows = []
+    for name, by_turn in with_turns:
+        cells = [Cell(name)]
+        for turn in turns:
+            d = by_turn.get(str(turn))
+            cells.append(Cell("—" if d is None else f"{fmt.ms(d.p50)} / {fmt.ms(d.p90)} (n={fmt.count(d.count)})"))
+        rows.append(cells)
+    return Table(["Run", *(f"turn {t}" for t in turns)], rows,
+                 caption="TTFT p50 / p90 in ms (requests) by the turn of the conversation each request was; "
+                         "— means no request of that turn succeeded.")
+
+
 def _baseline_section(cmp: BaselineComparison) -> Section:
     sec = Section("Comparison with baseline")
     sec.blocks.append(Para(
@@ -378,6 +400,8 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
         if notes:
             sec.blocks.append(Bullets(notes, "warn"))
         sec.blocks.append(Section("TTFT by batch-size bucket", level=3, blocks=[bucket_table(members)]))
+        if (turns := turn_table(members)) is not None:
+            sec.blocks.append(Section("TTFT by turn", level=3, blocks=[turns]))
         if with_plots:
             cdf = plots.ttft_cdf(members, title, colors)
             if cdf is not None:

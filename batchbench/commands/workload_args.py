@@ -21,7 +21,7 @@ from batchbench.loadgen import LoadConfig
 from batchbench.profiles import Profile
 from batchbench.slo import Slo
 from batchbench.validity import samples_needed, stat_percentile
-from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec
 
 #: How a level is applied: requests kept in flight (closed loop) or sent per second (open loop).
 LevelKind = Literal["concurrency", "rate"]
@@ -71,6 +71,14 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                              "e.g. 200 for a p99; with --duration, a ceiling)")
     parser.add_argument("--duration", type=positive_seconds, default=None, metavar="SECONDS",
                         help="send requests for this long, then let those in flight finish")
+    parser.add_argument("--turns", type=positive_int, default=1, metavar="N",
+                        help="multi-turn conversations of N turns: each turn's prompt is the conversation so far "
+                             "(previous prompt, an answer-length stand-in, a new --input-len message), sent once "
+                             "the previous answer is complete; --concurrency is conversations at once; the "
+                             "report adds TTFT by turn (default 1: single requests)")
+    parser.add_argument("--think-time", type=parsed_by(ThinkTime), default=None, metavar="SECONDS|exp:MEAN",
+                        help="with --turns: the pause between an answer and the next turn, fixed or exponential "
+                             "with that mean (default 0)")
     parser.add_argument("--warmup", type=non_negative_int, default=0, metavar="N",
                         help="requests sent before each run the same way, not recorded (default 0)")
     parser.add_argument("--arrival", choices=["poisson", "gamma"], default="poisson",
@@ -120,9 +128,11 @@ class WorkloadPlan:
         if not self.warmup:
             return None
         base = workload.requests
-        requests = tuple(replace(base[i % len(base)], request_id=f"warmup-{i:05d}") for i in range(self.warmup))
+        # Warm-up turns go out as single requests: they warm the engine up, no conversation is measured.
+        requests = tuple(replace(base[i % len(base)], request_id=f"warmup-{i:05d}", session=None, turn=None,
+                                 think_s=0.0) for i in range(self.warmup))
         times = [r.arrival_s for r in base[:self.warmup]] + [base[-1].arrival_s] * max(0, self.warmup - len(base))
-        spec = replace(workload.spec, name="warm-up", num_requests=self.warmup)
+        spec = replace(workload.spec, name="warm-up", num_requests=self.warmup, turns=1, think=ThinkTime())
         return Workload(spec, tuple(replace(r, arrival_s=t) for r, t in zip(requests, times)))
 
     def load(self, request_timeout_s: float) -> LoadConfig:
@@ -159,19 +169,27 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
     if args.duration is not None and kind == "rate" and any(math.isinf(v) for v in levels):
         raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
                          "to fill; give --num-requests")
+    _check_turns(args, kind)
     num_requests = args.num_requests or (DURATION_REQUEST_CAP if args.duration else
                                          max(profile.num_requests, slo_samples(getattr(args, "slo", None))))
+    if args.num_requests is None:  # whole conversations
+        num_requests = -(-num_requests // args.turns) * args.turns
     output = args.output_len or DEFAULT_LENGTH
     max_len = profile.max_model_len
     if args.dataset is None:
         prompt = args.input_len or DEFAULT_LENGTH
-        if prompt.max_value + output.max_value > max_len:
-            raise ValueError(f"--input-len/--output-len: up to {prompt.max_value} + {output.max_value} tokens "
-                             f"exceeds the model's max length {max_len} (--profile {profile.name})")
+        # Sessions are built closed loop (each level gives its own concurrency); single requests all at once.
+        sessions = {"turns": args.turns, "think": args.think_time or ThinkTime(),
+                    "arrival": Arrival("closed")} if args.turns > 1 else {}
+        longest = args.turns * (prompt.max_value + output.max_value)
+        if longest > max_len:
+            per_turn = f" per turn x {args.turns} turns (--turns)" if args.turns > 1 else ""
+            raise ValueError(f"--input-len/--output-len: up to {prompt.max_value} + {output.max_value} tokens"
+                             f"{per_turn} exceeds the model's max length {max_len} (--profile {profile.name})")
 
         def synthetic(n: int) -> Workload:
             return WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed,
-                                vocab_size=DEFAULT_VOCAB).build()
+                                vocab_size=DEFAULT_VOCAB, **sessions).build()
 
         result = WorkloadPlan("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
                               args.seed, synthetic)
@@ -194,6 +212,23 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
     # Every entry is checked (tokenised, against the context window) before an engine starts.
     result.requests(max(num_requests, len(dataset.entries)))
     return result
+
+
+def _check_turns(args: argparse.Namespace, kind: LevelKind) -> None:
+    """What ``--turns`` and ``--think-time`` cannot be combined with; ValueError naming the flags."""
+    if args.think_time is not None and args.turns == 1:
+        raise ValueError("--think-time is the pause between turns of a conversation: add --turns N (N >= 2)")
+    if args.turns == 1:
+        return
+    if kind == "rate":
+        raise ValueError(f"--turns {args.turns}: a conversation's next turn is sent when its answer is complete, "
+                         "not on a schedule; give --concurrency (conversations at once), not --rate")
+    if args.dataset is not None:
+        raise ValueError(f"--turns {args.turns} with --dataset: conversations are built from --input-len and "
+                         "--output-len; give one or the other")
+    if args.num_requests is not None and args.num_requests % args.turns:
+        raise ValueError(f"--num-requests {args.num_requests} is not whole conversations of --turns {args.turns}: "
+                         "give a multiple of it")
 
 
 def _tokenizer(args: argparse.Namespace) -> tokenizer.Tokenizer:
