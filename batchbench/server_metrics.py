@@ -7,6 +7,7 @@ above the adapters knows which engine's names they were.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -35,3 +36,14 @@ class ServerMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def prefix_cache_hit_rate(samples: Sequence[ServerMetrics]) -> float | None:
+    """Prompt tokens the engine found in its prefix cache over those it looked up, between the first and the
+    last sample that have both counters (None: fewer than two such samples, or nothing looked up)."""
+    known = [s for s in samples if s.prefix_cache_queries is not None and s.prefix_cache_hits is not None]
+    if len(known) < 2:
+        return None
+    queries = known[-1].prefix_cache_queries - known[0].prefix_cache_queries  # type: ignore[operator]
+    hits = known[-1].prefix_cache_hits - known[0].prefix_cache_hits  # type: ignore[operator]
+    return hits / queries if queries else None

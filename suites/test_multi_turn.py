@@ -44,7 +44,7 @@ from batchbench.profiles import Profile, get_profile
 from batchbench.records import RequestRecord
 from batchbench.repeats import RepeatProtocol
 from batchbench.runner import RunResult
-from batchbench.server_metrics import ServerMetrics
+from batchbench.server_metrics import ServerMetrics, prefix_cache_hit_rate
 from batchbench.workload import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec
 
 SESSIONS = 4
@@ -83,14 +83,6 @@ def predicted_hit_rate(wl: Workload, block: int) -> float:
     return hits / sum(r.prompt_len for r in wl.requests)
 
 
-def hit_rate(samples: list[ServerMetrics]) -> float | None:
-    """Prompt tokens found in the cache over those looked up, between the run's first and last scrape."""
-    known = [s for s in samples if s.prefix_cache_queries is not None and s.prefix_cache_hits is not None]
-    if len(known) < 2:
-        return None
-    queries = known[-1].prefix_cache_queries - known[0].prefix_cache_queries  # type: ignore[operator]
-    hits = known[-1].prefix_cache_hits - known[0].prefix_cache_hits  # type: ignore[operator]
-    return hits / queries if queries else None
 
 
 def out_of_order(wl: Workload, records: list[RequestRecord]) -> list[str]:
@@ -162,7 +154,7 @@ def test_conversations_wait_for_answers_and_ttft_follows_the_context(
     assert on[TURNS] < CACHED_MAX * off[TURNS], (
         f"cached, the last turn's TTFT p50 {on[TURNS] * 1000:.1f} ms is not well below uncached "
         f"{off[TURNS] * 1000:.1f} ms: the conversation's history was not reused")
-    rates = {k: [hit_rate([s for s in (before[(k, i)],) if s is not None] + r.samples)
+    rates = {k: [prefix_cache_hit_rate([s for s in (before[(k, i)],) if s is not None] + r.samples)
                  for i, r in enumerate(reps.runs)] for k, reps in series.items()}
     layout = engines[True].kv_layout()
     # The cache holds whole blocks: with the engine's block size the prediction is exact (measured 0.7082 against

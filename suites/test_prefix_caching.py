@@ -39,7 +39,7 @@ from batchbench.profiles import Profile, get_profile
 from batchbench.repeats import RepeatProtocol
 from batchbench.results import RunDocument
 from batchbench.runner import RunResult
-from batchbench.server_metrics import ServerMetrics
+from batchbench.server_metrics import ServerMetrics, prefix_cache_hit_rate
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
 #: Shared prefixes (system prompts) and requests per group.
@@ -72,14 +72,6 @@ def predicted_hit_rate(wl: Workload) -> float:
     return (len(wl.requests) - wl.spec.prefix_groups) * prefix / sum(r.prompt_len for r in wl.requests)
 
 
-def hit_rate(samples: list[ServerMetrics]) -> float | None:
-    """Prompt tokens found in the cache over those looked up, between the run's first and last scrape."""
-    known = [s for s in samples if s.prefix_cache_queries is not None and s.prefix_cache_hits is not None]
-    if len(known) < 2:
-        return None
-    queries = known[-1].prefix_cache_queries - known[0].prefix_cache_queries  # type: ignore[operator]
-    hits = known[-1].prefix_cache_hits - known[0].prefix_cache_hits  # type: ignore[operator]
-    return hits / queries if queries else None
 
 
 def test_prefix_caching_serves_shared_prefixes_from_the_cache(
@@ -103,7 +95,7 @@ def test_prefix_caching_serves_shared_prefixes_from_the_cache(
         return result
 
     series = RepeatProtocol(repeats=REPEATS).run([True, False], measure)
-    rates = {on: [hit_rate([s for s in (before[(on, i)],) if s is not None] + r.samples)
+    rates = {on: [prefix_cache_hit_rate([s for s in (before[(on, i)],) if s is not None] + r.samples)
                   for i, r in enumerate(reps.runs)] for on, reps in series.items()}
     ttft = {on: min(r.summary.ttft.p50 for r in reps.runs if r.summary.ttft) for on, reps in series.items()}
     predicted = predicted_hit_rate(wl)

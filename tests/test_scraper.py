@@ -9,7 +9,7 @@ from typing import cast
 from batchbench.adapters.base import Engine, EngineUnreachable
 from batchbench.clock import now
 from batchbench.scraper import Scraper
-from batchbench.server_metrics import ServerMetrics
+from batchbench.server_metrics import ServerMetrics, prefix_cache_hit_rate
 
 INTERVAL_S = 0.02
 
@@ -71,3 +71,12 @@ async def test_the_observer_counts_its_scrapes_and_the_time_they_took() -> None:
     scraper = await scrape_for(engine, 10 * INTERVAL_S)
     assert scraper.scrapes == len(engine.started)  # the final scrape at the run's end included
     assert 3 * INTERVAL_S <= scraper.scrape_time_s < 3 * INTERVAL_S + scraper.scrapes * INTERVAL_S
+
+
+def test_the_prefix_cache_hit_rate_is_over_the_counters_deltas_and_none_without_two_readings() -> None:
+    def at(t: float, queries: float | None, hits: float | None) -> ServerMetrics:
+        return ServerMetrics(t=t, prefix_cache_queries=queries, prefix_cache_hits=hits)
+
+    assert prefix_cache_hit_rate([at(0, 100, 40), at(1, None, None), at(2, 300, 190)]) == 0.75
+    assert prefix_cache_hit_rate([at(0, 100, 40), at(1, None, None)]) is None
+    assert prefix_cache_hit_rate([at(0, 100, 40), at(1, 100, 40)]) is None
