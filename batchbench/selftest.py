@@ -10,8 +10,9 @@ open-loop Poisson step follows at the request rate of the highest valid level. E
 client did and cost (chunks/s, CPU per chunk, chunks/s per client core), how far its figures are from the
 truth (ITL p50 against the server's step interval p50; TTFT p50, which is at most one interval on a server with free slots;
 schedule lag for the Poisson step) and whether :mod:`batchbench.validity` calls the run valid (loop busy,
-loop lag, read bursts). The **saturation point** is the highest level at which it and every level below
-it were valid: up to there the client's figures are the server's; beyond, runs are marked invalid.
+loop lag, read bursts). The **saturation point** is the highest valid level before two invalid ones in a
+row (:func:`saturation_point`): up to there the client's figures are the server's; beyond, runs are marked
+invalid.
 
 The server shares the host with the client: at high levels its own loop falls behind its grid; its step
 record shows that, so the ITL error stays the client's own (``server_interval_p50_ms`` against
@@ -105,7 +106,7 @@ class Report:
     interval_s: float
     levels: tuple[Level, ...]
     poisson: Level | None
-    #: The highest closed-loop concurrency at which it and every lower level were valid (None: not even 1).
+    #: The highest valid closed-loop concurrency before the levels stayed invalid (None: none was valid).
     saturation: int | None
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,13 +172,18 @@ async def server_steps(url: str) -> list[float]:
         return [float(t) for t in response.json()["step_times"]]
 
 
-def saturation_point(levels: list[Level]) -> int | None:
-    """The highest closed-loop level at which it and every level before it were valid."""
-    point = None
+def saturation_point(levels: list[Level], invalid_in_a_row: int = 2) -> int | None:
+    """The highest valid closed-loop level before the first ``invalid_in_a_row`` invalid levels in a row.
+
+    One invalid level between valid ones is a stall of a shared host (its reasons say so), not the client's
+    limit; the limit is where the levels stay invalid."""
+    point, run = None, 0
     for level in levels:
-        if not level.valid:
+        run = 0 if level.valid else run + 1
+        if run >= invalid_in_a_row:
             break
-        point = int(level.load)
+        if level.valid:
+            point = int(level.load)
     return point
 
 
@@ -197,7 +203,7 @@ async def ramp(url: str, settings: Settings, on_level: Callable[[Level], None] =
                 invalid_in_a_row = 0 if level.valid else invalid_in_a_row + 1
                 if invalid_in_a_row >= settings.stop_after_invalid:
                     break
-            saturation = saturation_point(levels)
+            saturation = saturation_point(levels, settings.stop_after_invalid)
             if settings.poisson and saturation is not None:
                 rate = saturation / (settings.tokens * settings.interval_s)
                 poisson = await measure(url, engine, Arrival("poisson", rate=rate), settings, Path(tmp))
@@ -266,7 +272,8 @@ def line(level: Level) -> str:
 def conclusion(report: Report) -> str:
     """The answer in one sentence."""
     if report.saturation is None:
-        return "the client could not carry even one stream on this host: its figures are not to be trusted"
+        return ("no level was valid (the reasons are above): the client, or other work on this host, kept its "
+                "timestamps late even at the lowest load; rerun on a quiet host before trusting a run from it")
     top = next(lv for lv in report.levels if lv.load == report.saturation)
     return (f"saturation point: concurrency {report.saturation} ({top.chunks_per_s:.0f} chunks/s, ITL p50 "
             f"{_num(top.itl_p50_error_ms, '+.3f')} ms from the server's {_num(top.server_interval_p50_ms, '.3f')} "
