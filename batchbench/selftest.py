@@ -1,9 +1,9 @@
 """The load generator measured against a server whose truth is known: check the client before trusting a run.
 
 A protocol server (:mod:`batchbench.fixtures.protocol`, vLLM's wire format) runs in a process of its own and
-streams one token per chunk on a grid ``interval_s`` apart (its batcher steps on a fixed schedule), and
-records when each step handed its tokens out (``GET /batchbench/steps``): the true interval of each level is
-the median gap between the server's steps during it, on the same host clock the client stamps chunks with.
+streams one token per chunk every ``interval_s`` (plus its own overhead), and records when each step handed
+its tokens out (``GET /batchbench/steps``): the true interval of each level is the median gap between the
+server's steps during it, on the same host clock the client stamps chunks with.
 The client is the real measuring path (:func:`batchbench.runner.run`: load generator, adapter, journal,
 scraper, client meter). Closed-loop concurrency doubles from 1 until two levels in a row are invalid; one
 open-loop Poisson step follows at the request rate of the highest valid level. Each level reports what the
@@ -14,9 +14,9 @@ loop lag, read bursts). The **saturation point** is the highest valid level befo
 row (:func:`saturation_point`): up to there the client's figures are the server's; beyond, runs are marked
 invalid.
 
-The server shares the host with the client: at high levels its own loop falls behind its grid; its step
-record shows that, so the ITL error stays the client's own (``server_interval_p50_ms`` against
-``interval_s`` shows the server's lateness).
+The server shares the host with the client: at high levels its own loop falls behind; its step record
+shows that, so the ITL error stays the client's own (``server_interval_p50_ms`` against ``interval_s``
+shows the server's lateness).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """``batchbench selftest``: can this host's client be trusted? The load generator against a server of known truth.
 
-Starts a protocol server in its own process (vLLM's wire format, one token per chunk, exactly ``--interval``
-apart), doubles closed-loop concurrency until the client's runs turn invalid, then runs one Poisson step,
-and prints per level: chunks/s, client CPU per chunk, chunks/s per client core, ITL p50 error against the
-server's interval, TTFT p50, schedule lag, event-loop lag, read-burst share and the verdict; last, the
-saturation point: the highest concurrency whose figures are still the server's (:mod:`batchbench.selftest`).
+Starts a protocol server in its own process (vLLM's wire format, one token per chunk every ``--interval``
+plus its overhead; it records when each step really ran: the truth), doubles closed-loop concurrency until
+the client's runs turn invalid, then runs one Poisson step, and prints per level: chunks/s, client CPU per
+chunk, chunks/s per client core, ITL p50 error against the server's step interval, TTFT p50, schedule lag,
+event-loop lag, read-burst share and the verdict; last, the saturation point: the highest concurrency whose
+figures are still the server's (:mod:`batchbench.selftest`).
 Run it on the host that will drive a GPU run, before trusting that run's figures.
 
 Exit status: 0 done; 1 not even one stream was measured validly; 130 interrupted (the server is stopped).
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("selftest", help="measure the load generator against a built-in server of known timing",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--interval", type=positive_seconds, default=defaults.interval_s, metavar="S",
-                   help=f"the server's exact time between tokens (default {defaults.interval_s:g})")
+                   help=f"the server's time between steps, one token each (default {defaults.interval_s:g})")
     p.add_argument("--tokens", type=positive_int, default=defaults.tokens, help="output tokens per request")
     p.add_argument("--level-seconds", type=positive_seconds, default=defaults.level_s, metavar="S",
                    help=f"how long each level sends (default {defaults.level_s:g})")
