@@ -65,8 +65,8 @@ BURST_FRACTION = 0.1
 #: before it to about twice its length, so at 5% every ITL percentile below p5 and above p95 is the client's
 #: reading pattern, and p50 moves by the spread of the 5% around it.
 MAX_BURST_SHARE = 0.05
-#: Loop lag (judged as :data:`MAX_LOOP_LAG_S` is) from which the client, not the server, is taken to have made the bursts: twice what an
-#: idle loop's timer resolution (1 ms) alone gives.
+#: Loop lag (judged as :data:`MAX_LOOP_LAG_S` is) from which the client, not the server, is taken to have made
+#: the bursts: twice what an idle loop's timer resolution (1 ms) alone gives.
 BURST_LAG_S = 0.002
 
 

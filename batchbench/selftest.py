@@ -8,8 +8,9 @@ The client is the real measuring path (:func:`batchbench.runner.run`: load gener
 scraper, client meter). Closed-loop concurrency doubles from 1 until two levels in a row are invalid; one
 open-loop Poisson step follows at the request rate of the highest valid level. Each level reports what the
 client did and cost (chunks/s, CPU per chunk, chunks/s per client core), how far its figures are from the
-truth (ITL p50 against the server's step interval p50; TTFT p50, which is at most one interval on a server with free slots;
-schedule lag for the Poisson step) and whether :mod:`batchbench.validity` calls the run valid (loop busy,
+truth (ITL p50 against the server's step interval p50; TTFT p50, one to two intervals on this server: a
+request joins the batch at the next step and gets its first token at the one after; schedule lag for the
+Poisson step) and whether :mod:`batchbench.validity` calls the run valid (loop busy,
 loop lag, read bursts). The **saturation point** is the highest valid level before two invalid ones in a
 row (:func:`saturation_point`): up to there the client's figures are the server's; beyond, runs are marked
 invalid.

@@ -18,8 +18,14 @@ import json
 import sys
 
 from batchbench import eventloop, selftest
-from batchbench.commands.common import EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_OK, concurrency_list, positive_int, \
-    positive_seconds
+from batchbench.commands.common import (
+    EXIT_FAILURES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    concurrency_list,
+    positive_int,
+    positive_seconds,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
