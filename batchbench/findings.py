@@ -1176,7 +1176,7 @@ def _padding_sentence(engine: str, cost: PaddingCost) -> str:
 
 
 #: Short names for validity's reasons, by a phrase each reason of that kind contains (batchbench.validity).
-_REASON_KINDS = (("other processes took", "machine busy"), ("event loop was busy", "client saturated"),
+_REASON_KINDS = (("other processes took", "machine busy"), ("the load generator", "client saturated"),
                  ("lagged their schedule", "schedule lag"), ("not warmed up", "not warmed up"),
                  ("failed", "failed requests"), ("no request succeeded", "failed requests"),
                  ("cut short", "cut short"))

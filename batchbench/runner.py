@@ -48,9 +48,14 @@ class RunResult:
     #: How much of the machine other work took (were these the engine's figures?).
     machine: MachineLoad
 
+    def invalid_reasons(self) -> list[str]:
+        """Why the client's own figures make this run invalid (:meth:`ClientLoad.reasons`), said as the run ends
+        rather than left for the findings: its numbers are the client's queue, not the engine's."""
+        return self.client.reasons()
+
     def warnings(self) -> list[str]:
-        """Where the harness or the machine may have distorted this run, in sentences for the user."""
-        return self.client.warnings() + self.machine.warnings()
+        """Where the machine may have distorted this run, or the server delivered chunks together."""
+        return self.client.notes() + self.machine.warnings()
 
 
 def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str = "") -> Path:
@@ -128,7 +133,7 @@ async def run(
             summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
                                 tpot_slo_s=tpot_slo_s)
             report = engine.report()
-            client = meter.result()
+            client = meter.result(generator.records)
             machine = machine_meter.result()
             writer.finish(RunFooter(
                 status=status,

@@ -16,9 +16,12 @@ on a run that did not measure what it claims. A run is invalid when:
    offline runs have no schedule to lag (a send waits for a free slot on
    purpose);
 4. **the client or the machine was the bottleneck**: the load generator's
-   event loop was saturated (:data:`batchbench.client_load.BUSY_LIMIT`), or
-   other processes took more than :data:`batchbench.machine_load.BUSY_SHARE`
-   of the CPU;
+   event loop was busy (:data:`batchbench.client_load.BUSY_LIMIT`), woke late
+   (:data:`batchbench.client_load.MAX_LOOP_LAG_S`), or read chunks in bursts
+   while waking late (:data:`batchbench.client_load.MAX_BURST_SHARE`): its
+   timestamps were its own queue, not the engine
+   (:meth:`batchbench.client_load.ClientLoad.reasons`); or other processes
+   took more than :data:`batchbench.machine_load.BUSY_SHARE` of the CPU;
 5. **the engine was measured cold**: the run's labels say it was not warmed up
    (:data:`WARM_UP_LABEL`); a fresh engine's first requests pay one-off costs.
 
@@ -46,7 +49,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
-from batchbench.client_load import BUSY_LIMIT, ClientLoad
+from batchbench.client_load import ClientLoad
 from batchbench.machine_load import BUSY_SHARE, MachineLoad
 from batchbench.metrics import Summary, summarize
 from batchbench.results import RunDocument
@@ -218,9 +221,9 @@ def check(
                            f"{max_schedule_lag_s * 1000:g}ms (the engine was offered less load than asked)")
     if client is None:
         notes.append("the load generator's own load was not recorded")
-    elif client.saturated:
-        reasons.append(f"the load generator's event loop was busy {client.busy_fraction:.0%} of the run "
-                       f"(limit {BUSY_LIMIT:.0%}): the client may have limited the load")
+    else:
+        reasons += client.reasons()
+        notes += client.notes()
     if machine is not None and machine.disturbed:
         reasons.append(f"other processes took {machine.foreign_share:.0%} of the machine's CPU during the run "
                        f"(limit {BUSY_SHARE:.0%})")

@@ -9,9 +9,23 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from batchbench import results
-from batchbench.client_load import BUSY_LIMIT, ClientLoad, ClientMeter
+from batchbench import results, validity
+from batchbench.client_load import (
+    BURST_FRACTION,
+    BUSY_LIMIT,
+    LAG_PERCENTILES,
+    MAX_BURST_SHARE,
+    MAX_LOOP_LAG_S,
+    ClientLoad,
+    ClientMeter,
+    read_bursts,
+)
+from batchbench.findings import _by_kind
+from batchbench.metrics import Summary, summarize
+from batchbench.records import RequestRecord
 from batchbench.reports.model import build_run
 from batchbench.results import RunDocument, RunFooter, RunHeader
 
@@ -31,11 +45,16 @@ def spin(seconds: float) -> None:
 
 
 async def test_a_loop_held_on_the_cpu_is_saturated() -> None:
-    with ClientMeter() as meter:
-        await asyncio.sleep(0.01)
-        spin(0.3)
+    """Held for 0.3 s of its own CPU: busy, or (where other work took the CPU from it) late to wake."""
+    with ClientMeter(probe_interval_s=0.01) as meter:
+        for _ in range(6):
+            await asyncio.sleep(0.001)
+            end = time.thread_time() + 0.05
+            while time.thread_time() < end:
+                pass
     load = meter.result()
-    assert load.cpu_s >= 0.25 and load.busy_fraction >= BUSY_LIMIT and load.saturated
+    assert load.cpu_s >= 0.25 and load.saturated
+    assert load.busy_fraction >= BUSY_LIMIT or any("woke" in reason for reason in load.reasons())
 
 
 async def test_an_idle_loop_is_not() -> None:
@@ -95,3 +114,114 @@ async def test_every_results_document_says_how_busy_the_client_was(tmp_path: Pat
     assert doc.footer is not None and doc.footer.client == result.client
     assert doc.to_dict()["client"] == result.client.to_dict()
     assert 0 < result.client.wall_s <= result.duration_s + 0.05 and 0 < result.client.cpu_s
+
+
+# --------------------------------------------------------------------------- loop lag and read bursts
+
+
+def stamped(times: list[float]) -> RequestRecord:
+    return RequestRecord("r", 1, len(times), 0.0, chunk_times=list(times), chunk_tokens=[1] * len(times))
+
+
+intervals = st.floats(min_value=1e-4, max_value=1.0)
+
+
+@settings(deadline=None)  # a loaded 2-core machine stalls single examples
+@given(start=st.floats(min_value=0, max_value=100), interval=intervals, n=st.integers(0, 200))
+def test_evenly_spaced_chunks_are_no_bursts(start: float, interval: float, n: int) -> None:
+    gaps, bursts = read_bursts([stamped([start + i * interval for i in range(n)])])
+    assert bursts == 0 and gaps == (n - 1 if n >= 3 else 0)
+
+
+@settings(deadline=None)  # a loaded 2-core machine stalls single examples
+@given(interval=intervals, pairs=st.integers(2, 100), eps=st.floats(min_value=0, max_value=0.5 * BURST_FRACTION))
+def test_chunks_read_in_pairs_are_half_bursts(interval: float, pairs: int, eps: float) -> None:
+    """A client reading late takes two chunks of a stream in one go: every other gap is ~0, the others ~2x."""
+    times = [t for k in range(pairs) for t in (2 * k * interval, (2 * k + eps) * interval)]
+    gaps, bursts = read_bursts([stamped(times)])
+    assert (gaps, bursts) == (2 * pairs - 1, pairs)
+
+
+@settings(deadline=None)  # a loaded 2-core machine stalls single examples
+@given(requests=st.lists(st.lists(st.floats(min_value=0, max_value=10), max_size=30), max_size=8),
+       shift=st.floats(min_value=-5, max_value=5), scale=st.integers(-8, 8))
+def test_bursts_are_counted_per_request_and_do_not_depend_on_the_clock(
+        requests: list[list[float]], shift: float, scale: int) -> None:
+    records = [stamped(sorted(times)) for times in requests]
+    gaps, bursts = read_bursts(records)
+    assert 0 <= bursts <= gaps == sum(len(t) - 1 for t in requests if len(t) >= 3)
+    assert sum(read_bursts([r])[1] for r in records) == bursts
+    # Scaling by a power of two is exact in floating point; a shift is exact on dyadic times.
+    assert read_bursts([stamped([t * 2.0 ** scale for t in r.chunk_times]) for r in records]) == (gaps, bursts)
+    dyadic = [stamped([round(t * 64) / 64 for t in r.chunk_times]) for r in records]
+    shifted = [stamped([t + round(shift * 64) / 64 for t in r.chunk_times]) for r in dyadic]
+    assert read_bursts(shifted) == read_bursts(dyadic)
+
+
+def test_a_stream_stamped_at_one_instant_is_all_bursts() -> None:
+    assert read_bursts([stamped([1.0] * 5)]) == (4, 4)
+
+
+def test_the_lag_percentiles_follow_validitys_sample_rule() -> None:
+    assert all(validity.samples_needed(q) == n for q, n in LAG_PERCENTILES)
+
+
+async def test_a_held_loop_woke_late_and_the_run_is_invalid() -> None:
+    with ClientMeter(probe_interval_s=0.01) as meter:
+        for _ in range(6):
+            await asyncio.sleep(0.005)
+            spin(0.05)  # every probe due in the meantime waits for it
+    load = meter.result()
+    assert load.loop_lag_samples is not None and load.loop_lag_samples >= 4
+    assert load.judged_lag is not None and load.judged_lag[1] > MAX_LOOP_LAG_S
+    (woke,) = [r for r in load.reasons() if "woke" in r]
+    assert "chunk timestamps waited" in woke and _by_kind([[woke]]) == "client saturated: 1"
+    found = validity.check(_summary(), client=load, warmed_up=True)
+    assert not found.valid and woke in found.reasons
+
+
+async def test_an_idle_loop_keeps_time() -> None:
+    """The probe reports no lag of its own. Other work on a loaded machine can make any one try late (then
+    rightly reported): one of three must keep time."""
+    loads = []
+    for _ in range(3):
+        with ClientMeter(probe_interval_s=0.01) as meter:
+            await asyncio.sleep(0.3)
+        loads.append(load := meter.result())
+        assert load.loop_lag_samples is not None and load.loop_lag_samples >= 4
+        if load.judged_lag is not None and load.judged_lag[1] < MAX_LOOP_LAG_S and not load.saturated:
+            return
+    pytest.fail(f"an idle loop woke late in every try: {loads}")
+
+
+def _summary() -> Summary:
+    """One successful request: a run that is valid as far as its requests go."""
+    record = stamped([0.1, 0.2, 0.3])
+    record.ok, record.done_s = True, 0.3
+    return summarize([record], duration_s=1.0)
+
+
+def test_bursts_are_the_clients_only_when_its_loop_was_late() -> None:
+    lagging = dict(loop_lag_samples=40, loop_lag_p50_s=0.001, loop_lag_p90_s=0.004, loop_lag_p99_s=0.02,
+                   loop_lag_max_s=0.03)
+    on_time = lagging | {"loop_lag_p90_s": 0.0005}
+    bursty = dict(chunk_gaps=100, burst_gaps=int(100 * MAX_BURST_SHARE) + 1)
+    client = ClientLoad(0.1, 1.0, 0.1, **lagging, **bursty)
+    (reason,) = client.reasons()
+    assert "in bursts: 6%" in reason and "p90 of 40 probes" in reason and client.notes() == []
+    server = ClientLoad(0.1, 1.0, 0.1, **on_time, **bursty)
+    (note,) = server.notes()
+    assert server.reasons() == [] and "the server delivered" in note
+    assert validity.check(_summary(), client=server).valid and note in validity.check(_summary(), client=server).notes
+    assert not validity.check(_summary(), client=client).valid
+    calm = ClientLoad(0.1, 1.0, 0.1, **lagging, chunk_gaps=100, burst_gaps=int(100 * MAX_BURST_SHARE))
+    assert calm.reasons() == calm.notes() == []
+    for load in (client, server, calm):
+        assert ClientLoad.from_dict(load.to_dict()) == load
+
+
+def test_documents_from_before_the_probe_still_read() -> None:
+    old = {"cpu_s": 0.1, "wall_s": 1.0, "busy_fraction": 0.1, "saturated": False, "busy_limit": BUSY_LIMIT}
+    load = ClientLoad.from_dict(old)
+    assert load.loop_lag_samples is None and load.burst_share is None and load.judged_lag is None
+    assert client_notes(old) == []

@@ -153,6 +153,8 @@ class EngineSession:
         if point.status == "ok":
             for line in failure_lines(result, load.request_timeout_s):
                 self.progress.print(f"      {line}")
+        for reason in result.invalid_reasons():
+            self.progress.print(f"      INVALID: {reason}")
         for warning in [*result.warnings(), *filter(None, [point.parity.warning()])]:
             self.progress.print(f"      warning: {warning}")
         if point.engine_died is not None:

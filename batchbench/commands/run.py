@@ -221,6 +221,8 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                                f"{_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}")
                 for line in failure_lines(result, load.request_timeout_s):
                     progress.print(f"  {'':>22}  {line}")
+                for reason in result.invalid_reasons():
+                    progress.print(f"  {'':>22}  INVALID: {reason}")
                 for warning in result.warnings():
                     progress.print(f"  {'':>22}  warning: {warning}")
                 series[(layout, c)].add(result, result.machine)
