@@ -10,13 +10,14 @@ above this layer knows which engine it is measuring.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import UnionType
-from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, Protocol, Self, Union, get_args, get_origin, get_type_hints
 
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
@@ -252,6 +253,60 @@ class Chunk:
     sent: float | None = None
 
 
+class ChunkSink(Protocol):
+    """Where a stream's pieces go as they arrive, without an object per piece: the load generator's record.
+
+    :meth:`Engine.stream_into` calls it; what it raises ends the stream and is raised by ``stream_into``.
+    """
+
+    def sent(self, t: float) -> None:
+        """The request was written to the connection at ``t`` (:func:`now`), later than the caller's own stamp."""
+
+    def tokens(self, t: float, n: int, finish_reason: str | None = None) -> None:
+        """A piece that arrived at ``t`` carried ``n`` output tokens (the engine's own count; 0 with a finish
+        reason alone)."""
+
+    def usage(self, t: float, usage: Usage) -> None:
+        """The engine's own token totals arrived at ``t``."""
+
+
+class _ChunkQueue:
+    """A :class:`ChunkSink` that makes each piece a :class:`Chunk`, for :func:`chunks_of`."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Chunk | None] = asyncio.Queue()
+        self._sent: float | None = None
+
+    def sent(self, t: float) -> None:
+        self._sent = t
+
+    def tokens(self, t: float, n: int, finish_reason: str | None = None) -> None:
+        self.queue.put_nowait(Chunk(t=t, n_tokens=n, finish_reason=finish_reason, sent=self._sent))
+        self._sent = None
+
+    def usage(self, t: float, usage: Usage) -> None:
+        self.queue.put_nowait(Chunk(t=t, n_tokens=0, usage=usage, sent=self._sent))
+        self._sent = None
+
+
+async def chunks_of(stream_into: Callable[[ChunkSink], Awaitable[None]]) -> AsyncIterator[Chunk]:
+    """The pieces a ``stream_into`` call hands its sink, as :class:`Chunk` objects: :meth:`Engine.stream` for
+    an engine whose own path is :meth:`Engine.stream_into`. The stream runs in a task of its own; leaving
+    the iteration early cancels it, and its failure is raised after the pieces that came before it."""
+    sink = _ChunkQueue()
+    task = asyncio.create_task(stream_into(sink))
+    task.add_done_callback(lambda _: sink.queue.put_nowait(None))
+    try:
+        while (chunk := await sink.queue.get()) is not None:
+            yield chunk
+        task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 class EngineError(Exception):
     """Any failure of an engine, with the engine (and request) named.
 
@@ -426,6 +481,20 @@ class Engine(ABC):
     @abstractmethod
     def stream(self, request: Request) -> AsyncIterator[Chunk]:
         """Send one request and yield its chunks as they arrive."""
+
+    async def stream_into(self, request: Request, sink: ChunkSink) -> None:
+        """Send one request and hand its pieces to ``sink`` as they arrive: the load generator's path.
+
+        This default reads :meth:`stream`; an engine whose per-chunk cost matters writes into the sink
+        directly (no object, no task switch per chunk) and gives :meth:`stream` as :func:`chunks_of` of it.
+        """
+        async for chunk in self.stream(request):
+            if chunk.sent is not None:
+                sink.sent(chunk.sent)
+            if chunk.n_tokens or chunk.finish_reason is not None:
+                sink.tokens(chunk.t, chunk.n_tokens, chunk.finish_reason)
+            if chunk.usage is not None:
+                sink.usage(chunk.t, chunk.usage)
 
     async def scrape(self) -> ServerMetrics | None:
         """Read the engine's server-side metrics now; ``None`` if it has none."""

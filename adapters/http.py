@@ -31,6 +31,7 @@ from batchbench.adapters.base import (
     EngineUnreachable,
     StreamProtocolError,
 )
+from batchbench.adapters.sse import SSESplitter
 from batchbench.clock import now
 
 try:  # orjson parses a stream event several times faster than json; it is optional
@@ -94,7 +95,6 @@ class HttpClient:
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
-        self.host = yarl.URL(self.base_url).host
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, yarl.URL] = {}
 
@@ -158,22 +158,22 @@ def check_url(engine: str, url: str) -> str:
     return root.removesuffix("/v1") if parsed.path.rstrip("/") == "/v1" else root
 
 
-def _connect_failure(engine: str, client: HttpClient, exc: BaseException, *,
-                     request_id: str | None = None) -> EngineUnreachable:
-    """A transport failure as EngineUnreachable, permanent when waiting cannot fix it."""
+def connect_failure(engine: str, base_url: str, exc: BaseException, *,
+                    request_id: str | None = None) -> EngineUnreachable:
+    """A failure to connect to ``base_url`` as EngineUnreachable, permanent when waiting cannot fix it."""
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, socket.gaierror | aiohttp.ClientConnectorDNSError):
-            return EngineUnreachable(engine, f"host {client.host!r} of {client.base_url} does not resolve "
+            return EngineUnreachable(engine, f"host {yarl.URL(base_url).host!r} of {base_url} does not resolve "
                                      f"({cause})", request_id=request_id, permanent=True)
         if isinstance(cause, ssl.SSLError | aiohttp.ClientSSLError):
-            return EngineUnreachable(engine, f"TLS handshake with {client.base_url} failed ({cause}); is it a "
+            return EngineUnreachable(engine, f"TLS handshake with {base_url} failed ({cause}); is it a "
                                      "plain-HTTP port (http://, not https://)?", request_id=request_id, permanent=True)
         cause = cause.__cause__ or cause.__context__
-    return EngineUnreachable(engine, f"cannot connect to {client.base_url}: {exc}", request_id=request_id)
+    return EngineUnreachable(engine, f"cannot connect to {base_url}: {exc}", request_id=request_id)
 
 
-def loads(data: str | bytes) -> Any:
+def loads(data: str | bytes | bytearray) -> Any:
     """Parse JSON: with orjson where installed, falling back to json for what orjson refuses and json reads
     (NaN, lone surrogates), so the choice of parser does not change what parses. One difference remains:
     orjson reads an integer beyond 64 bits as a float; the events read here carry none (token ids, counts)."""
@@ -182,6 +182,8 @@ def loads(data: str | bytes) -> Any:
             return orjson.loads(data)
         except ValueError:
             pass
+    if not isinstance(data, str):  # what orjson refused as UTF-8 reads as the text a decoder would make of it
+        data = bytes(data).decode("utf-8", "replace")
     return json.loads(data)
 
 
@@ -192,7 +194,8 @@ def dumps(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _error_text(body: bytes) -> str:
+def error_text(body: bytes) -> str:
+    """An error body as a short message: an engine's JSON error message, else the start of the text."""
     text = body.decode("utf-8", "replace").strip()
     try:
         doc = loads(text)
@@ -221,13 +224,13 @@ async def post_stream(
         async with client.request("POST", path, body=dumps(payload), headers=all_headers, sent=sent) as response:
             if response.status != 200:
                 body = await response.read()
-                message = f"HTTP {response.status} from {path}: {_error_text(body)}"
+                message = f"HTTP {response.status} from {path}: {error_text(body)}"
                 if response.status in OVERLOAD_STATUSES:
                     raise EngineRejected(engine, message, status=response.status, request_id=request_id)
                 raise EngineHTTPError(engine, message, status=response.status, request_id=request_id)
             yield response.content.iter_any()
     except aiohttp.ClientConnectorError as exc:
-        raise _connect_failure(engine, client, exc, request_id=request_id) from exc
+        raise connect_failure(engine, client.base_url, exc, request_id=request_id) from exc
     except aiohttp.ServerTimeoutError as exc:  # only connecting has a timeout
         raise EngineUnreachable(engine, f"cannot connect to {client.base_url}: no connection within "
                                 f"{CONNECT_TIMEOUT_S:g}s", request_id=request_id) from exc
@@ -238,53 +241,14 @@ async def post_stream(
 
 
 async def sse_data(pieces: AsyncIterable[bytes]) -> AsyncIterator[str]:
-    """Yield the ``data:`` payload of each Server-Sent Event as soon as it is complete.
-
-    ``pieces`` is the body as it arrives (reads of any size). Events are separated by a blank
-    line; multi-line data is joined with newlines; lines end with CRLF, LF or CR, as the SSE
-    specification says. Comments and other fields are ignored.
-
-    The body is split here, on bytes, rather than by a client's line iterator, which gets two
-    things wrong for SSE (tests/test_sse.py): one that splits text at every Unicode line break
-    (U+2028, U+0085, ...), which JSON strings may hold unescaped, broke an event whose text held
-    one; and one that holds a CR that ends a read back until the next read shows whether an LF
-    follows stamps an event whose CRLF was torn across two reads only when the next bytes arrive.
-    Here a CR ends the line at once and an LF opening the next read is dropped.
-    """
-    data: list[str] = []
-    # The unfinished last line, appended to in place: a long line arriving in many reads costs its
-    # length once, not once per read.
-    pending = bytearray()
-    skip_lf = False  # the last piece ended with CR: an LF opening the next one is the rest of that CRLF
+    """Yield the ``data:`` payload of each Server-Sent Event as soon as it is complete (:class:`SSESplitter`),
+    decoded; ``pieces`` is the body as it arrives (reads of any size)."""
+    splitter = SSESplitter()
     async for piece in pieces:
-        if skip_lf and piece.startswith(b"\n"):
-            piece = piece[1:]
-        skip_lf = piece.endswith(b"\r")
-        if b"\r" in piece:
-            piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines: list[Any] = piece.split(b"\n")
-        rest = lines.pop()
-        if not lines:  # no line ended in this piece
-            pending += rest
-            continue
-        if pending:
-            pending += lines[0]
-            lines[0] = pending
-            pending = bytearray(rest)
-        elif rest:
-            pending += rest
-        for line in lines:
-            if not line:
-                if data:
-                    yield "\n".join(data)
-                    data = []
-            elif line.startswith(b"data:"):
-                value = line[6:] if line.startswith(b"data: ") else line[5:]
-                data.append(value.decode("utf-8", "replace"))
-    if pending.startswith(b"data:"):
-        data.append((pending[6:] if pending.startswith(b"data: ") else pending[5:]).decode("utf-8", "replace"))
-    if data:
-        yield "\n".join(data)
+        for data in splitter.feed(piece):
+            yield data.decode("utf-8", "replace")
+    for data in splitter.close():
+        yield data.decode("utf-8", "replace")
 
 
 async def _call(client: HttpClient, engine: str, method: str, path: str, *,
@@ -294,12 +258,12 @@ async def _call(client: HttpClient, engine: str, method: str, path: str, *,
         async with client.request(method, path, params=params) as response:
             status, body = response.status, await response.read()
     except aiohttp.ClientConnectorError as exc:
-        raise _connect_failure(engine, client, exc) from exc
+        raise connect_failure(engine, client.base_url, exc) from exc
     except aiohttp.ClientError as exc:
         raise EngineUnreachable(engine, f"{path} failed: {type(exc).__name__}: {exc}") from exc
     if status != 200:
         raise EngineHTTPError(
-            engine, f"HTTP {status} from {client.base_url}{path}: {_error_text(body)}", status=status,
+            engine, f"HTTP {status} from {client.base_url}{path}: {error_text(body)}", status=status,
         )
     return body
 
@@ -323,9 +287,10 @@ async def post_text(client: HttpClient, engine: str, path: str, *, params: dict[
     return (await _call(client, engine, "POST", path, params=params)).decode("utf-8", "replace")
 
 
-def parse_json_event(engine: str, data: str, request_id: str) -> Any:
+def parse_json_event(engine: str, data: str | bytes, request_id: str) -> Any:
     """Decode one SSE data payload, naming the engine and request when it is not JSON."""
     try:
         return loads(data)
     except ValueError as exc:
-        raise StreamProtocolError(engine, f"malformed stream event {data[:200]!r}", request_id=request_id) from exc
+        shown = data[:200] if isinstance(data, str) else bytes(data[:200]).decode("utf-8", "replace")
+        raise StreamProtocolError(engine, f"malformed stream event {shown!r}", request_id=request_id) from exc

@@ -10,19 +10,31 @@ error mapping are the same for both and live here once.
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import Chunk, EngineError, EngineHTTPError, EngineRejected, StreamProtocolError, Usage
-from batchbench.adapters.http import OVERLOAD_STATUSES, SentStamp, parse_json_event, post_stream, sse_data
+from batchbench.adapters.base import (
+    Chunk,
+    ChunkSink,
+    EngineError,
+    EngineHTTPError,
+    EngineRejected,
+    StreamProtocolError,
+    Usage,
+    chunks_of,
+)
+from batchbench.adapters.http import OVERLOAD_STATUSES, dumps, parse_json_event
 from batchbench.adapters.served import ServedEngine
-from batchbench.clock import now
+from batchbench.adapters.stream_client import StreamClient
 from batchbench.workload import Request
 
 
 class OpenAICompletionsEngine(ServedEngine):
     completions_path: ClassVar[str] = "/v1/completions"
+    #: The completions stream's own client (health, metrics and control routes go through ``client``).
+    streams: StreamClient | None = None
 
     @abstractmethod
     def payload(self, request: Request) -> dict[str, Any]:
@@ -31,52 +43,34 @@ class OpenAICompletionsEngine(ServedEngine):
     def request_headers(self, request: Request) -> dict[str, str] | None:
         return None
 
-    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
-        assert self.client is not None, "stream() before start()"
+    async def start(self) -> None:
+        await super().start()
+        assert self.base_url is not None
+        self.streams = StreamClient(self.name, self.base_url)
+
+    async def stop(self) -> None:
+        if self.streams is not None:
+            await self.streams.aclose()
+            self.streams = None
+        await super().stop()
+
+    def stream(self, request: Request) -> AsyncIterator[Chunk]:
+        return chunks_of(functools.partial(self.stream_into, request))
+
+    async def stream_into(self, request: Request, sink: ChunkSink) -> None:
+        """Each event is read as its bytes arrive (:class:`StreamClient`) and goes straight to ``sink``."""
+        assert self.streams is not None, "stream_into() before start()"
         rid = request.request_id
-        stamp = SentStamp()
-        async with self.failures_explained(rid), post_stream(
-            self.client, self.name, self.completions_path, self.payload(request), request_id=rid,
-            headers=self.request_headers(request), sent=stamp,
-        ) as body:
-            done = got_usage = False
-            completed = 0
-            sent = stamp.t  # handed on with the first chunk
-            async for data in sse_data(body):
-                t = now()
-                if data == "[DONE]":
-                    done = True
-                    break
-                event = parse_json_event(self.name, data, rid)
-                if not isinstance(event, dict):
-                    raise StreamProtocolError(self.name, f"stream event is not an object: {data[:200]!r}",
-                                              request_id=rid)
-                if "error" in event or event.get("object") == "error":
-                    raise self.error_event(event, rid)
-                choices, usage = event.get("choices"), event.get("usage")
-                if not isinstance(choices, list):
-                    raise StreamProtocolError(self.name, f"stream event without choices: {event!r:.200}",
-                                              request_id=rid)
-                if not choices:
-                    if not isinstance(usage, dict):
-                        raise StreamProtocolError(
-                            self.name, f"chunk with neither choices nor usage: {event!r:.200}", request_id=rid,
-                        )
-                    got_usage = True
-                    totals = Usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
-                    yield Chunk(t=t, n_tokens=0, usage=totals, sent=sent)
-                    sent = None
-                    continue
-                n_tokens, completed = self.count_tokens(choices, usage, completed)
-                finish = next((c.get("finish_reason") for c in choices if c.get("finish_reason")), None)
-                yield Chunk(t=t, n_tokens=n_tokens, finish_reason=finish, sent=sent)
-                sent = None
-            if not done:
-                raise StreamProtocolError(self.name, "stream ended before [DONE]", request_id=rid)
-            if not got_usage:
-                raise StreamProtocolError(
-                    self.name, "no usage chunk before [DONE] (stream_options.include_usage ignored?)", request_id=rid,
-                )
+        events = _CompletionEvents(self, rid, sink)
+        async with self.failures_explained(rid):
+            await self.streams.post(self.completions_path, dumps(self.payload(request)), on_event=events.read,
+                                    request_id=rid, headers=self.request_headers(request), on_sent=sink.sent)
+        if not events.done:
+            raise StreamProtocolError(self.name, "stream ended before [DONE]", request_id=rid)
+        if not events.got_usage:
+            raise StreamProtocolError(
+                self.name, "no usage chunk before [DONE] (stream_options.include_usage ignored?)", request_id=rid,
+            )
 
     @staticmethod
     def count_tokens(choices: list[dict[str, Any]], usage: Any, completed: int) -> tuple[int, int]:
@@ -86,6 +80,10 @@ class OpenAICompletionsEngine(ServedEngine):
         trtllm ``detokenize: false``); the rise of the cumulative
         ``usage.completion_tokens`` (``continuous_usage_stats``); one per choice.
         """
+        if len(choices) == 1:  # the usual chunk, counted without building lists
+            ids = choices[0].get("token_ids")
+            if isinstance(ids, list):
+                return len(ids), completed + len(ids)
         with_ids: list[list[int]] = [c["token_ids"] for c in choices if isinstance(c.get("token_ids"), list)]
         if with_ids:
             n = sum(len(ids) for ids in with_ids)
@@ -108,3 +106,43 @@ class OpenAICompletionsEngine(ServedEngine):
         if code is not None:
             return EngineHTTPError(self.name, message, status=code, request_id=rid)
         return StreamProtocolError(self.name, message, request_id=rid)
+
+
+class _CompletionEvents:
+    """One stream's events, read as they arrive: checked, counted and handed to the sink."""
+
+    __slots__ = ("engine", "rid", "sink", "done", "got_usage", "completed")
+
+    def __init__(self, engine: OpenAICompletionsEngine, rid: str, sink: ChunkSink) -> None:
+        self.engine, self.rid, self.sink = engine, rid, sink
+        self.done = self.got_usage = False
+        self.completed = 0  # output tokens the engine reported so far
+
+    def read(self, data: bytes, t: float) -> None:
+        if self.done:  # after [DONE] nothing is the engine's answer
+            return
+        if data == b"[DONE]":
+            self.done = True
+            return
+        name, rid = self.engine.name, self.rid
+        event = parse_json_event(name, data, rid)
+        if not isinstance(event, dict):
+            raise StreamProtocolError(name, f"stream event is not an object: {event!r:.200}", request_id=rid)
+        if "error" in event or event.get("object") == "error":
+            raise self.engine.error_event(event, rid)
+        choices, usage = event.get("choices"), event.get("usage")
+        if not isinstance(choices, list):
+            raise StreamProtocolError(name, f"stream event without choices: {event!r:.200}", request_id=rid)
+        if not choices:
+            if not isinstance(usage, dict):
+                raise StreamProtocolError(name, f"chunk with neither choices nor usage: {event!r:.200}",
+                                          request_id=rid)
+            self.got_usage = True
+            self.sink.usage(t, Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
+            return
+        n_tokens, self.completed = self.engine.count_tokens(choices, usage, self.completed)
+        if len(choices) == 1:
+            finish = choices[0].get("finish_reason") or None
+        else:
+            finish = next((c.get("finish_reason") for c in choices if c.get("finish_reason")), None)
+        self.sink.tokens(t, n_tokens, finish)

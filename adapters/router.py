@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import BatchingConfig, BatchingMode, Capabilities, Chunk, Engine, EngineError
+from batchbench.adapters.base import BatchingConfig, BatchingMode, Capabilities, Chunk, ChunkSink, Engine, EngineError
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
@@ -112,15 +112,23 @@ class RoutedEngine(Engine):
     def pool_for(self, request: Request) -> Engine:
         return self.routes[self.route_of(request)]
 
-    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
+    def _take_route(self, request: Request) -> Engine:
+        """The pool this request goes to, counted."""
         try:
             key = self.route_of(request)
         except UnroutableRequest:
             self.unroutable += 1
             raise
         self.routed[key] = self.routed.get(key, 0) + 1
-        async for chunk in self.routes[key].stream(request):
+        return self.routes[key]
+
+    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
+        async for chunk in self._take_route(request).stream(request):
             yield chunk
+
+    async def stream_into(self, request: Request, sink: ChunkSink) -> None:
+        """The pool's own path (its cost per chunk, not a chunk object's)."""
+        await self._take_route(request).stream_into(request, sink)
 
     # ------------------------------------------------------------------ lifecycle (the pools are not ours)
 

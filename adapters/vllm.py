@@ -6,8 +6,12 @@ Flags, request fields and metric names were checked against vLLM 0.32.0
 
 - ``/v1/completions`` takes the prompt as a list of token ids, ``ignore_eos``
   for an exact output length, ``stream_options.include_usage`` for the
-  engine's own token totals, and ``return_token_ids`` so every chunk says
-  exactly which (and how many) tokens it carries.
+  engine's own token totals, and ``continuous_usage_stats`` so every chunk
+  carries the running ``completion_tokens`` (how many tokens it brought is the
+  rise). Not ``return_token_ids``: with it the first chunk also echoes the
+  whole prompt's ids (``serving.py``, ``prompt_token_ids_to_return``), which
+  for a 64K-token prompt is half a megabyte to receive and parse before the
+  first token can be stamped.
 - /metrics: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` (a fraction despite the name),
   ``vllm:num_preemptions_total``, ``vllm:admission_rejections_total``,
@@ -223,7 +227,6 @@ class VLLMEngine(OpenAICompletionsEngine):
             "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-            "return_token_ids": True,
         }
 
     def request_headers(self, request: Request) -> dict[str, str]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from batchbench.adapters.base import Chunk, Engine
 from batchbench.adapters.http import HttpClient
+from batchbench.adapters.openai_compat import OpenAICompletionsEngine
+from batchbench.adapters.stream_client import StreamClient, _Connection
 from batchbench.workload import Request
 
 
@@ -53,3 +56,41 @@ class Recorded(HttpClient):
 def recorded(body: bytes, status: int = 200) -> Recorded:
     """A client whose every answer is a recorded body."""
     return Recorded(body, status)
+
+
+class _ReplayTransport(asyncio.Transport):
+    """Answers the request written to it with a recorded HTTP response, in one read."""
+
+    def __init__(self, conn: _Connection, response: bytes) -> None:
+        super().__init__()
+        self.conn, self.response, self.closed = conn, response, False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        asyncio.get_running_loop().call_soon(self.conn.data_received, self.response)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class RecordedStreams(StreamClient):
+    """The streaming client answering every POST with a recorded body: the real HTTP and SSE parsing and
+    error mapping, without a socket."""
+
+    def __init__(self, engine: str, body: bytes, status: int) -> None:
+        super().__init__(engine, "http://engine.test")
+        self.response = f"HTTP/1.1 {status} Recorded\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+
+    async def _connection(self, request_id: str) -> _Connection:
+        conn = _Connection(self)
+        conn.connection_made(_ReplayTransport(conn, self.response))
+        return conn
+
+
+def replay(engine: Engine, body: bytes, status: int = 200) -> None:
+    """Make every answer ``engine`` gets a recorded body: its client's, and its stream's where it has its own."""
+    engine.client = recorded(body, status)  # type: ignore[attr-defined]
+    if isinstance(engine, OpenAICompletionsEngine):
+        engine.streams = RecordedStreams(engine.name, body, status)

@@ -37,7 +37,7 @@ from batchbench.adapters.trtllm import TRTLLMEngine
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.fixtures import wire_dir
 from batchbench.fixtures.protocol import ProtocolServer, personalities, read_sse
-from tests.adapter_helpers import collect, recorded, request
+from tests.adapter_helpers import collect, replay, request
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Every live test runs against a server of this shape: 4 decoding, 2 waiting, a 4096-token KV budget.
@@ -374,7 +374,7 @@ async def test_recorded_stream_parses_into_chunks(row: Row) -> None:
     assert row.stream_file is not None
     name, tokens, finish_at, usage = row.stream_file
     eng = row.make("http://engine.test")
-    eng.client = recorded((wire_dir(row.engine) / name).read_bytes())
+    replay(eng, (wire_dir(row.engine) / name).read_bytes())
     chunks = await collect(eng, request(max_tokens=4))
     assert [c.n_tokens for c in chunks] == tokens
     assert chunks[finish_at].finish_reason == "length"
@@ -389,7 +389,7 @@ async def test_recorded_errors_map_to_error_types(
     row: Row, name: str, http_status: int, error: type[EngineError], status: int, text: str,
 ) -> None:
     eng = row.make("http://engine.test")
-    eng.client = recorded((wire_dir(row.engine) / name).read_bytes(), status=http_status)
+    replay(eng, (wire_dir(row.engine) / name).read_bytes(), status=http_status)
     with pytest.raises(error, match=text) as info:
         await collect(eng, request("rec-1"))
     assert isinstance(info.value, EngineRejected | EngineHTTPError)

@@ -32,12 +32,15 @@ from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.harness import LoopThread
 from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.metrics import percentile
 from batchbench.records import RequestRecord
 from batchbench.results import JournalWriter, RunHeader
 from batchbench.workload import Arrival, Lengths, WorkloadSpec
 from tests.server_process import serving
 
 TOKENS = 64
+#: Prompt lengths of the long-prompt benchmark (token ids).
+LONG_PROMPTS = (16, 32 * 1024, 64 * 1024)
 #: Requests per round: this many times the concurrency, so most of a round runs at full concurrency.
 WAVES = 4
 
@@ -45,7 +48,8 @@ WAVES = 4
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[str]:
     with serving("batchbench.fixtures.protocol", "vllm", "--model", "fake-model", "--token-delay", "0",
-                 "--max-running", "1024", "--max-queue", "4096") as url:
+                 "--max-running", "1024", "--max-queue", "4096", "--max-total-tokens", str(2 * LONG_PROMPTS[-1]),
+                 "--kv-capacity-tokens", str(64 * LONG_PROMPTS[-1])) as url:
         yield url
 
 
@@ -109,3 +113,57 @@ def test_selftest_ramp(benchmark: Any) -> None:
     print("\n" + selftest.HEADER, *map(selftest.line, report.levels), selftest.conclusion(report), sep="\n")
     benchmark.extra_info.update(report.to_dict())
     assert [lv.load for lv in report.levels][:2] == [1, 8] and all(lv.chunks > 0 for lv in report.levels)
+
+
+@pytest.mark.parametrize("loop_kind", sorted(LOOPS))
+def test_long_prompts_cost_the_client_little(fake_server: str, loop_kind: str) -> None:
+    """32K- and 64K-token prompts at concurrency 8: the client's CPU per request (encoding the prompt, whose
+    ids are not echoed back) and TTFT beside a 16-token prompt's. Printed with -s; nothing is asserted on time."""
+    loop = LoopThread(LOOPS[loop_kind])
+    loop_name = type(loop.loop).__module__.split(".")[0]
+
+    async def once(prompt: int) -> tuple[list[RequestRecord], float]:
+        workload = WorkloadSpec("long", 32, prompt=Lengths.fixed(prompt), output=Lengths.fixed(16),
+                                arrival=Arrival("closed", concurrency=8)).build()
+        async with VLLMEngine(model=ModelRef("fake-model"), url=fake_server) as engine:
+            cpu = time.process_time()
+            records = await LoadGenerator(engine, workload).run()
+            return records, time.process_time() - cpu
+
+    try:
+        for prompt in LONG_PROMPTS:
+            loop.call(once(prompt))  # warm-up: connections, caches
+            records, cpu = loop.call(once(prompt))
+            assert all(r.ok and r.output_tokens == 16 and r.prompt_tokens == prompt for r in records)
+            ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
+            print(f"\nprompt {prompt} tokens, concurrency 8, {loop_name}: client {1e3 * cpu / len(records):.2f} ms "
+                  f"CPU/request, TTFT p50 {1e3 * statistics.median(ttfts):.1f} ms, "
+                  f"p99 {1e3 * percentile(ttfts, 99):.1f} ms", end="")
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("loop_kind", sorted(LOOPS))
+def test_poisson_schedule_lag_at_1000_per_second(fake_server: str, loop_kind: str) -> None:
+    """Open loop, Poisson arrivals at 1,000 requests/s, short outputs: how late requests leave against their
+    schedule (RequestRecord.schedule_lag_s, send stamp minus scheduled time). Printed with -s."""
+    workload = WorkloadSpec("poisson", 3000, prompt=Lengths.fixed(16), output=Lengths.fixed(4),
+                            arrival=Arrival("poisson", rate=1000.0)).build()
+    loop = LoopThread(LOOPS[loop_kind])
+    loop_name = type(loop.loop).__module__.split(".")[0]
+
+    async def once() -> tuple[list[RequestRecord], float]:
+        async with VLLMEngine(model=ModelRef("fake-model"), url=fake_server) as engine:
+            cpu = time.process_time()
+            records = await LoadGenerator(engine, workload).run()
+            return records, time.process_time() - cpu
+
+    try:
+        records, cpu = loop.call(once())
+    finally:
+        loop.close()
+    assert all(r.ok for r in records)
+    lags = [r.schedule_lag_s for r in records]
+    print(f"\npoisson 1000/s, {loop_name}: schedule lag p50 {1e3 * percentile(lags, 50):.3f} ms, p99 "
+          f"{1e3 * percentile(lags, 99):.3f} ms, max {1e3 * max(lags):.3f} ms; client {1e3 * cpu / len(records):.3f} "
+          "ms CPU/request", end="")

@@ -15,7 +15,7 @@ from batchbench.adapters.trtllm import TRTLLMEngine, to_yaml
 from batchbench.fixtures import wire_dir
 from batchbench.fixtures.protocol import read_sse
 from batchbench.fixtures.protocol.trtllm import TRTLLMServer
-from tests.adapter_helpers import collect, recorded, request
+from tests.adapter_helpers import collect, replay, request
 
 WIRE = wire_dir("trtllm")
 MODEL = ModelRef("batchbench/tiny-llama", served_name="tiny-llama", max_model_len=512)
@@ -139,7 +139,7 @@ async def test_without_continuous_usage_each_choice_counts_one() -> None:
             payload = json.dumps(event)
         stripped.append(f"data: {payload}\n\n")
     eng = TRTLLMEngine(model=MODEL, url="http://trtllm.test")
-    eng.client = recorded("".join(stripped).encode())
+    replay(eng, "".join(stripped).encode())
     chunks = await collect(eng, request(max_tokens=4))
     assert [c.n_tokens for c in chunks] == [1, 1, 1, 1, 0]
     await eng.client.aclose()
@@ -148,7 +148,7 @@ async def test_without_continuous_usage_each_choice_counts_one() -> None:
 async def test_a_stream_without_usage_is_a_protocol_error() -> None:
     payloads = [p for p in read_sse(WIRE / "completions_stream.sse") if p == "[DONE]" or json.loads(p)["choices"]]
     eng = TRTLLMEngine(model=MODEL, url="http://trtllm.test")
-    eng.client = recorded("".join(f"data: {p}\n\n" for p in payloads).encode())
+    replay(eng, "".join(f"data: {p}\n\n" for p in payloads).encode())
     with pytest.raises(StreamProtocolError, match="no usage chunk"):
         await collect(eng, request())
     await eng.client.aclose()

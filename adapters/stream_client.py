@@ -1,0 +1,231 @@
+"""The streaming POST of the OpenAI-compatible engines: one callback per read, no task woken per chunk.
+
+This is the load generator's per-chunk path, so it is built for cost. Each connection is an
+``asyncio.Protocol``: a read arrives in :meth:`_Connection.data_received`, is stamped once with
+:func:`now`, parsed as HTTP by httptools (llhttp in C, the parser uvicorn uses: chunked transfer encoding,
+keep-alive), split into Server-Sent Events (:class:`SSESplitter`) and each event handed to the caller's
+handler right there. The task that sent the request sleeps until the response is complete.
+
+Why not aiohttp here (it still serves every other request, :mod:`batchbench.adapters.http`): it hands a
+body to its reader through a buffered StreamReader, wakes the reading task for each piece and passes the
+piece up through async iterators; profiled at concurrency 64 (tests/test_loadgen_benchmark.py), that
+machinery and the generator layers above it were over half of the client's CPU per chunk, and no
+maintained client offers a body callback instead. What is written here is only the glue: a request head,
+a pool of kept-alive connections, and errors mapped as :mod:`batchbench.adapters.http` maps them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Mapping
+
+import httptools
+import yarl
+
+from batchbench.adapters.base import EngineHTTPError, EngineRejected, EngineUnreachable, StreamProtocolError
+from batchbench.adapters.http import CONNECT_TIMEOUT_S, OVERLOAD_STATUSES, connect_failure, error_text
+from batchbench.adapters.sse import SSESplitter
+from batchbench.clock import now
+
+#: Called with each event's ``data`` payload and the time its read arrived; what it raises ends the stream.
+EventHandler = Callable[[bytes, float], None]
+#: Most bytes of an error response kept for its message.
+_ERROR_BODY_BYTES = 64 * 1024
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection; one exchange at a time (the pool hands it to one request)."""
+
+    def __init__(self, pool: StreamClient) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self._done: asyncio.Future[None] | None = None
+
+    def begin(self, on_event: EventHandler, request_id: str) -> asyncio.Future[None]:
+        """Prepare for the next response: ``on_event`` gets its events; the future resolves when it is complete."""
+        self._done = asyncio.get_running_loop().create_future()
+        self._request_id = request_id
+        self._parser = httptools.HttpResponseParser(self)
+        self._on_event = on_event
+        self._splitter = SSESplitter()
+        self._bodies: list[bytes] = []  # the body's pieces in this read, split together once it is parsed
+        self._t = 0.0
+        self.status = 0
+        self.keep_alive = False
+        self._sized = False  # a Content-Length or chunked body: its end is in the bytes, not at close
+        self._error: BaseException | None = None
+        self.error_body = bytearray()
+        return self._done
+
+    # ---------------------------------------------------------------- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a stream transport: create_connection made it
+
+    def data_received(self, data: bytes) -> None:
+        if self._done is None or self._done.done():  # bytes nobody asked for: the connection is not reusable
+            self.close()
+            return
+        self._t = now()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._error = self._error or StreamProtocolError(self.pool.engine, f"malformed HTTP response ({exc})",
+                                                             request_id=self._request_id)
+        self._events()
+        if self._error is not None:
+            self._finish(self._error)
+
+    def _events(self) -> None:
+        """Hand the events completed by this read's body pieces (one piece per HTTP chunk) to the handler."""
+        bodies = self._bodies
+        if not bodies or self._error is not None:
+            return
+        body = bodies[0] if len(bodies) == 1 else b"".join(bodies)
+        bodies.clear()
+        try:
+            for data in self._splitter.feed(body):
+                self._on_event(data, self._t)
+        except BaseException as exc:  # the handler's verdict (a malformed event, an error event, a cut)
+            self._error = exc
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.pool.forget(self)
+        if self._done is None or self._done.done():
+            return
+        if self.status and not self._sized:  # a body that ends when the connection closes
+            self.on_message_complete()
+            return
+        detail = f"{type(exc).__name__}: {exc}" if exc is not None else "closed by the server"
+        self._finish(StreamProtocolError(self.pool.engine, f"connection broke mid-stream ({detail})",
+                                         request_id=self._request_id))
+
+    # ---------------------------------------------------------------- httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            self._sized = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.keep_alive = self._parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        if self.status == 200:
+            self._bodies.append(body)
+        elif len(self.error_body) < _ERROR_BODY_BYTES:
+            self.error_body += body
+
+    def on_message_complete(self) -> None:
+        self._events()
+        if self._error is None and self.status == 200:
+            try:
+                for data in self._splitter.close():
+                    self._on_event(data, self._t)
+            except BaseException as exc:
+                self._error = exc
+        self._finish(self._error)
+
+    # ---------------------------------------------------------------- ends
+
+    def _finish(self, error: BaseException | None) -> None:
+        assert self._done is not None
+        if self._done.done():
+            return
+        if error is None:
+            self._done.set_result(None)
+        else:
+            self.keep_alive = False
+            self._done.set_exception(error)
+
+    def close(self) -> None:
+        self.keep_alive = False
+        if self.transport is not None:
+            self.transport.close()
+
+
+class StreamClient:
+    """POSTs that answer with an event stream, to one server, over a pool of kept-alive connections.
+
+    The pool has no limit: the load generator bounds the requests in flight. Only connecting has a
+    timeout: the load generator owns per-request deadlines, and a long decode legitimately goes quiet
+    between chunks. A request is never retried (an engine must not see a request twice).
+    """
+
+    def __init__(self, engine: str, base_url: str) -> None:
+        self.engine = engine
+        self.base_url = base_url.rstrip("/")
+        url = yarl.URL(self.base_url)
+        self._host, self._port = url.raw_host or "", url.port
+        self._ssl = ssl.create_default_context() if url.scheme == "https" else None
+        self._prefix = url.raw_path.rstrip("/")
+        authority = f"[{self._host}]" if ":" in self._host else self._host
+        if url.explicit_port is not None:
+            authority += f":{url.explicit_port}"
+        self._authority = authority
+        self._idle: list[_Connection] = []
+
+    async def post(self, path: str, body: bytes, *, on_event: EventHandler, request_id: str,
+                   headers: Mapping[str, str] | None = None, on_sent: Callable[[float], None] | None = None) -> None:
+        """POST a JSON ``body``; hand each event of the 200 response to ``on_event`` as its read arrives; return
+        when the response is complete. ``on_sent`` gets the time just before the request is written. Failures
+        are :mod:`batchbench.adapters.base` errors naming the engine and request (whatever ``on_event``
+        raises is raised as it is)."""
+        conn = await self._connection(request_id)
+        done = conn.begin(on_event, request_id)
+        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) if headers else ""
+        head = (f"POST {self._prefix}{path} HTTP/1.1\r\nHost: {self._authority}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n{extra}\r\n").encode("latin-1")
+        assert conn.transport is not None
+        if on_sent is not None:
+            on_sent(now())
+        conn.transport.write(head + body)
+        try:
+            await done
+        except BaseException:  # failed, or cancelled (the caller's deadline): the connection is in an unknown state
+            conn.close()
+            raise
+        if conn.keep_alive and not conn.lost:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        if conn.status != 200:
+            message = f"HTTP {conn.status} from {path}: {error_text(bytes(conn.error_body))}"
+            if conn.status in OVERLOAD_STATUSES:
+                raise EngineRejected(self.engine, message, status=conn.status, request_id=request_id)
+            raise EngineHTTPError(self.engine, message, status=conn.status, request_id=request_id)
+
+    async def _connection(self, request_id: str) -> _Connection:
+        """An idle kept-alive connection, else a new one."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.lost and conn.transport is not None and not conn.transport.is_closing():
+                return conn
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self), self._host, self._port, ssl=self._ssl,
+                    server_hostname=self._host if self._ssl is not None else None,
+                )
+        except TimeoutError as exc:
+            raise EngineUnreachable(self.engine, f"cannot connect to {self.base_url}: no connection within "
+                                    f"{CONNECT_TIMEOUT_S:g}s", request_id=request_id) from exc
+        except OSError as exc:  # refused, unreachable, does not resolve, TLS refused (ssl.SSLError is an OSError)
+            raise connect_failure(self.engine, self.base_url, exc, request_id=request_id) from exc
+        return conn
+
+    def forget(self, conn: _Connection) -> None:
+        """A connection closed: it is not handed out again."""
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    async def aclose(self) -> None:
+        """Close every idle connection (those in use close when their request ends)."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
