@@ -1,11 +1,12 @@
 """``batchbench selftest``: can this host's client be trusted? The load generator against a server of known truth.
 
-Starts a protocol server in its own process (vLLM's wire format, one token per chunk every ``--interval``
-plus its overhead; it records when each step really ran: the truth), doubles closed-loop concurrency until
-the client's runs turn invalid, then runs one Poisson step, and prints per level: chunks/s, client CPU per
-chunk, chunks/s per client core, ITL p50 error against the server's step interval, TTFT p50, schedule lag,
-event-loop lag, read-burst share and the verdict; last, the saturation point: the highest concurrency whose
-figures are still the server's (:mod:`batchbench.selftest`).
+Starts the fast stream server in its own process (vLLM's wire format at almost no CPU per chunk: the first
+token ``--ttft`` after a request arrives, then one per chunk every ``--interval``; it records what it really
+did: the truth), on one CPU and the client on another where the host has two, doubles closed-loop
+concurrency until the client's runs turn invalid, then runs one Poisson step, and prints per level: chunks/s,
+client CPU per chunk, chunks/s per client core, ITL p50 and TTFT p50 errors against the server's own,
+schedule lag, event-loop lag, read-burst share and the verdict; last, the saturation point: the highest
+concurrency whose figures are still the server's (:mod:`batchbench.selftest`).
 Run it on the host that will drive a GPU run, before trusting that run's figures.
 
 Exit status: 0 done; 1 not even one stream was measured validly; 130 interrupted (the server is stopped).
@@ -17,7 +18,7 @@ import argparse
 import json
 import sys
 
-from batchbench import eventloop, selftest
+from batchbench import selftest
 from batchbench.commands.common import (
     EXIT_FAILURES,
     EXIT_INTERRUPTED,
@@ -26,6 +27,7 @@ from batchbench.commands.common import (
     positive_int,
     positive_seconds,
 )
+from batchbench.fixtures.protocol import fast
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,8 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     defaults = selftest.Settings()
     p = sub.add_parser("selftest", help="measure the load generator against a built-in server of known timing",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--interval", type=positive_seconds, default=defaults.interval_s, metavar="S",
-                   help=f"the server's time between steps, one token each (default {defaults.interval_s:g})")
+    p.add_argument("--interval", type=whole_ms, default=defaults.interval_s, metavar="S",
+                   help=f"the server's time between a stream's tokens (default {defaults.interval_s:g})")
+    p.add_argument("--ttft", type=whole_ms, default=defaults.ttft_s, metavar="S",
+                   help=f"the server's time from a request's arrival to its first token (default {defaults.ttft_s:g})")
     p.add_argument("--tokens", type=positive_int, default=defaults.tokens, help="output tokens per request")
     p.add_argument("--level-seconds", type=positive_seconds, default=defaults.level_s, metavar="S",
                    help=f"how long each level sends (default {defaults.level_s:g})")
@@ -47,8 +51,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=main)
 
 
+def whole_ms(text: str) -> float:
+    """Seconds that the fast server's grid holds (whole ticks of ``fast.TICK_S``)."""
+    seconds = positive_seconds(text)
+    try:
+        fast.ticks(seconds)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return seconds
+
+
 def main(args: argparse.Namespace) -> int:
-    settings = selftest.Settings(interval_s=args.interval, tokens=args.tokens, level_s=args.level_seconds,
+    settings = selftest.Settings(interval_s=args.interval, ttft_s=args.ttft, tokens=args.tokens,
+                                 level_s=args.level_seconds,
                                  max_concurrency=args.max_concurrency, levels=args.levels,
                                  poisson=not args.no_poisson)
 
@@ -56,12 +71,13 @@ def main(args: argparse.Namespace) -> int:
         if not args.json:
             print(selftest.line(level), flush=True)
 
+    where = selftest.placement()
     if not args.json:
-        print(f"batchbench selftest: server interval {settings.interval_s * 1000:g} ms, {settings.tokens} tokens "
-              f"per request, {settings.level_s:g} s per level (times in ms)\n{selftest.HEADER}", flush=True)
+        print(f"batchbench selftest: server TTFT {settings.ttft_s * 1000:g} ms, then a token every "
+              f"{settings.interval_s * 1000:g} ms, {settings.tokens} tokens per request, {settings.level_s:g} s per "
+              f"level; {where.describe()} (times in ms)\n{selftest.HEADER}", flush=True)
     try:
-        with selftest.protocol_server(settings.interval_s) as url:
-            report = eventloop.run(selftest.ramp(url, settings, show))
+        report = selftest.selftest(settings, show, where=where)
     except KeyboardInterrupt:
         print("batchbench selftest: interrupted (the server is stopped)", file=sys.stderr)
         return EXIT_INTERRUPTED
