@@ -23,7 +23,6 @@ from batchbench import selftest
 from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.fixtures.protocol import fast
-from batchbench.fixtures.protocol.vllm import VLLMServer
 from batchbench.loadgen import LoadGenerator
 from batchbench.records import RequestRecord
 from batchbench.workload import Arrival, Lengths, WorkloadSpec
@@ -57,20 +56,29 @@ async def test_the_vllm_adapter_reads_exact_counts_and_the_finish_reason(server:
         assert r.finish_reason == "length"
 
 
-def test_its_chunks_have_the_vllm_fakes_shape(server: str) -> None:
-    """The keys of vLLM's chunk as the protocol fake builds it (without return_token_ids, as the adapter asks)."""
-    body = {"model": "m", "prompt": [1, 2], "max_tokens": 2, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-    text = httpx.post(server + "/v1/completions", json=body).text
-    events = [block.removeprefix("data: ") for block in text.split("\n\n") if block]
-    assert events[-1] == "[DONE]"
-    first, last, usage = (json.loads(e) for e in events[:-1])
-    template = VLLMServer().chunk_template()
-    assert first.keys() == template.keys()
-    assert first["choices"][0].keys() == template["choices"][0].keys() - {"token_ids"}
+def events(url: str, **fields: Any) -> list[Any]:
+    body = {"model": "m", "prompt": [5, 6], "max_tokens": 2, "stream": True} | fields
+    text = httpx.post(url + "/v1/completions", json=body).text
+    payloads = [block.removeprefix("data: ") for block in text.split("\n\n") if block]
+    assert payloads[-1] == "[DONE]"
+    return [json.loads(p) for p in payloads[:-1]]
+
+
+def test_its_chunks_are_vllms(server: str) -> None:
+    """vLLM 0.32's shapes (serving.py: the chunk dumped with exclude_unset, so every choice field and usage only
+    when continuous; the usage chunk with exclude_none)."""
+    first, last, usage = events(server, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    assert list(first) == ["id", "object", "created", "model", "choices", "usage"] and first["model"] == "m"
+    assert list(first["choices"][0]) == ["index", "text", "logprobs", "finish_reason", "stop_reason",
+                                         "prompt_token_ids", "token_ids"]
     assert first["usage"] == {"prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1}
     assert [first["choices"][0]["finish_reason"], last["choices"][0]["finish_reason"]] == [None, "length"]
-    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 2 and first["model"] == "m"
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 2, "total_tokens": 4, "completion_tokens": 2}
+    first, last = events(server, return_token_ids=True)
+    assert "usage" not in first and first["choices"][0]["prompt_token_ids"] == [5, 6]
+    assert last["choices"][0]["prompt_token_ids"] is None and len(last["choices"][0]["token_ids"]) == 1
+    (only,) = events(server, return_token_ids=True, max_tokens=1)  # the echo beside the end of the stream
+    assert only["choices"][0]["prompt_token_ids"] == [5, 6] and only["choices"][0]["finish_reason"] == "length"
 
 
 async def test_ttft_and_itl_are_its_grid_and_its_own_account(server: str) -> None:
