@@ -19,6 +19,7 @@ checks.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
@@ -50,6 +51,14 @@ class ClientLoad:
         return [f"the load generator's event loop was busy {self.busy_fraction:.0%} of the run: chunk timestamps "
                 "waited for it, and the client may have limited the load it offered (run fewer streams per "
                 "client, or several clients)"]
+
+    @classmethod
+    def combined(cls, loads: Sequence[ClientLoad]) -> ClientLoad:
+        """The load of a run sent from several processes (``batchbench.workers``), each with its own loop: their
+        CPU added up, over the longest wall time, and the busiest loop's busy fraction, because one saturated
+        loop delays the timestamps of every stream it carries however idle the others are."""
+        return cls(cpu_s=sum(load.cpu_s for load in loads), wall_s=max(load.wall_s for load in loads),
+                   busy_fraction=max(load.busy_fraction for load in loads))
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ClientLoad:

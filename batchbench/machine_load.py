@@ -12,7 +12,7 @@ disturbed run, and suites that compare runs re-measure or skip rather than
 assert on the machine's load.
 
 Measured: this process (the load generator, and an engine that serves in
-process) and the process groups of the servers the engine says it launched
+process), its children (the load generator's worker processes) and the process groups of the servers the engine says it launched
 (:meth:`Engine.server_process_groups <batchbench.adapters.base.Engine.server_process_groups>`;
 a routed layout: every pool's). Not measurable: an engine at a URL or in a
 container (its processes are not ours to tell apart); there the share is
@@ -105,7 +105,9 @@ class MachineMeter:
             if not entry.name.isdigit() or entry.name == own:
                 continue
             fields = self._stat_fields(entry.name)
-            if fields is None or (self.own_groups and fields[2] in self.own_groups):
+            # This process's children are the load generator's worker processes (batchbench.workers), or
+            # the engine's server.
+            if fields is None or fields[1] == own or (self.own_groups and fields[2] in self.own_groups):
                 continue
             ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
         return ticks
