@@ -12,7 +12,8 @@ disturbed run, and suites that compare runs re-measure or skip rather than
 assert on the machine's load.
 
 Measured: this process (the load generator, and an engine that serves in
-process), its children (the load generator's worker processes) and the process groups of the servers the engine says it launched
+process), its children (the load generator's worker processes, a local server)
+and the process groups of the servers the engine says it launched
 (:meth:`Engine.server_process_groups <batchbench.adapters.base.Engine.server_process_groups>`;
 a routed layout: every pool's). Not measurable: an engine at a URL or in a
 container (its processes are not ours to tell apart); there the share is

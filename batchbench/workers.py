@@ -77,9 +77,10 @@ def partition(workload: Workload, workers: int) -> list[Workload]:
                          "they are sent from one process (workers=1)")
     n = max(1, min(workers, len(workload.requests), arrival.concurrency if arrival.kind == "closed" else workers))
     # Request i goes to the owner of slot i mod len(slots); a worker holds as many slots as its share of the
-    # concurrency (one each in open loop), so each part's size follows its share and the parts interleave.
+    # concurrency (one each in open loop), so each part's size follows its share. Slots are dealt round by
+    # round (0, 1, 0 for shares 2, 1), so the first n requests go one to each worker: no part is empty.
     concurrency = shares(arrival.concurrency, n) if arrival.kind == "closed" else [1] * n
-    slots = [k for k, share in enumerate(concurrency) for _ in range(share)]
+    slots = [k for r in range(concurrency[0]) for k, share in enumerate(concurrency) if share > r]
     parts: list[list[Request]] = [[] for _ in range(n)]
     for i, request in enumerate(workload.requests):
         parts[slots[i % len(slots)]].append(request)
@@ -128,8 +129,8 @@ class WorkerPool:
     """A run's load sent from ``workers`` processes; the same ``run(t0)`` and ``records`` as LoadGenerator.
 
     ``async with WorkerPool(...) as pool:`` (or ``start()`` ... ``close()``) starts the children, before the
-    run's ``t0`` since they take a moment, and always stops them; ``await pool.run(t0)`` sends the workload. ``on_record`` is called in
-    this process, on its event loop, for every record as it comes back. A child that dies mid-run ends
+    run's ``t0`` since they take a moment, and always stops them; ``await pool.run(t0)`` sends the workload.
+    ``on_record`` is called in this process, on its event loop, for every record as it comes back. A child that dies mid-run ends
     its part there: each request it took with it is recorded as failed (``worker_died``, saying which
     process and how it ended), the others' parts go on.
     """
