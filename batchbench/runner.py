@@ -121,7 +121,7 @@ async def run(
         t0 = now()
         scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
         meter = ClientMeter()
-        machine_meter = MachineMeter.for_engine(engine)
+        machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())
         machine_meter.start()
     except BaseException:
         if pool is not None:

@@ -130,9 +130,9 @@ class WorkerPool:
 
     ``async with WorkerPool(...) as pool:`` (or ``start()`` ... ``close()``) starts the children, before the
     run's ``t0`` since they take a moment, and always stops them; ``await pool.run(t0)`` sends the workload.
-    ``on_record`` is called in this process, on its event loop, for every record as it comes back. A child that dies mid-run ends
-    its part there: each request it took with it is recorded as failed (``worker_died``, saying which
-    process and how it ended), the others' parts go on.
+    ``on_record`` is called in this process, on its event loop, for every record as it comes back. A child
+    that dies mid-run ends its part there: each request it took with it is recorded as failed
+    (``worker_died``, saying which process and how it ended), the others' parts go on.
     """
 
     def __init__(self, engine: Engine, workload: Workload, *, workers: int,
@@ -146,6 +146,11 @@ class WorkerPool:
         self.records: list[RequestRecord] = []
         self.t0 = 0.0
         self._children: list[_Child] = []
+
+    @property
+    def pids(self) -> frozenset[int]:
+        """The worker processes' ids (they are the harness, not other work on the machine)."""
+        return frozenset(c.process.pid for c in self._children if c.process.pid is not None)
 
     @property
     def client_loads(self) -> list[ClientLoad]:
@@ -301,14 +306,24 @@ async def _child(engine: Engine, part: Workload, config: LoadConfig, conn: Conne
     main = asyncio.current_task()
     assert main is not None
     loop.add_signal_handler(signal.SIGTERM, main.cancel)
+
+    def send(message: tuple[str, Any]) -> None:
+        try:
+            conn.send(message)
+        except OSError:  # the parent is gone: nobody to measure for
+            main.cancel()
+
     try:
         await engine.start()  # at a URL: only the HTTP client
     except Exception as exc:
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     try:
-        conn.send(("ready", None))
-        t0: float = conn.recv()  # blocking on purpose: nothing else is on this loop yet
+        send(("ready", None))
+        try:
+            t0: float = conn.recv()  # blocking on purpose: nothing else is on this loop yet
+        except (EOFError, OSError):
+            return  # the parent went before the run started
 
         def parent_gone() -> None:  # the parent sends nothing after t0: readable means its end closed
             loop.remove_reader(conn.fileno())
@@ -316,12 +331,11 @@ async def _child(engine: Engine, part: Workload, config: LoadConfig, conn: Conne
 
         loop.add_reader(conn.fileno(), parent_gone)
         meter = ClientMeter()
-        generator = LoadGenerator(engine, part, on_record=lambda r: conn.send(("record", r)), config=config)
+        generator = LoadGenerator(engine, part, on_record=lambda r: send(("record", r)), config=config)
         try:
             with meter:
                 await generator.run(t0)
         finally:
-            conn.send(("done", meter.result()))
+            send(("done", meter.result()))
     finally:
         await engine.stop()
-

@@ -23,6 +23,7 @@ from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_OK, EXIT_USAGE
+from batchbench.machine_load import MachineMeter
 from batchbench.records import RequestRecord
 from batchbench.results import RunDocument
 from batchbench.workers import WORKER_DIED, WorkerPool, auto_workers, partition, shares
@@ -187,6 +188,9 @@ async def test_stopping_the_run_keeps_every_record_and_leaves_no_process(engine:
     """Ctrl-C or SIGTERM cancels the run: the requests in flight come back as cancelled records."""
     workload = _closed(40, 4, 30)
     async with WorkerPool(engine, workload, workers=2) as pool:
+        assert len(pool.pids) == 2  # the harness, not other work on the machine
+        assert pool.pids <= MachineMeter(frozenset())._others().keys()
+        assert not pool.pids & MachineMeter(frozenset(), pool.pids)._others().keys()
         run = asyncio.create_task(pool.run())
         while not pool.records:
             await asyncio.sleep(0.02)
@@ -224,3 +228,46 @@ def test_a_bad_workers_option_is_a_usage_error_before_any_engine_starts(
         code = exit_.code
     assert code == EXIT_USAGE and message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The spawned worker processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and b"multiprocessing.spawn" in (entry / "cmdline").read_bytes()
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid)):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_to_bench_leaves_no_worker_process(server: str, tmp_path: Path) -> None:
+    """A killed parent closes its end of every worker's pipe: each worker stops at once (SIGKILL included)."""
+    proc = subprocess.Popen([sys.executable, "-m", "batchbench", "bench", "--engine", "vllm", "--engine-url",
+                             f"vllm={server}", "--input-len", "8", "--output-len", "1500", "--num-requests", "8",
+                             "--concurrency", "4", "--workers", "2", "--results-dir", str(tmp_path), "--no-report"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _workers_of(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(workers) == 2, "bench never started its two workers"
+        time.sleep(2)  # into the run: each worker streams requests (of 15 s each) and waits on no pipe
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 10
+    while (left := [pid for pid in workers if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"worker processes {left} outlived the SIGTERM of batchbench bench"
