@@ -27,6 +27,7 @@ requests become ``cancelled`` records, sent like the others) and when the parent
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import multiprocessing
 import os
@@ -197,7 +198,8 @@ class WorkerPool:
         """Send every part from ``t0`` on (every process reads the same clock); all records, in arrival order."""
         self.t0 = now() if t0 is None else t0
         for child in self._children:
-            child.conn.send(self.t0)
+            with contextlib.suppress(OSError):  # one that died meanwhile: its end is being seen to
+                child.conn.send(self.t0)
         try:
             await asyncio.wait([c.ended for c in self._children])
         except asyncio.CancelledError:
