@@ -504,6 +504,13 @@ class Engine(ABC):
         """Engine name, version and effective configuration, for the results."""
         return {"engine": self.name, "batching": self.batching.to_dict()}
 
+    def url_twin(self) -> Engine:
+        """This engine's client side for another process: an adapter at the running server's URL that starts
+        nothing (``batchbench.workers`` sends part of a run from each of several processes). It must pickle.
+
+        Raises ValueError where there is no server to reach (an engine serving inside this process)."""
+        raise ValueError(f"engine {self.name!r} serves inside this process: another process cannot reach it")
+
     def begin_run(self) -> None:
         """Start engine-side accounting afresh: one engine instance serves many runs."""
 

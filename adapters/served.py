@@ -12,6 +12,7 @@ Subclasses add the wire format (:meth:`stream`), the metric names
 from __future__ import annotations
 
 import asyncio
+import copy
 from abc import abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -143,6 +144,17 @@ class ServedEngine(Engine):
             if self.server_log_tail is None and self.launch.dead() is not None:
                 self.server_log_tail = await self.launch.logs()
             await self.launch.stop()
+
+    def url_twin(self) -> ServedEngine:
+        """A copy at the running server's URL, without its launch or HTTP client: the copy starts and stops
+        nothing but a client of its own, and the server stays this engine's to stop. Every other attribute
+        (model, batching, the adapter's request options) is kept, so its requests are this engine's."""
+        if self.base_url is None:
+            raise ValueError(f"engine {self.name!r} has not been started: there is no URL to reach it at")
+        twin = copy.copy(self)
+        twin.url = twin.base_url = self.base_url
+        twin.launch, twin.client, twin.server_log_tail = None, None, None
+        return twin
 
     @asynccontextmanager
     async def failures_explained(self, request_id: str) -> AsyncIterator[None]:

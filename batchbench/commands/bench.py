@@ -144,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir)
         batching = one_batching(args.batching, "bench")
-        work = plan(args, profile, kind=kind, levels=levels)
+        work = plan(args, profile, kind=kind, levels=levels, engines=engines)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
