@@ -139,6 +139,7 @@ class LoadGenerator:
             priority=request.priority,
             wave=wave,
             in_flight_at_send=self.in_flight,
+            adapter=request.adapter,
         )
         sent = now()
         record.sent_s = sent - self.t0

@@ -48,6 +48,8 @@ class RequestRecord:
     #: When the client saw the stream close (after the engine's end-of-stream marker); kept apart from
     #: ``done_s`` so that closing the connection is not counted as the engine's latency.
     closed_s: float | None = None
+    #: The LoRA adapter the request asked for (None: the base model).
+    adapter: str | None = None
 
     @property
     def output_tokens(self) -> int:
