@@ -81,6 +81,45 @@ class AdapterSpec:
         return read_rank(self.path, self.name)
 
 
+@dataclass(frozen=True)
+class TrafficSplit:
+    """How requests are shared among the adapters: relative weights, one per adapter (empty: even)."""
+
+    weights: tuple[float, ...] = ()
+    #: A first adapter's share with ``skewed`` and the rest even: the heavy adapter beside light ones.
+    skewed_share: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> TrafficSplit:
+        """``even``, ``skewed[:SHARE]`` (the first adapter takes SHARE of the traffic, default 0.6, the rest
+        share the remainder evenly) or ``W1:W2:...`` (relative weights). ValueError naming ``--lora-split``."""
+        kind, _, rest = text.strip().partition(":")
+        try:
+            if kind == "even" and not rest:
+                return cls()
+            if kind == "skewed":
+                share = float(rest) if rest else 0.6
+                if not 0 < share < 1:
+                    raise ValueError(f"the share must be between 0 and 1, not {share}")
+                return cls(skewed_share=share)
+            weights = tuple(float(w) for w in text.split(":"))
+            if not all(w > 0 for w in weights):
+                raise ValueError("weights must be > 0")
+            return cls(weights)
+        except ValueError as exc:
+            raise ValueError(f"--lora-split {text!r}: expected even, skewed[:SHARE] or W1:W2:... ({exc})") from None
+
+    def for_adapters(self, n: int) -> tuple[float, ...]:
+        """The weights for ``n`` adapters; ValueError when the split names another number of them."""
+        if self.skewed_share is not None:
+            if n < 2:
+                raise ValueError("--lora-split skewed needs at least two adapters")
+            return (self.skewed_share,) + ((1 - self.skewed_share) / (n - 1),) * (n - 1)
+        if self.weights and len(self.weights) != n:
+            raise ValueError(f"--lora-split gives {len(self.weights)} weights for {n} adapters")
+        return self.weights
+
+
 def read_rank(path: Path, name: str) -> int:
     """``r`` of a PEFT adapter directory; ValueError naming the adapter if it is not one."""
     config = path / "adapter_config.json"
