@@ -24,8 +24,9 @@ What the mechanism predicts, and is asserted:
   whose adapter has no slot waits for a running group's remaining decode (up
   to ``OUTPUT`` steps, where one with a slot waits one): the slowest adapter's
   TTFT p50 over the fastest's is larger than with all adapters fitting
-  (measured 2.5x against 1.04x). The run's TTFT as a whole need not rise on a
-  CPU (measured p50 328 against 318 ms, p90 1040 against 787 ms): with fewer
+  (measured 2.5x and 6.1x against 1.04x and 1.02x, 2 vCPUs). The run's TTFT
+  as a whole need not rise on a CPU (p50 measured 328 against 318 ms, and 417
+  against 229 ms; p90 1040 against 787 ms, and 2903 against 522): with fewer
   requests running each step is cheaper, so the adapters holding a slot get
   their first token sooner than they would beside all the others;
 - ``heavy``: the heavy adapter almost always holds a slot, so the light ones
