@@ -14,6 +14,8 @@ from batchbench.adapters.base import BatchingConfig, ModelRef
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.registry import EngineOptions, engine_names, make_engine
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.cli import main
+from batchbench.commands.common import EXIT_USAGE
 from batchbench.fixtures import tiny_model_dir
 from batchbench.lora import AdapterSpec, LoraAdapter, make_adapter, materialize
 from batchbench.metrics import jain_index, summarize
@@ -157,3 +159,13 @@ def test_the_summary_is_split_by_adapter_with_its_fairness() -> None:
     assert summary.adapters["b"].output_token_throughput == pytest.approx(10 / 3)
     assert summary.adapter_fairness == pytest.approx(jain_index([10.0, 10 / 3]))
     assert summarize([RequestRecord("x", 4, 1, 0.0)], duration_s=1.0).adapters is None
+
+
+@pytest.mark.parametrize("command", [["bench"], ["capacity", "--slo", "ttft_p99=200ms"]])
+def test_the_cli_refuses_a_rank_above_max_lora_rank_before_anything_starts(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main([*command, "--engine", "vllm", "--lora-adapters", "8,64", "--batching", "max_lora_rank=32",
+                 "--results-dir", str(tmp_path / "results")])
+    assert code == EXIT_USAGE and not (tmp_path / "results").exists()
+    assert "'lora-1-r64' has rank 64, above BatchingConfig.max_lora_rank=32" in capsys.readouterr().err
