@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import UnionType
 from typing import Any, ClassVar, Literal, Protocol, Self, Union, get_args, get_origin, get_type_hints
 
 from batchbench.clock import now
+from batchbench.lora import LoraAdapter
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
 
@@ -91,11 +92,18 @@ class BatchingConfig:
     #: cache). None: the engine's default as batchbench starts it, which is off: the suites replay identical
     #: prompts, and a cache would measure the replay, not the engine.
     prefix_caching: bool | None = None
+    #: Most LoRA adapters one engine step may serve (vLLM max-loras, SGLang max-loras-per-batch). A request
+    #: for an adapter beyond them waits until a slot frees: the cost of more active adapters than slots.
+    max_loras: int | None = None
+    #: Largest LoRA rank the engine reserves room for (vLLM/SGLang max-lora-rank); an adapter of a higher rank
+    #: is refused before the engine starts.
+    max_lora_rank: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("static", "continuous"):
             raise ValueError(f"batching mode must be 'static' or 'continuous', not {self.mode!r}")
-        for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens", "prefill_chunk_tokens"):
+        for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens", "prefill_chunk_tokens",
+                     "max_loras", "max_lora_rank"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
@@ -147,6 +155,10 @@ class BatchingConfig:
             parts.append(f"lpt{self.prefill_chunk_tokens}")
         if self.prefix_caching is not None:
             parts.append("prefixcache" if self.prefix_caching else "noprefixcache")
+        if self.max_loras is not None:
+            parts.append(f"loras{self.max_loras}")
+        if self.max_lora_rank is not None:
+            parts.append(f"lorarank{self.max_lora_rank}")
         return "-".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,6 +204,9 @@ class Capabilities:
     exact_output_length: bool = True
     #: Honours BatchingConfig.prefix_caching (prefix caching switched on or off at start).
     prefix_caching: bool = False
+    #: Serves LoRA adapters beside the base model (a request names one as its ``model``) and honours
+    #: BatchingConfig.max_loras and max_lora_rank.
+    lora: bool = False
 
 
 @dataclass(frozen=True)
@@ -407,6 +422,8 @@ class Engine(ABC):
     kv_block_size: ClassVar[int | None] = None
     #: Blocks the engine keeps back from the cache it is given (never holding a sequence's KV).
     kv_reserved_blocks: ClassVar[int] = 0
+    #: The largest LoRA rank the engine serves when BatchingConfig.max_lora_rank is unset (None: no limit known).
+    default_max_lora_rank: ClassVar[int | None] = None
 
     def __init__(self, batching: BatchingConfig | None = None, *, startup_timeout: float = 300.0) -> None:
         self.batching = batching or BatchingConfig()
@@ -432,6 +449,27 @@ class Engine(ABC):
                 f"engine {cls.name!r}: batchbench cannot switch its prefix caching; "
                 "leave BatchingConfig.prefix_caching unset"
             )
+        for knob in ("max_loras", "max_lora_rank"):
+            if getattr(batching, knob) is not None and not cls.capabilities.lora:
+                raise ValueError(f"engine {cls.name!r}: batchbench cannot serve LoRA adapters on it; "
+                                 f"leave BatchingConfig.{knob} unset")
+
+    @classmethod
+    def check_adapters(cls, batching: BatchingConfig, adapters: Sequence[LoraAdapter]) -> None:
+        """Refuse, naming the adapter and the field, LoRA adapters this engine would not serve as configured:
+        said before it starts, not as a failed request later."""
+        if not adapters:
+            return
+        if not cls.capabilities.lora:
+            raise ValueError(f"engine {cls.name!r}: batchbench cannot serve LoRA adapters on it "
+                             f"(--lora-adapters {', '.join(a.name for a in adapters)})")
+        limit = batching.max_lora_rank if batching.max_lora_rank is not None else cls.default_max_lora_rank
+        for adapter in adapters:
+            if limit is not None and adapter.rank > limit:
+                where = "" if batching.max_lora_rank is not None else ", the engine's default"
+                raise ValueError(f"engine {cls.name!r}: LoRA adapter {adapter.name!r} has rank {adapter.rank}, above "
+                                 f"BatchingConfig.max_lora_rank={limit}{where}; raise max_lora_rank to at least "
+                                 f"{adapter.rank}")
 
     @classmethod
     def min_kv_capacity_tokens(cls, max_model_len: int) -> int:

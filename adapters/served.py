@@ -34,6 +34,7 @@ from batchbench.adapters.http import HttpClient, check_url, get_json, get_text, 
 from batchbench.adapters.launch import Launch
 from batchbench.adapters.prometheus import Samples
 from batchbench.clock import now
+from batchbench.lora import LoraAdapter
 from batchbench.server_metrics import ServerMetrics
 
 
@@ -54,8 +55,12 @@ class ServedEngine(Engine):
         launch: Launch | None = None,
         extra_args: tuple[str, ...] = (),
         startup_timeout: float = 300.0,
+        lora_adapters: tuple[LoraAdapter, ...] = (),
     ) -> None:
         super().__init__(batching, startup_timeout=startup_timeout)
+        type(self).check_adapters(self.batching, lora_adapters)
+        #: LoRA adapters served beside the model; a request names one in :attr:`Request.adapter`.
+        self.lora_adapters = lora_adapters
         if url is None and launch is None:
             raise ValueError(f"engine {self.name!r} needs either a URL or a way to launch it")
         self.model = model
@@ -203,4 +208,5 @@ class ServedEngine(Engine):
             "server_args": self.server_argv,
             "startup_s": self.startup_s,
             "launch": self.launch.describe() if self.launch is not None else None,
+            "lora_adapters": [{"name": a.name, "rank": a.rank} for a in self.lora_adapters],
         }

@@ -33,6 +33,13 @@ class ServerMetrics:
     #: ``prefix_cache_queries``/``prefix_cache_hits``): their increase over a run is its hit rate.
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    #: Waiting requests the scheduler passed over for a limit that frees by itself, the LoRA-adapter slots of a
+    #: step among them (vLLM's ``num_requests_waiting_by_reason{reason="deferred"}``), rather than for room.
+    waiting_deferred: float | None = None
+    #: LoRA adapters with requests in the engine at its last logged step, as its output stream reported them
+    #: (vLLM 0.32's ``lora_requests_info``: a request is counted from its first scheduled step, so in practice
+    #: the adapters being served; never more than the engine's adapter slots).
+    lora_adapters_active: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,11 +19,12 @@ from batchbench.adapters.registry import get_spec
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
 from batchbench.fixtures import tiny_model_dir
 from batchbench.loadgen import LoadConfig
+from batchbench.lora import AdapterSpec, TrafficSplit
 from batchbench.profiles import Profile
 from batchbench.slo import Slo
 from batchbench.validity import samples_needed, stat_percentile
 from batchbench.workers import auto_workers
-from batchbench.workload import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec
+from batchbench.workload import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec, split_traffic
 
 #: How a level is applied: requests kept in flight (closed loop) or sent per second (open loop).
 LevelKind = Literal["concurrency", "rate"]
@@ -105,6 +106,13 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                         help="load-generator processes, each with its own event loop (default 1: this one); auto "
                              "chooses per level from the expected chunk rate (batchbench/workers.py)")
     parser.add_argument("--no-report", action="store_true", help="write results only")
+    parser.add_argument("--lora-adapters", type=AdapterSpec.parse_list, default=(), metavar="ADAPTERS",
+                        help="LoRA adapters served beside the model, requests shared among them: ranks to make with "
+                             "seeded random weights (8,16,32,64; for the embedded or a local model) or NAME=PATH "
+                             "of PEFT adapters; with --batching max_loras=N,max_lora_rank=R")
+    parser.add_argument("--lora-split", type=parsed_by(TrafficSplit), default=TrafficSplit(), metavar="SPLIT",
+                        help="traffic across --lora-adapters: even (default), skewed[:SHARE] (the first takes "
+                             "SHARE, default 0.6) or W1:W2:...")
 
 
 @dataclass
@@ -192,6 +200,10 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
         raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
                          "to fill; give --num-requests")
     _check_turns(args, kind)
+    adapters: tuple[AdapterSpec, ...] = getattr(args, "lora_adapters", ())
+    weights = args.lora_split.for_adapters(len(adapters)) if adapters else ()
+    if not adapters and getattr(args, "lora_split", TrafficSplit()) != TrafficSplit():
+        raise ValueError("--lora-split shares traffic among --lora-adapters: give them")
     num_requests = args.num_requests or (DURATION_REQUEST_CAP if args.duration else
                                          max(profile.num_requests, slo_samples(getattr(args, "slo", None))))
     if args.num_requests is None:  # whole conversations
@@ -210,8 +222,8 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
                              f"{per_turn} exceeds the model's max length {max_len} (--profile {profile.name})")
 
         def synthetic(n: int) -> Workload:
-            return WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed,
-                                vocab_size=DEFAULT_VOCAB, **sessions).build()
+            return WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed, vocab_size=DEFAULT_VOCAB,
+                                adapters=tuple(a.name for a in adapters), adapter_weights=weights, **sessions).build()
 
         result = WorkloadPlan("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
                               args.seed, synthetic, workers=args.workers)
@@ -221,10 +233,16 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
     tok = _tokenizer(args) if dataset.needs_tokenizer else None
 
     def from_dataset(n: int) -> Workload:
-        return datasets.build_workload(
+        built = datasets.build_workload(
             dataset, num_requests=n, output=output, override_output=args.output_len is not None,
             tokenize=tok.encode if tok else None, max_model_len=max_len, vocab_size=tok.vocab_size if tok else None,
             seed=args.seed)
+        if not adapters:
+            return built
+        names = tuple(a.name for a in adapters)
+        spec = replace(built.spec, adapters=names, adapter_weights=weights)
+        order = split_traffic(names, weights, len(built.requests))
+        return Workload(spec, tuple(replace(r, adapter=a) for r, a in zip(built.requests, order)))
 
     result = WorkloadPlan(f"dataset-{args.dataset.stem}", num_requests, args.duration, args.warmup, args.arrival,
                           args.burstiness, args.seed, from_dataset, workers=args.workers)
