@@ -23,6 +23,12 @@ from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
 
 BatchingMode = Literal["static", "continuous"]
+#: Speculative decoding methods batchbench can ask for by an engine-neutral name. Only those that need no draft
+#: model: ``ngram`` proposes the tokens that followed the latest n-gram's earlier occurrence in the prompt or
+#: output (prompt lookup). Methods with a draft model or heads (EAGLE, Medusa, MTP) would need a model field.
+SpeculativeMethod = Literal["ngram"]
+#: Draft tokens proposed per step when speculation is on and BatchingConfig.speculative_tokens is unset.
+DEFAULT_SPECULATIVE_TOKENS = 4
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -90,11 +96,19 @@ class BatchingConfig:
     #: cache). None: the engine's default as batchbench starts it, which is off: the suites replay identical
     #: prompts, and a cache would measure the replay, not the engine.
     prefix_caching: bool | None = None
+    #: Speculative decoding: a cheap proposer drafts tokens and one step of the model verifies them all, so a
+    #: step may emit several tokens (vLLM --speculative-config's method, SGLang --speculative-algorithm, TGI
+    #: --speculate, TensorRT-LLM speculative_config). None: off.
+    speculative_method: SpeculativeMethod | None = None
+    #: Draft tokens proposed per step (vLLM num_speculative_tokens); needs speculative_method. None with a
+    #: method: DEFAULT_SPECULATIVE_TOKENS.
+    speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("static", "continuous"):
             raise ValueError(f"batching mode must be 'static' or 'continuous', not {self.mode!r}")
-        for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens", "prefill_chunk_tokens"):
+        for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens", "prefill_chunk_tokens",
+                     "speculative_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
@@ -102,6 +116,18 @@ class BatchingConfig:
             raise ValueError(f"memory_fraction must be in (0, 1], not {self.memory_fraction!r}")
         if self.prefill_chunk_tokens is not None and self.chunked_prefill is False:
             raise ValueError("prefill_chunk_tokens caps prefill chunks: it needs chunked_prefill on, not off")
+        if self.speculative_method is not None and self.speculative_method not in get_args(SpeculativeMethod):
+            raise ValueError(f"speculative_method must be one of {', '.join(get_args(SpeculativeMethod))}, "
+                             f"not {self.speculative_method!r}")
+        if self.speculative_tokens is not None and self.speculative_method is None:
+            raise ValueError("speculative_tokens sets the draft length: it needs speculative_method")
+
+    @property
+    def draft_tokens(self) -> int | None:
+        """Draft tokens per step the engine is asked for: None when speculation is off."""
+        if self.speculative_method is None:
+            return None
+        return self.speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
 
     @classmethod
     def parse(cls, spec: str) -> BatchingConfig | None:
@@ -146,6 +172,8 @@ class BatchingConfig:
             parts.append(f"lpt{self.prefill_chunk_tokens}")
         if self.prefix_caching is not None:
             parts.append("prefixcache" if self.prefix_caching else "noprefixcache")
+        if self.speculative_method is not None:
+            parts.append(f"spec{self.speculative_method}{self.draft_tokens}")
         return "-".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,6 +219,8 @@ class Capabilities:
     exact_output_length: bool = True
     #: Honours BatchingConfig.prefix_caching (prefix caching switched on or off at start).
     prefix_caching: bool = False
+    #: The BatchingConfig.speculative_method values it honours (empty: no speculative decoding).
+    speculation_methods: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -376,6 +406,13 @@ class Engine(ABC):
             raise ValueError(
                 f"engine {cls.name!r}: batchbench cannot switch its prefix caching; "
                 "leave BatchingConfig.prefix_caching unset"
+            )
+        method = batching.speculative_method
+        if method is not None and method not in cls.capabilities.speculation_methods:
+            has = ", ".join(sorted(cls.capabilities.speculation_methods)) or "none"
+            raise ValueError(
+                f"engine {cls.name!r} has no speculative decoding by speculative_method={method!r} "
+                f"(it has: {has}); leave BatchingConfig.speculative_method unset"
             )
 
     @classmethod

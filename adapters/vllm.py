@@ -30,6 +30,14 @@ Flags, request fields and metric names were checked against vLLM 0.32.0
   caps one prefill's tokens per step (there is no ``max_num_partial_prefills``
   in 0.32.0). :meth:`VLLMEngine.check_config` carries
   ``SchedulerConfig.verify_max_model_len``'s refusals.
+- Speculative decoding (``config/speculative.py``): ``--speculative-config``
+  takes JSON; ``{"method": "ngram", "num_speculative_tokens": k}`` needs no
+  draft model, and with neither ``prompt_lookup_min`` nor ``_max`` given both
+  are 5. The CPU model runner supports it (``v1/worker/cpu_model_runner.py``:
+  "speculative decoding is now supported on CPU"; measured working with the
+  tiny model). Its counters (``v1/spec_decode/metrics.py``):
+  ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
+  ``..._num_accepted_tokens_total``.
 """
 
 from __future__ import annotations
@@ -70,9 +78,10 @@ class VLLMEngine(OpenAICompletionsEngine):
     ``--(no-)enable-chunked-prefill``, kv_capacity_tokens →
     ``--num-gpu-blocks-override`` (whole blocks of ``block_size`` tokens),
     memory_fraction → ``--gpu-memory-utilization``, prefill_chunk_tokens →
-    ``--long-prefill-token-threshold`` (chunking on). Prefix caching is off:
-    the suites replay identical prompts, and cache hits would measure the
-    replay, not the engine.
+    ``--long-prefill-token-threshold`` (chunking on), speculative_method and
+    speculative_tokens → ``--speculative-config`` (method,
+    num_speculative_tokens). Prefix caching is off: the suites replay
+    identical prompts, and cache hits would measure the replay, not the engine.
     """
 
     name: ClassVar[str] = "vllm"
@@ -80,6 +89,7 @@ class VLLMEngine(OpenAICompletionsEngine):
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc", "vllm:num_preemptions", "vllm:admission_rejections", "vllm:cache_config_info",
         "vllm:request_success", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+        "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
     )
     capabilities: ClassVar[Capabilities] = Capabilities(
         batching_modes=frozenset({"continuous"}),
@@ -88,6 +98,7 @@ class VLLMEngine(OpenAICompletionsEngine):
         chunked_prefill=True,
         prefill_chunk_cap=True,
         prefix_caching=True,
+        speculation_methods=frozenset({"ngram"}),
     )
     #: ``--block-size`` whenever kv_capacity_tokens sets the cache (``--num-gpu-blocks-override``).
     kv_block_size: ClassVar[int | None] = 32
@@ -199,6 +210,9 @@ class VLLMEngine(OpenAICompletionsEngine):
             if batching.chunked_prefill is None:
                 args.append("--enable-chunked-prefill")  # the cap is chunking: say so, whatever the default
             args += ["--long-prefill-token-threshold", str(batching.prefill_chunk_tokens)]
+        if batching.speculative_method is not None:
+            config = {"method": batching.speculative_method, "num_speculative_tokens": batching.draft_tokens}
+            args += ["--speculative-config", json.dumps(config)]
         return args
 
     def server_env(self, batching: BatchingConfig) -> dict[str, str]:
@@ -264,6 +278,9 @@ class VLLMEngine(OpenAICompletionsEngine):
             completed=samples.sum("vllm:request_success_total"),
             prefix_cache_queries=samples.sum("vllm:prefix_cache_queries_total"),
             prefix_cache_hits=samples.sum("vllm:prefix_cache_hits_total"),
+            spec_drafts=samples.sum("vllm:spec_decode_num_drafts_total"),
+            spec_draft_tokens=samples.sum("vllm:spec_decode_num_draft_tokens_total"),
+            spec_accepted_tokens=samples.sum("vllm:spec_decode_num_accepted_tokens_total"),
         )
 
 

@@ -32,6 +32,13 @@ class ServerMetrics:
     #: ``prefix_cache_queries``/``prefix_cache_hits``): their increase over a run is its hit rate.
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    #: Speculative decoding, cumulative: verification steps that checked a draft, the draft tokens proposed and
+    #: those the model accepted (vLLM's ``spec_decode_num_drafts``/``num_draft_tokens``/``num_accepted_tokens``).
+    #: Over a run, accepted/draft tokens is the acceptance rate, and 1 + accepted/drafts the tokens a drafted step
+    #: emits on average.
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
