@@ -3,6 +3,7 @@ counters, the arithmetic of acceptance and crossover, and the finding the report
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,8 +22,14 @@ from batchbench.adapters.trtllm import TRTLLMEngine
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE
+from batchbench.findings import findings_from_documents
+from batchbench.reports import markdown
+from batchbench.reports.answer import answer_section
+from batchbench.reports.document import Document
+from batchbench.results import RunDocument
 from batchbench.server_metrics import ServerMetrics
 from batchbench.speculation import SpecCounters, crossover, speedup
+from tests.synthetic_runs import RunSpec, document
 
 MODEL = ModelRef("org/model")
 NGRAM = BatchingConfig(speculative_method="ngram", speculative_tokens=3)
@@ -158,3 +165,40 @@ def test_speedup_is_tpot_without_over_with() -> None:
     assert speedup(2.0, 1.0) == 2.0 and crossover({1: 2.0, 8: 1.2, 32: 0.9, 64: 1.1}) == 32
     with pytest.raises(ValueError, match="positive"):
         speedup(0.0, 1.0)
+
+
+SPEC_BATCHING = {"mode": "continuous", "speculative_method": "ngram", "speculative_tokens": 4}
+
+
+def _run(batch: int, tpot_s: float, spec: bool, repeat: int) -> RunDocument:
+    """A synthetic run whose TPOT is ``tpot_s``; with speculation its samples carry the engine's counters
+    (40 drafts of 4 tokens, 120 accepted: 75% acceptance, 4 tokens per drafted step)."""
+    run = RunSpec(engine="alpha", concurrency=batch, repeat=repeat, requests=40, tokens=10, throughput=100.0,
+                  decoding=tpot_s * 9 / 4.0, batching=SPEC_BATCHING if spec else {"mode": "continuous"},
+                  labels={"suite": "speculative_decoding"})
+    doc = document(run)
+    if spec:
+        doc.server_metrics = [dataclasses.replace(s, spec_drafts=40.0 * i, spec_draft_tokens=160.0 * i,
+                                                  spec_accepted_tokens=120.0 * i)
+                              for i, s in enumerate(doc.server_metrics)]
+    return doc
+
+
+def test_the_finding_pairs_runs_with_and_without_and_names_the_crossover() -> None:
+    tpots = {1: (2e-3, 1e-3), 4: (3e-3, 2e-3), 16: (4e-3, 5e-3), 32: (5e-3, 4e-3)}  # without, with
+    docs = [_run(b, tpot, spec, r) for b, pair in tpots.items() for spec, tpot in zip((False, True), pair)
+            for r in (0, 1)]
+    found = findings_from_documents(docs, suite="speculative_decoding")
+    (sp,) = found.speculation
+    assert (sp.engine, sp.layout, sp.method, sp.draft_tokens) == ("alpha", "continuous", "ngram", 4)
+    assert [a.concurrency for a in sp.at] == [1, 4, 16, 32] and sp.crossover == 16  # the first, not the last
+    assert sp.at[0].speedup is not None and sp.at[0].speedup.median == pytest.approx(2.0, rel=0.05)
+    assert sp.at[0].acceptance_rate == pytest.approx(0.75) and sp.at[0].tokens_per_step == pytest.approx(4.0)
+    assert any("stops paying from batch 16" in s for s in found.sentences), found.sentences
+    table = markdown.render(Document("r", [answer_section(found.to_dict())]))
+    assert "stops paying from c=16" in table and "75.0%" in table and "x2" in table
+
+
+def test_without_a_partner_curve_there_is_no_speculation_finding() -> None:
+    docs = [_run(b, 1e-3, True, 0) for b in (1, 4)]
+    assert findings_from_documents(docs, suite="speculative_decoding").speculation == ()
