@@ -128,7 +128,8 @@ class SGLangEngine(OpenAICompletionsEngine):
             args += ["--mem-fraction-static", str(batching.memory_fraction)]
         if batching.speculative_method == "ngram":
             assert batching.draft_tokens is not None
-            args += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(batching.draft_tokens + 1)]
+            args += ["--speculative-algorithm", "NGRAM",
+                     "--speculative-num-draft-tokens", str(batching.draft_tokens + 1)]
         if self.schedule_policy is not None:
             args += ["--schedule-policy", self.schedule_policy]
         if self.max_queued_requests is not None:

@@ -694,11 +694,14 @@ class SpeculationAt:
     #: Accepted over drafted tokens, and tokens per drafted step, by the engine's counters (median of the runs).
     acceptance_rate: float | None
     tokens_per_step: float | None
+    #: Both points valid (:mod:`batchbench.validity`); an invalid pair is shown but not used for the crossover.
+    valid: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "tpot_p50_without_s": _ivd(self.tpot_without),
                 "tpot_p50_with_s": _ivd(self.tpot_with), "speedup": _ivd(self.speedup),
-                "acceptance_rate": self.acceptance_rate, "tokens_per_step": self.tokens_per_step}
+                "acceptance_rate": self.acceptance_rate, "tokens_per_step": self.tokens_per_step,
+                "valid": self.valid}
 
 
 @dataclass(frozen=True)
@@ -713,14 +716,14 @@ class Speculation:
     method: str
     draft_tokens: int
     at: tuple[SpeculationAt, ...]
-    #: The first batch size at which the median speedup is <= 1; None: speculation paid at every one measured.
+    #: The first valid batch size at which the median speedup is <= 1; None: speculation paid at every valid one.
     crossover: int | None
 
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "layout": self.layout, "with": self.with_key, "without": self.without_key,
                 "method": self.method, "draft_tokens": self.draft_tokens, "points": [a.to_dict() for a in self.at],
                 "crossover": self.crossover,
-                "largest_measured": max((a.concurrency for a in self.at), default=None)}
+                "largest_measured": max((a.concurrency for a in self.at if a.valid), default=None)}
 
 
 @dataclass(frozen=True)
@@ -1061,10 +1064,11 @@ def _speculation(points: Sequence[Point], seed: int) -> list[Speculation]:
             steps = [c.tokens_per_step for c in counters if c.tokens_per_step is not None]
             at.append(SpeculationAt(p.concurrency, off, on, off.ratio(on) if off is not None and on is not None
                                     else None, statistics.median(rates) if rates else None,
-                                    statistics.median(steps) if steps else None))
+                                    statistics.median(steps) if steps else None,
+                                    p.valid and without[p.concurrency].valid))
         if not at:
             continue
-        speedups = {a.concurrency: a.speedup.median for a in at if a.speedup is not None}
+        speedups = {a.concurrency: a.speedup.median for a in at if a.speedup is not None and a.valid}
         draft = BatchingConfig(**batching).draft_tokens or 0
         found.append(Speculation(name, layout, key, partner[0], str(batching["speculative_method"]), draft,
                                  tuple(at), crossover(speedups)))
@@ -1226,12 +1230,18 @@ def _speculation_sentence(sp: Speculation) -> str:
     if first.acceptance_rate is not None and first.tokens_per_step is not None:
         counters = (f", {first.acceptance_rate:.0%} of drafts accepted and {first.tokens_per_step:.2f} tokens per "
                     f"drafted step at batch {first.concurrency}")
-    gains = ", ".join(f"x{_x(a.speedup.median)} at {a.concurrency}" for a in sp.at if a.speedup is not None)
+    valid = [a for a in sp.at if a.valid]
+    gains = ", ".join(f"x{_x(a.speedup.median)} at {a.concurrency}" for a in valid if a.speedup is not None)
     text = (f"{sp.engine}, {sp.layout}: {sp.method} speculation ({sp.draft_tokens} draft tokens{counters}) "
             f"changes TPOT p50 by {gains or 'n/a'} (without over with)")
+    left_out = [str(a.concurrency) for a in sp.at if not a.valid]
+    if left_out:
+        text += f" (batch {', '.join(left_out)} left out: an invalid point)"
     if sp.crossover is not None:
         return text + f"; it stops paying from batch {sp.crossover}."
-    return text + f"; it still pays at batch {max(a.concurrency for a in sp.at)}, the largest measured."
+    if not valid:
+        return text + "; no valid batch size says where it stops paying."
+    return text + f"; it still pays at batch {max(a.concurrency for a in valid)}, the largest measured."
 
 
 #: Short names for validity's reasons, by a phrase each reason of that kind contains (batchbench.validity).

@@ -33,8 +33,7 @@ class SpecCounters:
     def over(cls, samples: Sequence[ServerMetrics]) -> SpecCounters | None:
         """The growth between the first and the last scrape that carry all three counters; None when fewer than
         two do (the engine does not count, or speculation is off and the counters are absent)."""
-        known = [s for s in samples
-                 if s.spec_drafts is not None and s.spec_draft_tokens is not None and s.spec_accepted_tokens is not None]
+        known = [s for s in samples if None not in (s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens)]
         if len(known) < 2:
             return None
         first, last = known[0], known[-1]

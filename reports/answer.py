@@ -165,14 +165,18 @@ def speculation_table(found: dict[str, Any]) -> Table:
         gain = p.get("speedup")
         median = fmt.num(gain.get("median")) if isinstance(gain, dict) else None
         rate, per_step = fmt.num(p.get("acceptance_rate")), fmt.num(p.get("tokens_per_step"))
-        rows.append([Cell(_c(p)), Cell(interval(p.get("tpot_p50_without_s"), fmt.ms)),
+        invalid = p.get("valid") is False
+        rows.append([Cell(_c(p) + (" (invalid, not used)" if invalid else ""), "warn" if invalid else ""),
+                     Cell(interval(p.get("tpot_p50_without_s"), fmt.ms)),
                      Cell(interval(p.get("tpot_p50_with_s"), fmt.ms)),
                      Cell(_ratio(gain), "bad" if median is not None and median <= 1 else ""),
                      Cell(fmt.pct(rate)),
                      Cell(fmt.NA if per_step is None else f"{per_step:.2f}")])
     cross = found.get("crossover")
+    largest = found.get("largest_measured")
     where = (f"it stops paying from c={cross}" if cross is not None
-             else f"it still pays at c={found.get('largest_measured')}, the largest measured")
+             else f"it still pays at c={largest}, the largest valid one measured" if largest is not None
+             else "no valid batch size")
     return Table(["Batch", "TPOT p50 without (ms)", "TPOT p50 with (ms)", "Speedup", "Acceptance",
                   "Tokens per drafted step"], rows,
                  caption=f"{found.get('engine')}, {found.get('layout')}: {found.get('method')} speculative decoding, "

@@ -23,6 +23,7 @@ from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE
 from batchbench.findings import findings_from_documents
+from batchbench.machine_load import MachineLoad
 from batchbench.reports import markdown
 from batchbench.reports.answer import answer_section
 from batchbench.reports.document import Document
@@ -202,3 +203,14 @@ def test_the_finding_pairs_runs_with_and_without_and_names_the_crossover() -> No
 def test_without_a_partner_curve_there_is_no_speculation_finding() -> None:
     docs = [_run(b, 1e-3, True, 0) for b in (1, 4)]
     assert findings_from_documents(docs, suite="speculative_decoding").speculation == ()
+
+
+def test_an_invalid_pair_is_shown_but_never_decides_the_crossover() -> None:
+    docs = [_run(b, tpot, spec, 0) for b, pair in {1: (2e-3, 1e-3), 4: (1e-3, 2e-3)}.items()
+            for spec, tpot in zip((False, True), pair)]
+    busy = [dataclasses.replace(d, footer=dataclasses.replace(d.footer, machine=MachineLoad(0.9)))  # type: ignore[arg-type]
+            if d.header.labels["concurrency"] == 4 else d for d in docs]
+    found = findings_from_documents(busy, suite="speculative_decoding")
+    (sp,) = found.speculation
+    assert [a.valid for a in sp.at] == [True, False] and sp.crossover is None
+    assert any("batch 4 left out" in s and "still pays at batch 1" in s for s in found.sentences), found.sentences
