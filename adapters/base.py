@@ -25,6 +25,12 @@ from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
 
 BatchingMode = Literal["static", "continuous"]
+#: Speculative decoding methods batchbench can ask for by an engine-neutral name. Only those that need no draft
+#: model: ``ngram`` proposes the tokens that followed the latest n-gram's earlier occurrence in the prompt or
+#: output (prompt lookup). Methods with a draft model or heads (EAGLE, Medusa, MTP) would need a model field.
+SpeculativeMethod = Literal["ngram"]
+#: Draft tokens proposed per step when speculation is on and BatchingConfig.speculative_tokens is unset.
+DEFAULT_SPECULATIVE_TOKENS = 4
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -98,12 +104,19 @@ class BatchingConfig:
     #: Largest LoRA rank the engine reserves room for (vLLM/SGLang max-lora-rank); an adapter of a higher rank
     #: is refused before the engine starts.
     max_lora_rank: int | None = None
+    #: Speculative decoding: a cheap proposer drafts tokens and one step of the model verifies them all, so a
+    #: step may emit several tokens (vLLM --speculative-config's method, SGLang --speculative-algorithm, TGI
+    #: --speculate, TensorRT-LLM speculative_config). None: off.
+    speculative_method: SpeculativeMethod | None = None
+    #: Draft tokens proposed per step (vLLM num_speculative_tokens); needs speculative_method. None with a
+    #: method: DEFAULT_SPECULATIVE_TOKENS.
+    speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("static", "continuous"):
             raise ValueError(f"batching mode must be 'static' or 'continuous', not {self.mode!r}")
         for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens", "prefill_chunk_tokens",
-                     "max_loras", "max_lora_rank"):
+                     "max_loras", "max_lora_rank", "speculative_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
@@ -111,6 +124,18 @@ class BatchingConfig:
             raise ValueError(f"memory_fraction must be in (0, 1], not {self.memory_fraction!r}")
         if self.prefill_chunk_tokens is not None and self.chunked_prefill is False:
             raise ValueError("prefill_chunk_tokens caps prefill chunks: it needs chunked_prefill on, not off")
+        if self.speculative_method is not None and self.speculative_method not in get_args(SpeculativeMethod):
+            raise ValueError(f"speculative_method must be one of {', '.join(get_args(SpeculativeMethod))}, "
+                             f"not {self.speculative_method!r}")
+        if self.speculative_tokens is not None and self.speculative_method is None:
+            raise ValueError("speculative_tokens sets the draft length: it needs speculative_method")
+
+    @property
+    def draft_tokens(self) -> int | None:
+        """Draft tokens per step the engine is asked for: None when speculation is off."""
+        if self.speculative_method is None:
+            return None
+        return self.speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
 
     @classmethod
     def parse(cls, spec: str) -> BatchingConfig | None:
@@ -159,6 +184,8 @@ class BatchingConfig:
             parts.append(f"loras{self.max_loras}")
         if self.max_lora_rank is not None:
             parts.append(f"lorarank{self.max_lora_rank}")
+        if self.speculative_method is not None:
+            parts.append(f"spec{self.speculative_method}{self.draft_tokens}")
         return "-".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -207,6 +234,8 @@ class Capabilities:
     #: Serves LoRA adapters beside the base model (a request names one as its ``model``) and honours
     #: BatchingConfig.max_loras and max_lora_rank.
     lora: bool = False
+    #: The BatchingConfig.speculative_method values it honours (empty: no speculative decoding).
+    speculation_methods: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -470,6 +499,13 @@ class Engine(ABC):
                 raise ValueError(f"engine {cls.name!r}: LoRA adapter {adapter.name!r} has rank {adapter.rank}, above "
                                  f"BatchingConfig.max_lora_rank={limit}{where}; raise max_lora_rank to at least "
                                  f"{adapter.rank}")
+        method = batching.speculative_method
+        if method is not None and method not in cls.capabilities.speculation_methods:
+            has = ", ".join(sorted(cls.capabilities.speculation_methods)) or "none"
+            raise ValueError(
+                f"engine {cls.name!r} has no speculative decoding by speculative_method={method!r} "
+                f"(it has: {has}); leave BatchingConfig.speculative_method unset"
+            )
 
     @classmethod
     def min_kv_capacity_tokens(cls, max_model_len: int) -> int:

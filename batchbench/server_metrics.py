@@ -40,6 +40,13 @@ class ServerMetrics:
     #: (vLLM 0.32's ``lora_requests_info``: a request is counted from its first scheduled step, so in practice
     #: the adapters being served; never more than the engine's adapter slots).
     lora_adapters_active: list[str] | None = None
+    #: Speculative decoding, cumulative: verification steps that checked a draft, the draft tokens proposed and
+    #: those the model accepted (vLLM's ``spec_decode_num_drafts``/``num_draft_tokens``/``num_accepted_tokens``).
+    #: Over a run, accepted/draft tokens is the acceptance rate, and 1 + accepted/drafts the tokens a drafted step
+    #: emits on average.
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

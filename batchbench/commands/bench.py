@@ -151,7 +151,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir)
-        batching = one_batching(args.batching, "bench")
+        batching = one_batching(args.batching, "bench", engines)
         work = plan(args, profile, kind=kind, levels=levels, engines=engines)
         check_lora_adapters(args.lora_adapters, engines, batching)
     except ValueError as exc:

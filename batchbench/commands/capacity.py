@@ -133,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir)
-        batching = one_batching(args.batching, "capacity")
+        batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
         work = plan(args, profile, kind=kind, levels=[args.start, args.max_level], engines=engines)
         check_lora_adapters(args.lora_adapters, engines, batching)

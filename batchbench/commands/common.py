@@ -7,7 +7,7 @@ import dataclasses
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,18 @@ def parsed_by(cls: type[Any]) -> Callable[[str], Any]:
     return convert
 
 
-def one_batching(specs: list[str], command: str) -> BatchingConfig | None:
-    """The one ``--batching`` a measuring command takes (None: the engine's default); ValueError for several."""
+def one_batching(specs: list[str], command: str, engines: Sequence[str] = ()) -> BatchingConfig | None:
+    """The one ``--batching`` a measuring command takes (None: the engine's default); ValueError for several,
+    and for one that any of ``engines`` refuses (``Engine.check_config``: the field named, before a start)."""
     if len(specs) > 1:
         raise ValueError(f"--batching: {command} measures one configuration per invocation; give it once")
-    return BatchingConfig.parse(specs[0]) if specs else None
+    batching = BatchingConfig.parse(specs[0]) if specs else None
+    for name in engines if batching is not None else ():
+        try:
+            engine_class(name).check_config(batching)
+        except ValueError as exc:
+            raise ValueError(f"--batching {specs[0]!r}: {exc}") from None
+    return batching
 
 
 def check_lora_adapters(specs: tuple[AdapterSpec, ...], engines: tuple[str, ...],
