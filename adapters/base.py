@@ -482,6 +482,13 @@ class Engine(ABC):
             if getattr(batching, knob) is not None and not cls.capabilities.lora:
                 raise ValueError(f"engine {cls.name!r}: batchbench cannot serve LoRA adapters on it; "
                                  f"leave BatchingConfig.{knob} unset")
+        method = batching.speculative_method
+        if method is not None and method not in cls.capabilities.speculation_methods:
+            has = ", ".join(sorted(cls.capabilities.speculation_methods)) or "none"
+            raise ValueError(
+                f"engine {cls.name!r} has no speculative decoding by speculative_method={method!r} "
+                f"(it has: {has}); leave BatchingConfig.speculative_method unset"
+            )
 
     @classmethod
     def check_adapters(cls, batching: BatchingConfig, adapters: Sequence[LoraAdapter]) -> None:
@@ -499,13 +506,6 @@ class Engine(ABC):
                 raise ValueError(f"engine {cls.name!r}: LoRA adapter {adapter.name!r} has rank {adapter.rank}, above "
                                  f"BatchingConfig.max_lora_rank={limit}{where}; raise max_lora_rank to at least "
                                  f"{adapter.rank}")
-        method = batching.speculative_method
-        if method is not None and method not in cls.capabilities.speculation_methods:
-            has = ", ".join(sorted(cls.capabilities.speculation_methods)) or "none"
-            raise ValueError(
-                f"engine {cls.name!r} has no speculative decoding by speculative_method={method!r} "
-                f"(it has: {has}); leave BatchingConfig.speculative_method unset"
-            )
 
     @classmethod
     def min_kv_capacity_tokens(cls, max_model_len: int) -> int:
