@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.numpy import load_file
 
+from batchbench import results
 from batchbench.adapters.base import BatchingConfig, ModelRef
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.registry import EngineOptions, engine_names, make_engine
@@ -17,10 +18,14 @@ from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE
 from batchbench.fixtures import tiny_model_dir
+from batchbench.fixtures.protocol.vllm import VLLMServer
+from batchbench.loadgen import LoadConfig
 from batchbench.lora import AdapterSpec, LoraAdapter, make_adapter, materialize
 from batchbench.metrics import jain_index, summarize
 from batchbench.records import RequestRecord
-from batchbench.workload import WorkloadSpec, split_traffic
+from batchbench.reports.build import build_report
+from batchbench.runner import run
+from batchbench.workload import Arrival, Lengths, WorkloadSpec, split_traffic
 
 MODEL = ModelRef("tiny", max_model_len=512)
 allocations = st.lists(st.one_of(st.just(0.0), st.floats(min_value=1e-6, max_value=1e9)),
@@ -169,3 +174,25 @@ def test_the_cli_refuses_a_rank_above_max_lora_rank_before_anything_starts(
                  "--results-dir", str(tmp_path / "results")])
     assert code == EXIT_USAGE and not (tmp_path / "results").exists()
     assert "'lora-1-r64' has rank 64, above BatchingConfig.max_lora_rank=32" in capsys.readouterr().err
+
+
+async def test_a_run_with_adapters_reports_each_adapters_share_and_their_fairness(tmp_path: Path) -> None:
+    """Records carry the adapter each request asked for (the payload's model), the summary splits by adapter, and
+    the report shows the per-adapter table with Jain's index."""
+    server = VLLMServer(model="fake-model", token_delay=0.001, max_running=64, max_queue=64, kv_capacity_tokens=4096)
+    await server.start_async()
+    try:
+        wl = WorkloadSpec("lora", 12, prompt=Lengths.fixed(8), output=Lengths.fixed(4),
+                          arrival=Arrival("closed", concurrency=4), adapters=("a8", "b16"),
+                          adapter_weights=(2.0, 1.0)).build()
+        async with VLLMEngine(model=ModelRef("fake-model"), url=server.url, startup_timeout=10.0) as engine:
+            result = await run(engine, wl, results_dir=tmp_path / "runs", load=LoadConfig(request_timeout_s=10.0))
+    finally:
+        await server.stop_async()
+    summary = results.load(result.path).footer.summary  # type: ignore[union-attr]
+    assert summary is not None and summary.adapters is not None
+    assert {name: a.requests for name, a in summary.adapters.items()} == {"a8": 8, "b16": 4}
+    assert summary.adapter_fairness is not None and 0.5 <= summary.adapter_fairness <= 1.0
+    build_report(tmp_path / "runs", tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert "LoRA adapters" in report and "Jain's index" in report and "b16" in report
