@@ -6,8 +6,8 @@ above the adapters knows which engine's names they were.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
