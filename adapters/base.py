@@ -13,17 +13,24 @@ import asyncio
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import UnionType
 from typing import Any, ClassVar, Literal, Protocol, Self, Union, get_args, get_origin, get_type_hints
 
 from batchbench.clock import now
+from batchbench.lora import LoraAdapter
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
 
 BatchingMode = Literal["static", "continuous"]
+#: Speculative decoding methods batchbench can ask for by an engine-neutral name. Only those that need no draft
+#: model: ``ngram`` proposes the tokens that followed the latest n-gram's earlier occurrence in the prompt or
+#: output (prompt lookup). Methods with a draft model or heads (EAGLE, Medusa, MTP) would need a model field.
+SpeculativeMethod = Literal["ngram"]
+#: Draft tokens proposed per step when speculation is on and BatchingConfig.speculative_tokens is unset.
+DEFAULT_SPECULATIVE_TOKENS = 4
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -91,11 +98,25 @@ class BatchingConfig:
     #: cache). None: the engine's default as batchbench starts it, which is off: the suites replay identical
     #: prompts, and a cache would measure the replay, not the engine.
     prefix_caching: bool | None = None
+    #: Most LoRA adapters one engine step may serve (vLLM max-loras, SGLang max-loras-per-batch). A request
+    #: for an adapter beyond them waits until a slot frees: the cost of more active adapters than slots.
+    max_loras: int | None = None
+    #: Largest LoRA rank the engine reserves room for (vLLM/SGLang max-lora-rank); an adapter of a higher rank
+    #: is refused before the engine starts.
+    max_lora_rank: int | None = None
+    #: Speculative decoding: a cheap proposer drafts tokens and one step of the model verifies them all, so a
+    #: step may emit several tokens (vLLM --speculative-config's method, SGLang --speculative-algorithm, TGI
+    #: --speculate, TensorRT-LLM speculative_config). None: off.
+    speculative_method: SpeculativeMethod | None = None
+    #: Draft tokens proposed per step (vLLM num_speculative_tokens); needs speculative_method. None with a
+    #: method: DEFAULT_SPECULATIVE_TOKENS.
+    speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("static", "continuous"):
             raise ValueError(f"batching mode must be 'static' or 'continuous', not {self.mode!r}")
-        for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens", "prefill_chunk_tokens"):
+        for name in ("max_batch_size", "max_batched_tokens", "kv_capacity_tokens", "prefill_chunk_tokens",
+                     "max_loras", "max_lora_rank", "speculative_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
@@ -103,6 +124,18 @@ class BatchingConfig:
             raise ValueError(f"memory_fraction must be in (0, 1], not {self.memory_fraction!r}")
         if self.prefill_chunk_tokens is not None and self.chunked_prefill is False:
             raise ValueError("prefill_chunk_tokens caps prefill chunks: it needs chunked_prefill on, not off")
+        if self.speculative_method is not None and self.speculative_method not in get_args(SpeculativeMethod):
+            raise ValueError(f"speculative_method must be one of {', '.join(get_args(SpeculativeMethod))}, "
+                             f"not {self.speculative_method!r}")
+        if self.speculative_tokens is not None and self.speculative_method is None:
+            raise ValueError("speculative_tokens sets the draft length: it needs speculative_method")
+
+    @property
+    def draft_tokens(self) -> int | None:
+        """Draft tokens per step the engine is asked for: None when speculation is off."""
+        if self.speculative_method is None:
+            return None
+        return self.speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
 
     @classmethod
     def parse(cls, spec: str) -> BatchingConfig | None:
@@ -147,6 +180,12 @@ class BatchingConfig:
             parts.append(f"lpt{self.prefill_chunk_tokens}")
         if self.prefix_caching is not None:
             parts.append("prefixcache" if self.prefix_caching else "noprefixcache")
+        if self.max_loras is not None:
+            parts.append(f"loras{self.max_loras}")
+        if self.max_lora_rank is not None:
+            parts.append(f"lorarank{self.max_lora_rank}")
+        if self.speculative_method is not None:
+            parts.append(f"spec{self.speculative_method}{self.draft_tokens}")
         return "-".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,6 +231,11 @@ class Capabilities:
     exact_output_length: bool = True
     #: Honours BatchingConfig.prefix_caching (prefix caching switched on or off at start).
     prefix_caching: bool = False
+    #: Serves LoRA adapters beside the base model (a request names one as its ``model``) and honours
+    #: BatchingConfig.max_loras and max_lora_rank.
+    lora: bool = False
+    #: The BatchingConfig.speculative_method values it honours (empty: no speculative decoding).
+    speculation_methods: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -407,6 +451,8 @@ class Engine(ABC):
     kv_block_size: ClassVar[int | None] = None
     #: Blocks the engine keeps back from the cache it is given (never holding a sequence's KV).
     kv_reserved_blocks: ClassVar[int] = 0
+    #: The largest LoRA rank the engine serves when BatchingConfig.max_lora_rank is unset (None: no limit known).
+    default_max_lora_rank: ClassVar[int | None] = None
 
     def __init__(self, batching: BatchingConfig | None = None, *, startup_timeout: float = 300.0) -> None:
         self.batching = batching or BatchingConfig()
@@ -432,6 +478,34 @@ class Engine(ABC):
                 f"engine {cls.name!r}: batchbench cannot switch its prefix caching; "
                 "leave BatchingConfig.prefix_caching unset"
             )
+        for knob in ("max_loras", "max_lora_rank"):
+            if getattr(batching, knob) is not None and not cls.capabilities.lora:
+                raise ValueError(f"engine {cls.name!r}: batchbench cannot serve LoRA adapters on it; "
+                                 f"leave BatchingConfig.{knob} unset")
+        method = batching.speculative_method
+        if method is not None and method not in cls.capabilities.speculation_methods:
+            has = ", ".join(sorted(cls.capabilities.speculation_methods)) or "none"
+            raise ValueError(
+                f"engine {cls.name!r} has no speculative decoding by speculative_method={method!r} "
+                f"(it has: {has}); leave BatchingConfig.speculative_method unset"
+            )
+
+    @classmethod
+    def check_adapters(cls, batching: BatchingConfig, adapters: Sequence[LoraAdapter]) -> None:
+        """Refuse, naming the adapter and the field, LoRA adapters this engine would not serve as configured:
+        said before it starts, not as a failed request later."""
+        if not adapters:
+            return
+        if not cls.capabilities.lora:
+            raise ValueError(f"engine {cls.name!r}: batchbench cannot serve LoRA adapters on it "
+                             f"(--lora-adapters {', '.join(a.name for a in adapters)})")
+        limit = batching.max_lora_rank if batching.max_lora_rank is not None else cls.default_max_lora_rank
+        for adapter in adapters:
+            if limit is not None and adapter.rank > limit:
+                where = "" if batching.max_lora_rank is not None else ", the engine's default"
+                raise ValueError(f"engine {cls.name!r}: LoRA adapter {adapter.name!r} has rank {adapter.rank}, above "
+                                 f"BatchingConfig.max_lora_rank={limit}{where}; raise max_lora_rank to at least "
+                                 f"{adapter.rank}")
 
     @classmethod
     def min_kv_capacity_tokens(cls, max_model_len: int) -> int:
@@ -503,6 +577,13 @@ class Engine(ABC):
     def describe(self) -> dict[str, Any]:
         """Engine name, version and effective configuration, for the results."""
         return {"engine": self.name, "batching": self.batching.to_dict()}
+
+    def url_twin(self) -> Engine:
+        """This engine's client side for another process: an adapter at the running server's URL that starts
+        nothing (``batchbench.workers`` sends part of a run from each of several processes). It must pickle.
+
+        Raises ValueError where there is no server to reach (an engine serving inside this process)."""
+        raise ValueError(f"engine {self.name!r} serves inside this process: another process cannot reach it")
 
     def begin_run(self) -> None:
         """Start engine-side accounting afresh: one engine instance serves many runs."""

@@ -73,7 +73,11 @@ class HFStaticEngine(Engine):
     BatchingConfig mapping: max_batch_size is the padded batch size (default
     8); a batch closes when it is full or ``batch_window_s`` after its first
     request arrived. max_batched_tokens, chunked prefill and KV capacity have
-    no meaning here and are refused.
+    no meaning here and are refused, and so is speculative decoding:
+    ``generate()``'s prompt lookup (``prompt_lookup_num_tokens``) is assisted
+    generation, which transformers 5.19 refuses for more than one sequence
+    ("assisted generate is only supported for batch_size = 1",
+    ``generation/utils.py``), so it cannot speculate over a padded batch.
     """
 
     name: ClassVar[str] = "hf-static"

@@ -54,6 +54,13 @@ class OpenAICompletionsEngine(ServedEngine):
             self.streams = None
         await super().stop()
 
+    def url_twin(self) -> OpenAICompletionsEngine:
+        """As :meth:`ServedEngine.url_twin`, without this engine's stream client: the twin opens its own."""
+        twin = super().url_twin()
+        assert isinstance(twin, OpenAICompletionsEngine)
+        twin.streams = None
+        return twin
+
     def stream(self, request: Request) -> AsyncIterator[Chunk]:
         return chunks_of(functools.partial(self.stream_into, request))
 

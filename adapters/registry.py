@@ -21,6 +21,7 @@ import batchbench.adapters
 from batchbench.adapters.base import BatchingConfig, Engine, ModelRef
 from batchbench.adapters.spec import EngineSpec
 from batchbench.fixtures import tiny_model_dir
+from batchbench.lora import LoraAdapter
 
 LaunchMode = Literal["auto", "local", "docker"]
 
@@ -77,6 +78,9 @@ class EngineOptions:
     #: machine a lower priority keeps the load generator (which needs little CPU, but promptly)
     #: from being starved and stamping chunks late.
     server_niceness: int = 10
+    #: LoRA adapters the engines serve beside the model (``--lora-adapters``), refused by name by an engine
+    #: that cannot serve them.
+    lora_adapters: tuple[LoraAdapter, ...] = ()
 
     def url_for(self, name: str) -> str | None:
         return dict(self.urls).get(name)
@@ -115,13 +119,16 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     """
     spec = get_spec(name)
     cls = spec.engine_class
+    cls.check_adapters(batching or BatchingConfig(), options.lora_adapters)
+    # Only an engine that serves adapters takes them (check_adapters refused the others by name).
+    lora = {"lora_adapters": options.lora_adapters} if options.lora_adapters else {}
     url = options.url_for(name)
     if url is not None:
         if spec.in_process:
             raise ValueError(f"engine {name!r} runs in process; it has no URL mode")
         # Without --model the adapter asks the server which model it serves.
         model = ModelRef(options.model or "", max_model_len=options.max_model_len)
-        return cls(batching, model=model, url=url, startup_timeout=options.url_grace_s)
+        return cls(batching, model=model, url=url, startup_timeout=options.url_grace_s, **lora)
     if options.model is not None:
         model = ModelRef(options.model, max_model_len=options.max_model_len)
     else:
@@ -140,10 +147,10 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
             raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
         from batchbench.adapters.launch.docker import DockerLaunch
 
-        return cls(batching, model=model, launch=DockerLaunch.for_engine(name), startup_timeout=timeout)
+        return cls(batching, model=model, launch=DockerLaunch.for_engine(name), startup_timeout=timeout, **lora)
     if spec.local is None:
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
     from batchbench.adapters.launch.local import LocalProcess
 
     launch = LocalProcess(list(spec.local.program), log_dir=options.log_dir, niceness=options.server_niceness)
-    return cls(batching, model=model, launch=launch, startup_timeout=timeout, **spec.local.adapter_options)
+    return cls(batching, model=model, launch=launch, startup_timeout=timeout, **lora, **spec.local.adapter_options)

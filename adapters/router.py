@@ -42,6 +42,7 @@ def _merge_capabilities(engines: Iterable[Engine]) -> Capabilities:
         prefill_chunk_cap=all(c.prefill_chunk_cap for c in caps),
         exact_output_length=all(c.exact_output_length for c in caps),
         prefix_caching=all(c.prefix_caching for c in caps),
+        speculation_methods=frozenset.intersection(*(c.speculation_methods for c in caps)) if caps else frozenset(),
     )
 
 
@@ -163,6 +164,9 @@ class RoutedEngine(Engine):
             completed=_sum(s.completed for s in samples),
             prefix_cache_queries=_sum(s.prefix_cache_queries for s in samples),
             prefix_cache_hits=_sum(s.prefix_cache_hits for s in samples),
+            spec_drafts=_sum(s.spec_drafts for s in samples),
+            spec_draft_tokens=_sum(s.spec_draft_tokens for s in samples),
+            spec_accepted_tokens=_sum(s.spec_accepted_tokens for s in samples),
         )
 
     async def reset_cache(self) -> bool:

@@ -12,6 +12,7 @@ Subclasses add the wire format (:meth:`stream`), the metric names
 from __future__ import annotations
 
 import asyncio
+import copy
 from abc import abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +34,7 @@ from batchbench.adapters.http import HttpClient, check_url, get_json, get_text, 
 from batchbench.adapters.launch import Launch
 from batchbench.adapters.prometheus import Samples
 from batchbench.clock import now
+from batchbench.lora import LoraAdapter
 from batchbench.server_metrics import ServerMetrics
 
 
@@ -53,8 +55,12 @@ class ServedEngine(Engine):
         launch: Launch | None = None,
         extra_args: tuple[str, ...] = (),
         startup_timeout: float = 300.0,
+        lora_adapters: tuple[LoraAdapter, ...] = (),
     ) -> None:
         super().__init__(batching, startup_timeout=startup_timeout)
+        type(self).check_adapters(self.batching, lora_adapters)
+        #: LoRA adapters served beside the model; a request names one in :attr:`Request.adapter`.
+        self.lora_adapters = lora_adapters
         if url is None and launch is None:
             raise ValueError(f"engine {self.name!r} needs either a URL or a way to launch it")
         self.model = model
@@ -144,6 +150,17 @@ class ServedEngine(Engine):
                 self.server_log_tail = await self.launch.logs()
             await self.launch.stop()
 
+    def url_twin(self) -> ServedEngine:
+        """A copy at the running server's URL, without its launch or HTTP client: the copy starts and stops
+        nothing but a client of its own, and the server stays this engine's to stop. Every other attribute
+        (model, batching, the adapter's request options) is kept, so its requests are this engine's."""
+        if self.base_url is None:
+            raise ValueError(f"engine {self.name!r} has not been started: there is no URL to reach it at")
+        twin = copy.copy(self)
+        twin.url = twin.base_url = self.base_url
+        twin.launch, twin.client, twin.server_log_tail = None, None, None
+        return twin
+
     @asynccontextmanager
     async def failures_explained(self, request_id: str) -> AsyncIterator[None]:
         """Re-raise a lost connection as EngineDied when the launched server has exited.
@@ -191,4 +208,5 @@ class ServedEngine(Engine):
             "server_args": self.server_argv,
             "startup_s": self.startup_s,
             "launch": self.launch.describe() if self.launch is not None else None,
+            "lora_adapters": [{"name": a.name, "rank": a.rank} for a in self.lora_adapters],
         }

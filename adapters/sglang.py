@@ -54,7 +54,12 @@ class SGLangEngine(OpenAICompletionsEngine):
     ``--max-prefill-tokens`` (the token budget of a prefill batch) and, unless chunking is off,
     ``--chunked-prefill-size`` (the most prompt tokens prefilled per step); chunked_prefill=False →
     ``--chunked-prefill-size -1`` (True keeps SGLang's default chunk size, chunking on);
-    kv_capacity_tokens → ``--max-total-tokens``; memory_fraction → ``--mem-fraction-static``.
+    kv_capacity_tokens → ``--max-total-tokens``; memory_fraction → ``--mem-fraction-static``;
+    speculative_method=ngram → ``--speculative-algorithm NGRAM`` with ``--speculative-num-draft-tokens``
+    draft_tokens + 1 (SGLang counts the verified token its draft tree grows from, as EAGLE's
+    num_steps x topk + 1 does; the flags as ``arg_groups/fields/spec.py`` of sgl-project/sglang main
+    names them, checked after 0.5.23: NGRAM is CUDA-only there). SGLang exposes no draft/accepted
+    token counters (an accept-length gauge only), so ServerMetrics' speculation counters stay unknown.
     ModelRef's max_model_len → ``--context-length``; dummy_weights → ``--load-format dummy``.
     SGLang-only knobs: ``schedule_policy`` (``--schedule-policy``), ``max_queued_requests``
     (``--max-queued-requests``: past it requests are rejected), ``dtype``. The radix cache is off
@@ -73,6 +78,7 @@ class SGLangEngine(OpenAICompletionsEngine):
         reports_kv_capacity=True,
         chunked_prefill=True,
         prefix_caching=True,
+        speculation_methods=frozenset({"ngram"}),
     )
 
     def __init__(
@@ -120,6 +126,10 @@ class SGLangEngine(OpenAICompletionsEngine):
             args += ["--max-total-tokens", str(batching.kv_capacity_tokens)]
         if batching.memory_fraction is not None:
             args += ["--mem-fraction-static", str(batching.memory_fraction)]
+        if batching.speculative_method == "ngram":
+            assert batching.draft_tokens is not None
+            args += ["--speculative-algorithm", "NGRAM",
+                     "--speculative-num-draft-tokens", str(batching.draft_tokens + 1)]
         if self.schedule_policy is not None:
             args += ["--schedule-policy", self.schedule_policy]
         if self.max_queued_requests is not None:

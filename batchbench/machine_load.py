@@ -12,7 +12,8 @@ disturbed run, and suites that compare runs re-measure or skip rather than
 assert on the machine's load.
 
 Measured: this process (the load generator, and an engine that serves in
-process) and the process groups of the servers the engine says it launched
+process), the load generator's worker processes (batchbench.workers) and the
+process groups of the servers the engine says it launched
 (:meth:`Engine.server_process_groups <batchbench.adapters.base.Engine.server_process_groups>`;
 a routed layout: every pool's). Not measurable: an engine at a URL or in a
 container (its processes are not ours to tell apart); there the share is
@@ -77,17 +78,19 @@ class MachineMeter:
     time the hypervisor gave to other machines (steal).
     """
 
-    def __init__(self, own_groups: frozenset[int] | None) -> None:
+    def __init__(self, own_groups: frozenset[int] | None, own_pids: frozenset[int] = frozenset()) -> None:
         """``own_groups``: the engine's server process groups (empty: it serves in this process); None: its
-        processes are unknown, and nothing is measured."""
+        processes are unknown, and nothing is measured. ``own_pids``: the load generator's worker processes."""
         self.own_groups = None if own_groups is None else frozenset(str(g) for g in own_groups)
+        self.own_pids = frozenset(str(pid) for pid in own_pids)
         self.enabled = Path("/proc/stat").is_file() and own_groups is not None
         self._start: tuple[int, int, dict[int, int]] | None = None
 
     @classmethod
-    def for_engine(cls, engine: Engine) -> MachineMeter:
-        """A meter that knows ``engine``'s own processes, as the engine states them."""
-        return cls(engine.server_process_groups())
+    def for_engine(cls, engine: Engine, workers: frozenset[int] = frozenset()) -> MachineMeter:
+        """A meter that knows ``engine``'s own processes, as the engine states them, and the load generator's
+        worker processes (``workers``, their pids)."""
+        return cls(engine.server_process_groups(), workers)
 
     @staticmethod
     def _stat_fields(pid: str) -> list[str] | None:
@@ -105,7 +108,7 @@ class MachineMeter:
             if not entry.name.isdigit() or entry.name == own:
                 continue
             fields = self._stat_fields(entry.name)
-            if fields is None or (self.own_groups and fields[2] in self.own_groups):
+            if fields is None or entry.name in self.own_pids or (self.own_groups and fields[2] in self.own_groups):
                 continue
             ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
         return ticks

@@ -27,9 +27,11 @@ from typing import Any
 from batchbench.records import RequestRecord
 
 __all__ = [
+    "AdapterSummary",
     "Distribution",
     "Summary",
     "itl_samples",
+    "jain_index",
     "mean_decoding",
     "meets_slos",
     "percentile",
@@ -212,6 +214,11 @@ class Summary:
     #: Multi-turn sessions: TTFT of each turn ("1", "2", ...; see :func:`ttft_by_turn`). None for a run without
     #: sessions, and in documents written before it was stored.
     ttft_by_turn: dict[str, Distribution | None] | None = None
+    #: Per LoRA adapter (by name), for a run whose requests name adapters; None otherwise.
+    adapters: dict[str, AdapterSummary] | None = None
+    #: Jain's index over the adapters' :attr:`AdapterSummary.request_speed`: 1 when every adapter's requests
+    #: are served alike, down to 1/n when one adapter gets all the service. None without two adapters.
+    adapter_fairness: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -241,6 +248,8 @@ class Summary:
             "itl_per_chunk": _dist_dict(self.itl_per_chunk),
             "ttft_by_turn": None if self.ttft_by_turn is None else
             {turn: _dist_dict(d) for turn, d in self.ttft_by_turn.items()},
+            "adapters": None if self.adapters is None else {k: v.to_dict() for k, v in self.adapters.items()},
+            "adapter_fairness": self.adapter_fairness,
         }
 
 
@@ -270,6 +279,7 @@ def summarize(
     failures = Counter(r.error_kind or "unknown" for r in failed)
     rejected = sum(1 for r in records if r.error_kind == "rejected")
     n = len(records)
+    adapters = by_adapter(records, duration_s)
 
     output_tokens = sum(r.output_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
@@ -300,6 +310,8 @@ def summarize(
         mean_decoding=mean_decoding(ok, duration_s),
         itl_per_chunk=Distribution.of(b - a for r in ok for a, b in itertools.pairwise(r.chunk_times)),
         ttft_by_turn=({str(turn): d for turn, d in by_turn.items()} if (by_turn := ttft_by_turn(records)) else None),
+        adapters=adapters,
+        adapter_fairness=adapter_fairness(adapters),
     )
 
 
@@ -316,6 +328,71 @@ def mean_decoding(records: Iterable[RequestRecord], duration_s: float) -> float:
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, not {duration_s!r}")
     return sum(r.chunk_times[-1] - r.chunk_times[0] for r in records if r.chunk_times) / duration_s
+
+
+# --------------------------------------------------------------------------- LoRA adapters
+
+
+@dataclass(frozen=True)
+class AdapterSummary:
+    """One LoRA adapter's share of a run: what its requests got."""
+
+    requests: int
+    ok: int
+    ttft: Distribution | None
+    #: The adapter's output tokens over the run's duration.
+    output_token_throughput: float
+    #: Mean over its ok requests of output tokens / latency from the scheduled send: the speed the adapter's
+    #: users see, queueing included. With a fixed traffic split every adapter's tokens over the run are set by
+    #: the split, so throughput cannot show an adapter held back; how long its requests took does.
+    request_speed: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def by_adapter(records: Sequence[RequestRecord], duration_s: float) -> dict[str, AdapterSummary] | None:
+    """Per-adapter summaries of the records that name an adapter; None when none does."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if r.adapter is not None:
+            groups.setdefault(r.adapter, []).append(r)
+    if not groups:
+        return None
+    result = {}
+    for name, group in sorted(groups.items()):
+        ok = [r for r in group if r.ok]
+        speeds = [r.output_tokens / e2e for r in ok if (e2e := r.e2e_from_schedule_s)]
+        result[name] = AdapterSummary(
+            requests=len(group), ok=len(ok), ttft=Distribution.of(_present(r.ttft_s for r in ok)),
+            output_token_throughput=sum(r.output_tokens for r in ok) / duration_s,
+            request_speed=math.fsum(speeds) / len(speeds) if speeds else None)
+    return result
+
+
+def adapter_fairness(adapters: dict[str, AdapterSummary] | None) -> float | None:
+    """Jain's index of the adapters' request speeds; None with fewer than two adapters that have one."""
+    speeds = [a.request_speed for a in (adapters or {}).values() if a.request_speed is not None]
+    return jain_index(speeds) if len(speeds) >= 2 else None
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index, (sum x)^2 / (n * sum x^2), of non-negative allocations, not all zero.
+
+    1 when all are equal, 1/n when one has everything; the same for any common scale of the values
+    (Jain, Chiu and Hawe, DEC-TR-301, 1984). Written out because it is one line.
+    """
+    if not values:
+        raise ValueError("Jain's index of no values is undefined")
+    if any(v < 0 or math.isnan(v) for v in values):
+        raise ValueError(f"Jain's index needs non-negative allocations, not {list(values)}")
+    # Scaled by the largest first: the index is scale-invariant, and squares of tiny or huge values would
+    # underflow or overflow.
+    top = max(values)
+    if top == 0:
+        raise ValueError("Jain's index of all-zero allocations is undefined")
+    scaled = [v / top for v in values]
+    return min(1.0, math.fsum(scaled) ** 2 / (len(scaled) * math.fsum(x * x for x in scaled)))
 
 
 # --------------------------------------------------------------------------- batch-size buckets

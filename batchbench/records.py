@@ -51,6 +51,8 @@ class RequestRecord:
     #: A turn of a multi-turn conversation: its session and turn (1 first); None for a single request.
     session: int | None = None
     turn: int | None = None
+    #: The LoRA adapter the request asked for (None: the base model).
+    adapter: str | None = None
 
     @property
     def output_tokens(self) -> int:

@@ -96,6 +96,8 @@ class LoadSettings:
     request_timeout_s: float | None = field(default=None, metadata=_doc("per-request deadline over the whole stream"))
     max_in_flight: int | None = field(default=None, metadata=_doc("bound on concurrently open requests (open loop)"))
     scrape_interval_s: float | None = field(default=None, metadata=_doc("how often server metrics were scraped"))
+    workers: int = field(default=1, metadata=_doc("load-generator processes the run was sent from "
+                                                  "(batchbench.workers; 1: the measuring process alone)"))
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from batchbench.records import RequestRecord
 from batchbench.results import JournalWriter, LoadSettings, RunFooter, RunHeader, ScrapeStats, Slo
 from batchbench.scraper import Scraper
 from batchbench.server_metrics import ServerMetrics
+from batchbench.workers import WorkerPool, partition
 from batchbench.workload import Workload
 
 
@@ -79,14 +80,18 @@ async def run(
     labels: dict[str, Any] | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     reset_cache: bool = True,
+    workers: int = 1,
 ) -> RunResult:
     """Replay ``workload`` against the running ``engine`` and write its results document.
 
     ``on_record`` sees each finished request after it is journalled (a progress display): it runs on the
     measuring loop, so it must be cheap. ``reset_cache``: empty the engine's prefix cache first, so a cache the
     previous run warmed is never measured as this run's speed (``False`` only when that is the point).
+    ``workers``: load-generator processes to send from (:mod:`batchbench.workers`); 1 sends from this event loop.
     """
     load = load or LoadConfig()
+    if workers > 1:  # as many as the workload can be split into (ValueError for waves: before anything starts)
+        workers = len(partition(workload, workers))
     cache_reset = await engine.reset_cache() if reset_cache else None
     path = results_path(results_dir, engine, workload, tag)
     writer = JournalWriter(path)
@@ -96,27 +101,36 @@ async def run(
         engine=engine.describe(),
         workload=workload.describe(),
         load=LoadSettings(request_timeout_s=load.request_timeout_s, max_in_flight=load.max_in_flight,
-                          scrape_interval_s=scrape_interval_s),
+                          scrape_interval_s=scrape_interval_s, workers=workers),
         slo=Slo(ttft_s=ttft_slo_s, tpot_s=tpot_slo_s),
         environment=environment.capture(),
         labels=labels or {},
         cache_reset=cache_reset,
     ))
+    pool: WorkerPool | None = None
     try:
         engine.begin_run()
-        t0 = now()
 
         def record(r: RequestRecord) -> None:
             writer.record(r)
             if on_record is not None:
                 on_record(r)
 
-        generator = LoadGenerator(engine, workload, on_record=record, config=load)
+        generator: LoadGenerator | WorkerPool
+        if workers > 1:
+            # The processes start before t0: they take a moment, and the schedule must not wait for them.
+            generator = pool = WorkerPool(engine, workload, workers=workers, on_record=record, config=load)
+            await pool.start()
+        else:
+            generator = LoadGenerator(engine, workload, on_record=record, config=load)
+        t0 = now()
         scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
         meter = ClientMeter()
-        machine_meter = MachineMeter.for_engine(engine)
+        machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())
         machine_meter.start()
     except BaseException:
+        if pool is not None:
+            await pool.close()
         writer.close()  # the journal's writer thread stops with the header written: a partial run
         raise
     status, error = "complete", None
@@ -130,10 +144,13 @@ async def run(
     finally:
         try:
             duration = now() - t0
+            if pool is not None:
+                await pool.close()
             summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
                                 tpot_slo_s=tpot_slo_s)
             report = engine.report()
-            client = meter.result(generator.records)
+            client = meter.result(generator.records) if pool is None else \
+                ClientLoad.combined([meter.result(), *pool.client_loads])
             machine = machine_meter.result()
             writer.finish(RunFooter(
                 status=status,

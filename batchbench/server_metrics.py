@@ -6,8 +6,8 @@ above the adapters knows which engine's names they were.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -33,6 +33,20 @@ class ServerMetrics:
     #: ``prefix_cache_queries``/``prefix_cache_hits``): their increase over a run is its hit rate.
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    #: Waiting requests the scheduler passed over for a limit that frees by itself, the LoRA-adapter slots of a
+    #: step among them (vLLM's ``num_requests_waiting_by_reason{reason="deferred"}``), rather than for room.
+    waiting_deferred: float | None = None
+    #: LoRA adapters with requests in the engine at its last logged step, as its output stream reported them
+    #: (vLLM 0.32's ``lora_requests_info``: a request is counted from its first scheduled step, so in practice
+    #: the adapters being served; never more than the engine's adapter slots).
+    lora_adapters_active: list[str] | None = None
+    #: Speculative decoding, cumulative: verification steps that checked a draft, the draft tokens proposed and
+    #: those the model accepted (vLLM's ``spec_decode_num_drafts``/``num_draft_tokens``/``num_accepted_tokens``).
+    #: Over a run, accepted/draft tokens is the acceptance rate, and 1 + accepted/drafts the tokens a drafted step
+    #: emits on average.
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

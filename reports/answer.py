@@ -167,6 +167,35 @@ def invalid_text(item: dict[str, Any]) -> str:
     return f"{item.get('engine')} {item.get('layout')} c={item.get('concurrency')}: {reasons}"
 
 
+def speculation_table(found: dict[str, Any]) -> Table:
+    """One engine and layout with speculation against without, per batch size: TPOT p50 both ways, the speedup
+    (without over with; at most 1 is where speculation stops paying) and the engine's own acceptance counters."""
+    rows = []
+    for p in found.get("points") or []:
+        if not isinstance(p, dict):
+            continue
+        gain = p.get("speedup")
+        median = fmt.num(gain.get("median")) if isinstance(gain, dict) else None
+        rate, per_step = fmt.num(p.get("acceptance_rate")), fmt.num(p.get("tokens_per_step"))
+        invalid = p.get("valid") is False
+        rows.append([Cell(_c(p) + (" (invalid, not used)" if invalid else ""), "warn" if invalid else ""),
+                     Cell(interval(p.get("tpot_p50_without_s"), fmt.ms)),
+                     Cell(interval(p.get("tpot_p50_with_s"), fmt.ms)),
+                     Cell(_ratio(gain), "bad" if median is not None and median <= 1 else ""),
+                     Cell(fmt.pct(rate)),
+                     Cell(fmt.NA if per_step is None else f"{per_step:.2f}")])
+    cross = found.get("crossover")
+    largest = found.get("largest_measured")
+    where = (f"it stops paying from c={cross}" if cross is not None
+             else f"it still pays at c={largest}, the largest valid one measured" if largest is not None
+             else "no valid batch size")
+    return Table(["Batch", "TPOT p50 without (ms)", "TPOT p50 with (ms)", "Speedup", "Acceptance",
+                  "Tokens per drafted step"], rows,
+                 caption=f"{found.get('engine')}, {found.get('layout')}: {found.get('method')} speculative decoding, "
+                         f"{found.get('draft_tokens')} draft tokens, against the same configuration without; "
+                         f"{where}. Acceptance and tokens per step are the engine's own counters.")
+
+
 def answer_section(findings: Findings) -> Section:
     """The answer: sentences, one table per engine, the comparisons, and every point not trusted, with why."""
     sec = Section("The answer", anchor="answer")
@@ -184,6 +213,9 @@ def answer_section(findings: Findings) -> Section:
             [Cell(str(c.get("metric"))), Cell(str(c.get("a"))), Cell(str(c.get("b"))), Cell(_ratio(c.get("ratio"))),
              Cell("yes" if c.get("within_noise") else "no")] for c in comparisons],
             caption="Engines against each other: the ratio of A's figure to B's, median [low–high]."))
+    for found in findings.get("speculation") or []:
+        if isinstance(found, dict):
+            sec.blocks.append(speculation_table(found))
     invalid = [i for i in findings.get("invalid_points") or [] if isinstance(i, dict)]
     if invalid:
         sec.blocks.append(Para(f"{len(invalid)} point{'s' if len(invalid) != 1 else ''} not used for any finding:",

@@ -248,6 +248,30 @@ def turn_table(runs: list[Run]) -> Table | None:
                          "— means no request of that turn succeeded.")
 
 
+def adapter_table(runs: list[Run]) -> Table | None:
+    """Each LoRA adapter's share of the runs whose requests named adapters, and Jain's fairness index between
+    them; None when no run has any. One heavy adapter, or more adapters than the engine's slots, shows here as
+    some adapters' requests waiting longer than others'."""
+    with_adapters = [(name, r.summary) for name, r in zip(_column_names(runs), runs)
+                     if r.summary is not None and r.summary.adapters]
+    if not with_adapters:
+        return None
+    rows = []
+    for name, summary in with_adapters:
+        assert summary.adapters is not None
+        for adapter, a in summary.adapters.items():
+            rows.append([Cell(name), Cell(adapter), Cell(fmt.count(a.requests)), Cell(fmt.count(a.ok)),
+                         Cell("—" if a.ttft is None else fmt.ms(a.ttft.p50)),
+                         Cell("—" if a.ttft is None else fmt.ms(a.ttft.p90)), Cell(fmt.rate(a.output_token_throughput)),
+                         Cell("—" if a.request_speed is None else fmt.rate(a.request_speed)),
+                         Cell("—" if summary.adapter_fairness is None else f"{summary.adapter_fairness:.3f}")])
+    return Table(["Run", "Adapter", "Requests", "Ok", "TTFT p50 (ms)", "TTFT p90 (ms)", "Output tok/s",
+                  "Request speed (tok/s)", "Jain's index"], rows,
+                 caption="Per LoRA adapter. Request speed: output tokens over latency from the scheduled send, the "
+                         "mean over its requests (what its users see, queueing included). Jain's index over the "
+                         "adapters' request speeds: 1 when served alike, 1/n when one adapter gets all the service.")
+
+
 def _baseline_section(cmp: BaselineComparison) -> Section:
     sec = Section("Comparison with baseline")
     sec.blocks.append(Para(
@@ -402,6 +426,8 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
         sec.blocks.append(Section("TTFT by batch-size bucket", level=3, blocks=[bucket_table(members)]))
         if (turns := turn_table(members)) is not None:
             sec.blocks.append(Section("TTFT by turn", level=3, blocks=[turns]))
+        if (adapters := adapter_table(members)) is not None:
+            sec.blocks.append(Section("LoRA adapters", level=3, blocks=[adapters]))
         if with_plots:
             cdf = plots.ttft_cdf(members, title, colors)
             if cdf is not None:

@@ -33,7 +33,15 @@ from typing import Any
 from batchbench import eventloop
 from batchbench.adapters.base import BatchingConfig, EngineError
 from batchbench.adapters.registry import EngineOptions
-from batchbench.commands.common import EXIT_INTERRUPTED, EXIT_USAGE, StartingEngines, make_run_dir, one_batching
+from batchbench.commands.common import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    StartingEngines,
+    check_lora_adapters,
+    make_run_dir,
+    one_batching,
+    serve_lora_adapters,
+)
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan
 from batchbench.options import add_engine_arguments, engine_options
@@ -143,12 +151,18 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir)
-        batching = one_batching(args.batching, "bench")
-        work = plan(args, profile, kind=kind, levels=levels)
+        batching = one_batching(args.batching, "bench", engines)
+        work = plan(args, profile, kind=kind, levels=levels, engines=engines)
+        check_lora_adapters(args.lora_adapters, engines, batching)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if (run_dir := make_run_dir(args.results_dir, "bench")) is None:
+        return EXIT_USAGE
+    try:
+        options = serve_lora_adapters(args.lora_adapters, options, run_dir, args.seed)
+    except ValueError as exc:
+        print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     for note in work.notes:
         print(f"batchbench: {note}")

@@ -33,8 +33,10 @@ from batchbench.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     StartingEngines,
+    check_lora_adapters,
     make_run_dir,
     one_batching,
+    serve_lora_adapters,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan, positive_number
@@ -131,13 +133,19 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir)
-        batching = one_batching(args.batching, "capacity")
+        batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
-        work = plan(args, profile, kind=kind, levels=[args.start, args.max_level])
+        work = plan(args, profile, kind=kind, levels=[args.start, args.max_level], engines=engines)
+        check_lora_adapters(args.lora_adapters, engines, batching)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if (run_dir := make_run_dir(args.results_dir, "capacity")) is None:
+        return EXIT_USAGE
+    try:
+        options = serve_lora_adapters(args.lora_adapters, options, run_dir, args.seed)
+    except ValueError as exc:
+        print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"batchbench: SLO {args.slo}")
     for note in work.notes:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from batchbench.adapters.base import BatchingConfig, Engine
-from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.adapters.registry import EngineOptions, engine_class, make_engine
 from batchbench.engines import EngineCache
+from batchbench.fixtures import tiny_model_dir
+from batchbench.lora import AdapterSpec, LoraAdapter, materialize
 from batchbench.progress import EngineStart, Progress
 from batchbench.runner import RunResult
 from batchbench.slo import Slo
@@ -61,11 +64,38 @@ def parsed_by(cls: type[Any]) -> Callable[[str], Any]:
     return convert
 
 
-def one_batching(specs: list[str], command: str) -> BatchingConfig | None:
-    """The one ``--batching`` a measuring command takes (None: the engine's default); ValueError for several."""
+def one_batching(specs: list[str], command: str, engines: Sequence[str] = ()) -> BatchingConfig | None:
+    """The one ``--batching`` a measuring command takes (None: the engine's default); ValueError for several,
+    and for one that any of ``engines`` refuses (``Engine.check_config``: the field named, before a start)."""
     if len(specs) > 1:
         raise ValueError(f"--batching: {command} measures one configuration per invocation; give it once")
-    return BatchingConfig.parse(specs[0]) if specs else None
+    batching = BatchingConfig.parse(specs[0]) if specs else None
+    for name in engines if batching is not None else ():
+        try:
+            engine_class(name).check_config(batching)
+        except ValueError as exc:
+            raise ValueError(f"--batching {specs[0]!r}: {exc}") from None
+    return batching
+
+
+def check_lora_adapters(specs: tuple[AdapterSpec, ...], engines: tuple[str, ...],
+                        batching: BatchingConfig | None) -> None:
+    """Refuse ``--lora-adapters`` an engine would not serve (no LoRA on it, a rank above max_lora_rank), naming
+    the adapter and the field, before a run folder is made or an engine starts."""
+    adapters = [LoraAdapter(s.name, s.path or Path(s.name), s.known_rank()) for s in specs]
+    for name in engines:
+        engine_class(name).check_adapters(batching or BatchingConfig(), adapters)
+
+
+def serve_lora_adapters(specs: tuple[AdapterSpec, ...], options: EngineOptions, run_dir: Path,
+                        seed: int) -> EngineOptions:
+    """The options with the adapters the engines serve: those to make written into the run folder (for the
+    embedded model, or ``--model`` when it is a local directory)."""
+    if not specs:
+        return options
+    model_dir = tiny_model_dir() if options.model is None else Path(options.model)
+    adapters = materialize(specs, model_dir if model_dir.is_dir() else None, run_dir / "lora-adapters", seed=seed)
+    return dataclasses.replace(options, lora_adapters=adapters)
 
 
 def make_run_dir(results_dir: Path, prefix: str) -> Path | None:

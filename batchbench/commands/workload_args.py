@@ -15,13 +15,16 @@ from pathlib import Path
 from typing import Literal
 
 from batchbench import datasets, tokenizer
+from batchbench.adapters.registry import get_spec
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
 from batchbench.fixtures import tiny_model_dir
 from batchbench.loadgen import LoadConfig
+from batchbench.lora import AdapterSpec, TrafficSplit
 from batchbench.profiles import Profile
 from batchbench.slo import Slo
 from batchbench.validity import samples_needed, stat_percentile
-from batchbench.workload import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec
+from batchbench.workers import auto_workers
+from batchbench.workload import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec, split_traffic
 
 #: How a level is applied: requests kept in flight (closed loop) or sent per second (open loop).
 LevelKind = Literal["concurrency", "rate"]
@@ -52,6 +55,11 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
     return value
+
+
+def workers_option(text: str) -> int | None:
+    """``--workers``: a number of load-generator processes, or ``auto`` (None: chosen per level from its load)."""
+    return None if text == "auto" else positive_int(text)
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: bool = False) -> None:
@@ -94,7 +102,17 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                         help="how often the engine's metrics are read (default 0.25; see batchbench run --help)")
     parser.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                         help="per-request deadline over the whole stream (default: the profile's)")
+    parser.add_argument("--workers", type=workers_option, default=1, metavar="N|auto",
+                        help="load-generator processes, each with its own event loop (default 1: this one); auto "
+                             "chooses per level from the expected chunk rate (batchbench/workers.py)")
     parser.add_argument("--no-report", action="store_true", help="write results only")
+    parser.add_argument("--lora-adapters", type=AdapterSpec.parse_list, default=(), metavar="ADAPTERS",
+                        help="LoRA adapters served beside the model, requests shared among them: ranks to make with "
+                             "seeded random weights (8,16,32,64; for the embedded or a local model) or NAME=PATH "
+                             "of PEFT adapters; with --batching max_loras=N,max_lora_rank=R")
+    parser.add_argument("--lora-split", type=parsed_by(TrafficSplit), default=TrafficSplit(), metavar="SPLIT",
+                        help="traffic across --lora-adapters: even (default), skewed[:SHARE] (the first takes "
+                             "SHARE, default 0.6) or W1:W2:...")
 
 
 @dataclass
@@ -111,6 +129,8 @@ class WorkloadPlan:
     #: Builds ``n`` requests (released all at once; each level gives its own arrivals).
     build: Callable[[int], Workload]
     notes: list[str] = field(default_factory=list)
+    #: Load-generator processes per run (None: :func:`batchbench.workers.auto_workers` per level).
+    workers: int | None = 1
     _built: dict[int, Workload] = field(default_factory=dict)
 
     def workload(self, kind: LevelKind, level: float) -> Workload:
@@ -134,6 +154,12 @@ class WorkloadPlan:
         times = [r.arrival_s for r in base[:self.warmup]] + [base[-1].arrival_s] * max(0, self.warmup - len(base))
         spec = replace(workload.spec, name="warm-up", num_requests=self.warmup, turns=1, think=ThinkTime())
         return Workload(spec, tuple(replace(r, arrival_s=t) for r, t in zip(requests, times)))
+
+    def workers_for(self, workload: Workload, *, in_process: bool) -> int:
+        """Worker processes for one level's run: 1 for an engine serving in this process (nothing to reach)."""
+        if in_process:
+            return 1
+        return auto_workers(workload) if self.workers is None else self.workers
 
     def load(self, request_timeout_s: float) -> LoadConfig:
         return LoadConfig(request_timeout_s=request_timeout_s, send_until_s=self.duration_s)
@@ -160,8 +186,12 @@ def slo_samples(slo: Slo | None) -> int:
     return max((samples_needed(q) for q in quantiles), default=0)
 
 
-def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels: list[float]) -> WorkloadPlan:
-    """The workload the options describe, every check done; ValueError with a message for the user."""
+def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels: list[float],
+         engines: tuple[str, ...] = ()) -> WorkloadPlan:
+    """The workload the options describe for ``engines``, every check done; ValueError with a message for the user."""
+    if args.workers not in (None, 1) and (serving_here := [e for e in engines if get_spec(e).in_process]):
+        raise ValueError(f"--workers {args.workers}: {', '.join(serving_here)} serves inside this process, where "
+                         "other processes cannot reach it; give --workers 1 (or auto)")
     if args.dataset is not None and args.input_len is not None:
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
     if args.burstiness != 1.0 and args.arrival != "gamma":
@@ -170,6 +200,10 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
         raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
                          "to fill; give --num-requests")
     _check_turns(args, kind)
+    adapters: tuple[AdapterSpec, ...] = getattr(args, "lora_adapters", ())
+    weights = args.lora_split.for_adapters(len(adapters)) if adapters else ()
+    if not adapters and getattr(args, "lora_split", TrafficSplit()) != TrafficSplit():
+        raise ValueError("--lora-split shares traffic among --lora-adapters: give them")
     num_requests = args.num_requests or (DURATION_REQUEST_CAP if args.duration else
                                          max(profile.num_requests, slo_samples(getattr(args, "slo", None))))
     if args.num_requests is None:  # whole conversations
@@ -188,24 +222,30 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
                              f"{per_turn} exceeds the model's max length {max_len} (--profile {profile.name})")
 
         def synthetic(n: int) -> Workload:
-            return WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed,
-                                vocab_size=DEFAULT_VOCAB, **sessions).build()
+            return WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed, vocab_size=DEFAULT_VOCAB,
+                                adapters=tuple(a.name for a in adapters), adapter_weights=weights, **sessions).build()
 
         result = WorkloadPlan("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
-                              args.seed, synthetic)
+                              args.seed, synthetic, workers=args.workers)
         result.requests(num_requests)
         return result
     dataset = datasets.load(args.dataset)
     tok = _tokenizer(args) if dataset.needs_tokenizer else None
 
     def from_dataset(n: int) -> Workload:
-        return datasets.build_workload(
+        built = datasets.build_workload(
             dataset, num_requests=n, output=output, override_output=args.output_len is not None,
             tokenize=tok.encode if tok else None, max_model_len=max_len, vocab_size=tok.vocab_size if tok else None,
             seed=args.seed)
+        if not adapters:
+            return built
+        names = tuple(a.name for a in adapters)
+        spec = replace(built.spec, adapters=names, adapter_weights=weights)
+        order = split_traffic(names, weights, len(built.requests))
+        return Workload(spec, tuple(replace(r, adapter=a) for r, a in zip(built.requests, order)))
 
     result = WorkloadPlan(f"dataset-{args.dataset.stem}", num_requests, args.duration, args.warmup, args.arrival,
-                          args.burstiness, args.seed, from_dataset)
+                          args.burstiness, args.seed, from_dataset, workers=args.workers)
     if dataset.skipped:
         result.notes.append(f"{args.dataset}: skipped {dataset.skipped} conversation(s) without a human turn "
                             "and a reply")

@@ -1,0 +1,169 @@
+"""Suite: speculative decoding against batching, with and without n-gram speculation.
+
+N-gram speculation (prompt lookup) needs no draft model: it proposes the tokens that followed the latest
+n-gram's earlier occurrence in the request's own tokens, and one model step verifies them all. The same engine
+runs with it on and off (two live engines, runs alternated), closed loop at each batch size of ``BATCHES``;
+TPOT and ITL come from the client's clock, the acceptance rate from the engine's own counters
+(:class:`batchbench.speculation.SpecCounters`), and the findings (:mod:`batchbench.findings`) name the
+crossover batch size from which speculation stops paying.
+
+The workload: random prompts and greedy decoding. With the embedded tiny random-weight model greedy decoding
+falls into a short repeating cycle within a few tokens, which n-gram lookup then predicts; a real model on
+real text accepts far less, so the figures here are the mechanism's ceiling, not a forecast.
+
+What the mechanism predicts, and is asserted:
+
+- the engine drafts and accepts (acceptance rate in (0, 1] by its own counters), and with speculation off it
+  drafts nothing;
+- every step emits one streamed chunk: ``1 + accepted`` tokens when it verified a draft, one token when it had
+  none. So after the first token (from prefill) a run's D decode tokens come in ``D - accepted`` chunks, and
+  the client's tokens per chunk at batch 1 match ``D / (D - accepted)`` by the engine's counter (within
+  ``CHUNK_SLACK``: a draft accepted past max_tokens is counted but not sent);
+- on an accelerator host, at batch 1, where a step's cost hardly grows with its tokens, TPOT with speculation
+  is below TPOT without, and the gain is at most the tokens a drafted step emits (a verifying step costs no
+  less than a plain one); judged on quiet runs only (:mod:`batchbench.validity`). On two vCPUs it is measured
+  and reported, not asserted: a tiny-model step takes about a millisecond, the idle engine of the pair
+  busy-polls the same cores, and the client often reads several steps' chunks at once, so TPOT there moved
+  from x0.84 to x140 between runs (a figure the upper bound rightly refuses).
+
+The crossover batch size is measured and reported (findings, the report), not asserted: where the step cost
+grows with its tokens (an accelerator's compute-bound regime) the gain shrinks with the batch; on a CPU with
+the tiny model the cost of a step is mostly per sequence, not per token, and speculation may pay at every
+batch size measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from batchbench import environment
+from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.registry import engine_class
+from batchbench.findings import findings_from_documents
+from batchbench.harness import Harness
+from batchbench.profiles import Profile
+from batchbench.repeats import RepeatProtocol
+from batchbench.results import RunDocument
+from batchbench.runner import RunResult
+from batchbench.speculation import SpecCounters, speedup
+from batchbench.validity import check_run
+from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+
+METHOD = "ngram"
+DRAFT_TOKENS = 4
+#: Batch sizes, quick profile; the full profile goes on to the throughput regime of an accelerator.
+BATCHES_QUICK = (1, 4, 16)
+BATCHES_FULL = (1, 4, 16, 64, 128)
+#: Output tokens per request: long enough that most steps come after the first n-gram match.
+OUTPUT = 64
+PROMPT = 32
+REPEATS = 2
+#: Client tokens per chunk at batch 1 against the engine's prediction, D / (D - accepted): this share either way.
+CHUNK_SLACK = 0.15
+#: TPOT without over with, at batch 1, must exceed this.
+MIN_SPEEDUP_AT_1 = 1.1
+
+
+def batches(profile: Profile) -> tuple[int, ...]:
+    return BATCHES_QUICK if profile.name == "quick" else BATCHES_FULL
+
+
+def workload(batch: int) -> Workload:
+    """One closed-loop wave of ``batch`` requests (at least 4): random prompts, fixed output."""
+    return WorkloadSpec(f"speculation-c{batch}", max(4, batch), prompt=Lengths.fixed(PROMPT),
+                        output=Lengths.fixed(OUTPUT), arrival=Arrival("closed", concurrency=batch), seed=5).build()
+
+
+def decode_chunks(result: RunResult) -> tuple[int, int]:
+    """(output tokens, streamed chunks) after each request's first token, which comes from prefill."""
+    tokens = chunks = 0
+    for record in result.records:
+        counts = [n for n in record.chunk_tokens if n > 0]
+        tokens += sum(counts) - (counts[0] if counts else 0)
+        chunks += max(0, len(counts) - 1)
+    return tokens, chunks
+
+
+def tokens_per_chunk(result: RunResult) -> float:
+    tokens, chunks = decode_chunks(result)
+    return tokens / chunks
+
+
+def predicted_tokens_per_chunk(result: RunResult, counters: SpecCounters) -> float:
+    """D decode tokens in D - accepted steps, one chunk each."""
+    tokens, _ = decode_chunks(result)
+    return tokens / (tokens - counters.accepted_tokens)
+
+
+def test_speculation_against_batch_size(
+    harness: Harness, start_engine: Callable[..., Engine], engine_name: str, benchmark: Any
+) -> None:
+    if METHOD not in engine_class(engine_name).capabilities.speculation_methods:
+        pytest.skip(f"engine {engine_name!r} has no {METHOD} speculative decoding (Capabilities.speculation_methods)")
+    if harness.max_live_engines < 2:
+        pytest.skip(f"--max-live-engines {harness.max_live_engines}: the comparison alternates two live engines")
+    spec = BatchingConfig(speculative_method=METHOD, speculative_tokens=DRAFT_TOKENS)
+    engines = {on: start_engine(engine_name, spec if on else None) for on in (True, False)}
+    sizes = batches(harness.profile)
+
+    def measure(key: tuple[int, bool], repeat: int) -> RunResult:
+        batch, on = key
+        result = harness.measure(engines[on], workload(batch), tag=f"spec-{'on' if on else 'off'}-c{batch}",
+                                 benchmark=benchmark if key == (1, True) and repeat == REPEATS - 1 else None,
+                                 labels={"suite": "speculative_decoding", "layout": "continuous",
+                                         "concurrency": batch, "repeat": repeat})
+        assert result.summary.failed == 0, result.summary.failures
+        return result
+
+    keys = [(b, on) for b in sizes for on in (True, False)]
+    series = RepeatProtocol(repeats=REPEATS, alternate=True).run(keys, measure)
+    runs = {key: reps.runs for key, reps in series.items()}
+    tpot = {key: statistics.median(r.summary.tpot.p50 for r in rs if r.summary.tpot) for key, rs in runs.items()}
+    counters = {key: [SpecCounters.over(r.samples) for r in rs] for key, rs in runs.items()}
+
+    findings = findings_from_documents([RunDocument.load(r.path) for rs in runs.values() for r in rs],
+                                       suite="speculative_decoding")
+    assert len(findings.speculation) == 1, findings.sentences
+    found = findings.speculation[0]
+    print(f"\n{engine_name}: " + next(s for s in findings.sentences if "speculation" in s))
+    print("batch  TPOT p50 off / on (ms)  speedup  ITL/token p50 off / on (ms)  ITL/chunk p50 off / on (ms)  "
+          "acceptance  tokens/step  tokens/chunk")
+    for b in sizes:
+        on, off = runs[(b, True)][0].summary, runs[(b, False)][0].summary
+        c = next((x for x in counters[(b, True)] if x is not None), None)
+        print(f"{b:5}  {tpot[(b, False)] * 1e3:8.2f} / {tpot[(b, True)] * 1e3:6.2f}  "
+              f"x{speedup(tpot[(b, False)], tpot[(b, True)]):6.2f}  "
+              f"{off.itl.p50 * 1e3:10.2f} / {on.itl.p50 * 1e3:6.2f}  "  # type: ignore[union-attr]
+              f"{off.itl_per_chunk.p50 * 1e3:10.2f} / {on.itl_per_chunk.p50 * 1e3:6.2f}  "  # type: ignore[union-attr]
+              f"{c.acceptance_rate if c else float('nan'):10.3f}  {c.tokens_per_step if c else float('nan'):11.2f}  "
+              f"{tokens_per_chunk(runs[(b, True)][0]):12.2f}")
+    benchmark.extra_info.update({"speculation": found.to_dict()})
+
+    if all(c is None for cs in counters.values() for c in cs):
+        pytest.skip(f"engine {engine_name!r} exposes no speculation counters: the acceptance rate cannot be checked")
+    for b in sizes:
+        for c in counters[(b, True)]:
+            assert c is not None and c.drafts > 0, f"batch {b}: speculation on, yet the engine drafted nothing"
+            assert c.acceptance_rate is not None and 0 < c.acceptance_rate <= 1, c
+        assert all(c is None or c.drafts == 0 for c in counters[(b, False)]), "speculation off, yet drafts"
+    for r, c in zip(runs[(1, True)], counters[(1, True)]):
+        assert c is not None
+        measured, predicted = tokens_per_chunk(r), predicted_tokens_per_chunk(r, c)
+        assert abs(measured / predicted - 1) <= CHUNK_SLACK, (
+            f"batch 1: {measured:.2f} tokens per chunk, {predicted:.2f} predicted from the engine's accepted tokens")
+    per_step = statistics.median(c.tokens_per_step for c in counters[(1, True)] if c and c.tokens_per_step)
+
+    if not environment.capture()["gpus"]:
+        return  # TPOT on two vCPUs is reported (findings, the report), not asserted: see the module docstring
+    quiet = {on: [r for r in runs[(1, on)] if check_run(RunDocument.load(r.path)).valid] for on in (True, False)}
+    if not quiet[True] or not quiet[False]:
+        pytest.skip("TPOT at batch 1 not judged: no quiet run with and without speculation (machine busy); the "
+                    "engine's counters and the chunks they predict were checked")
+    gain = speedup(statistics.median(r.summary.tpot.p50 for r in quiet[False] if r.summary.tpot),
+                   statistics.median(r.summary.tpot.p50 for r in quiet[True] if r.summary.tpot))
+    assert MIN_SPEEDUP_AT_1 < gain <= per_step, f"batch 1: TPOT speedup x{gain:.2f}, {per_step:.2f} tokens per step"
+
