@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,3 +101,20 @@ def test_the_command_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert level["load"] == 2 and level["chunks"] > 0 and doc["interval_s"] == 0.01 and doc["ttft_s"] == 0.02
     assert level["server_itl_p50_ms"] is not None and level["server_ttft_p50_ms"] is not None
     assert status == (0 if level["valid"] else 1) and doc["saturation"] == (2 if level["valid"] else None)
+
+
+def test_the_server_and_the_client_get_a_cpu_each_where_there_are_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {7, 3, 5})
+    assert selftest.placement() == selftest.Placement(server=3, client=5)
+    assert "server pinned to CPU 3, client to CPU 5" in selftest.placement().describe()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2})
+    assert selftest.placement() == selftest.Placement() and "share" in selftest.placement().describe()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_pinning_the_client_is_undone_after() -> None:
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    with selftest.pinned(cpu):
+        assert os.sched_getaffinity(0) == {cpu}
+    assert os.sched_getaffinity(0) == before
