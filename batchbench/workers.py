@@ -332,6 +332,9 @@ async def _child(engine: Engine, part: Workload, config: LoadConfig, conn: Conne
             main.cancel()
 
         loop.add_reader(conn.fileno(), parent_gone)
+        # uvloop's add_reader makes the pipe non-blocking, and then a record sent while the parent is behind raises
+        # BlockingIOError (after ~90 records); the child must wait for the parent instead.
+        os.set_blocking(conn.fileno(), True)
         meter = ClientMeter()
         generator = LoadGenerator(engine, part, on_record=lambda r: send(("record", r)), config=config)
         try:
