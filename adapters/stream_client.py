@@ -28,6 +28,10 @@ from batchbench.adapters.http import CONNECT_TIMEOUT_S, OVERLOAD_STATUSES, conne
 from batchbench.adapters.sse import SSESplitter
 from batchbench.clock import now
 
+#: Reuse a kept-alive connection only this long after its last response: uvicorn (vLLM's, SGLang's server)
+#: closes idle connections after 5 s (``timeout_keep_alive``), and other servers and proxies sooner.
+MAX_IDLE_S = 2.0
+
 #: Called with each event's ``data`` payload and the time its read arrived; what it raises ends the stream.
 EventHandler = Callable[[bytes, float], None]
 #: Most bytes of an error response kept for its message.
@@ -41,6 +45,8 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.lost = False
+        #: When it was last handed back to the pool (a connection idle too long is not reused).
+        self.idle_since = 0.0
         self._done: asyncio.Future[None] | None = None
 
     def begin(self, on_event: EventHandler, request_id: str) -> asyncio.Future[None]:
@@ -190,6 +196,7 @@ class StreamClient:
             conn.close()
             raise
         if conn.keep_alive and not conn.lost:
+            conn.idle_since = now()
             self._idle.append(conn)
         else:
             conn.close()
@@ -203,8 +210,14 @@ class StreamClient:
         """An idle kept-alive connection, else a new one."""
         while self._idle:
             conn = self._idle.pop()
-            if not conn.lost and conn.transport is not None and not conn.transport.is_closing():
-                return conn
+            if conn.lost or conn.transport is None or conn.transport.is_closing():
+                continue
+            if now() - conn.idle_since > MAX_IDLE_S:
+                # The server may be closing it this very moment: a request written into that close is reset
+                # before any answer (seen in CI between runs), and requests are never retried.
+                conn.close()
+                continue
+            return conn
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from batchbench import selftest
+from batchbench.adapters import stream_client
 from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.fixtures.protocol import fast
@@ -166,3 +167,21 @@ def test_a_client_that_leaves_mid_stream_does_not_break_it() -> None:
         assert not served.errors, served.errors
     finally:
         served.close()
+
+
+async def test_a_connection_idle_past_the_limit_is_not_reused(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept-alive connection is reused while fresh, and replaced once it has been idle longer than a server
+    may keep it open (uvicorn closes at 5 s; writing into that close resets the request)."""
+    client = stream_client.StreamClient("vllm", server)
+    body = json.dumps({"model": "fake-model", "prompt": [5, 6, 7], "max_tokens": 2, "stream": True}).encode()
+    try:
+        await client.post("/v1/completions", body, on_event=lambda data, t: None, request_id="r0")
+        (first,) = client._idle
+        await client.post("/v1/completions", body, on_event=lambda data, t: None, request_id="r1")
+        assert client._idle == [first]  # fresh: reused
+        monkeypatch.setattr(stream_client, "MAX_IDLE_S", 0.0)
+        await asyncio.sleep(0.01)
+        await client.post("/v1/completions", body, on_event=lambda data, t: None, request_id="r2")
+        assert len(client._idle) == 1 and client._idle[0] is not first and first.transport.is_closing()
+    finally:
+        await client.aclose()
