@@ -1,4 +1,4 @@
-"""The figures behind the answer, drawn from the findings' points (medians with their intervals).
+"""The figures behind the answer, drawn from the findings' points (means with their 95% intervals).
 
 Each engine and layout is one line: the engine gives the colour (the same as in
 every other figure of the report), the layout the line style. Error bars are
@@ -10,17 +10,18 @@ nothing about which line they belong to.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from batchbench.findings import Findings, PointFindings
+from batchbench.findings.memory import MemoryBound
 from batchbench.reports import plots
-from batchbench.reports.answer import Findings, engines, kv_plan_text
+from batchbench.reports.answer import layouts
 from batchbench.reports.document import Block, Para, Plot, Section
-from batchbench.reports.fmt import num
 from batchbench.reports.model import Run
 from batchbench.reports.plots import to_png
 
@@ -29,36 +30,48 @@ REGIME_COLORS = {"under-utilised": "tab:blue", "sweet-spot": "tab:green", "memor
                  "saturated": "tab:red"}
 _STYLES = ["-", "--", ":", "-."]
 
-Value = Callable[[dict[str, Any]], "tuple[float, float, float] | None"]
+Value = Callable[[PointFindings], "tuple[float, float, float] | None"]
 
 
 def _iv(key: str, scale: float = 1.0) -> Value:
-    """A point's interval under ``key`` as (median, low, high), scaled; None without a median."""
+    """A point's figure under ``key`` as (value, low, high), scaled (no interval: all three the value); None
+    without the figure."""
 
-    def get(point: dict[str, Any]) -> tuple[float, float, float] | None:
-        found = point.get(key)
-        if not isinstance(found, dict) or (m := num(found.get("median"))) is None:
+    def get(point: PointFindings) -> tuple[float, float, float] | None:
+        found = point.figure(key)
+        if found is None:
             return None
-        low, high = num(found.get("low")), num(found.get("high"))
-        return m * scale, (low if low is not None else m) * scale, (high if high is not None else m) * scale
+        low = found.low if found.low is not None else found.value
+        high = found.high if found.high is not None else found.value
+        return found.value * scale, low * scale, high * scale
 
     return get
 
 
-def _concurrency(point: dict[str, Any]) -> tuple[float, float, float] | None:
-    c = num(point.get("concurrency"))
-    return None if c is None else (c, c, c)
+def _concurrency(point: PointFindings) -> tuple[float, float, float]:
+    c = float(point.concurrency)
+    return c, c, c
 
 
-def _lines(findings: Findings) -> list[tuple[str, str, list[dict[str, Any]]]]:
+def _lines(findings: Findings) -> list[tuple[str, str, list[PointFindings]]]:
     """(engine, layout, its valid points by concurrency) for every line worth drawing."""
     out = []
-    for engine, layout, data in engines(findings):
-        points = [p for p in data.get("points") or [] if isinstance(p, dict) and p.get("valid", True)
-                  and num(p.get("concurrency")) is not None]
+    for engine, layout, f in layouts(findings):
+        points = [p for p in f.points if p.valid]
         if points:
-            out.append((engine, layout, sorted(points, key=lambda p: num(p["concurrency"]) or 0.0)))
+            out.append((engine, layout, sorted(points, key=lambda p: p.concurrency)))
     return out
+
+
+def kv_plan_text(engine: str, layout: str, found: MemoryBound | None) -> str | None:
+    """The planner's arithmetic behind a memory-bound finding, in one sentence (None: the finding has none)."""
+    plan = found.kv_plan if found is not None else None
+    if found is None or plan is None:
+        return None
+    return (f"{engine}, {layout}: {plan.kv_capacity_tokens:,} tokens of KV cache at {plan.kv_bytes_per_token:,} B "
+            f"per token ({plan.kv_memory_bytes:,} B, blocks of {plan.block_size}); a sequence of the workload takes "
+            f"{plan.sequence_tokens} tokens, so {plan.fit} fit at once and the cache fills from batch "
+            f"{plan.memory_bound_from}; measured memory-bound from c={found.concurrency}.")
 
 
 def _draw(ax: Axes, findings: Findings, colors: dict[str, str], x: Value, y: Value, *, label_points: bool,
@@ -79,11 +92,11 @@ def _draw(ax: Axes, findings: Findings, colors: dict[str, str], x: Value, y: Val
                     yerr=[[yv[0] - yv[1] for _, _, yv in pairs], [yv[2] - yv[0] for _, _, yv in pairs]],
                     fmt=style + "o", color=color, markersize=5, capsize=2, linewidth=1.5, label=f"{engine} {layout}")
         for p, xv, yv in pairs:
-            if halos and p.get("regime") in REGIME_COLORS:
-                ax.scatter([xv[0]], [yv[0]], s=260, color=REGIME_COLORS[p["regime"]], alpha=0.25, zorder=0,
+            if halos and p.regime in REGIME_COLORS:
+                ax.scatter([xv[0]], [yv[0]], s=260, color=REGIME_COLORS[p.regime], alpha=0.25, zorder=0,
                            linewidths=0)
             if label_points:
-                ax.annotate(f"c={p.get('concurrency')}", (xv[0], yv[0]), textcoords="offset points", xytext=(5, 4),
+                ax.annotate(f"c={p.concurrency}", (xv[0], yv[0]), textcoords="offset points", xytext=(5, 4),
                             fontsize=7, color=color)
     if drawn:
         ax.grid(True, alpha=0.3)
@@ -136,20 +149,20 @@ def per_user(findings: Findings, colors: dict[str, str], accelerators: dict[str,
 
     The serving trade-off in one picture: up and to the right is better, and each batch size is a point on it.
     """
-    def per_accelerator(point: dict[str, Any], engine: str) -> tuple[float, float, float] | None:
+    def per_accelerator(point: PointFindings, engine: str) -> tuple[float, float, float] | None:
         found = _iv("output_tok_s")(point)
         n = max(1, accelerators.get(engine, 1))
         return None if found is None else (found[0] / n, found[1] / n, found[2] / n)
 
-    def user(point: dict[str, Any]) -> tuple[float, float, float] | None:
-        found, c = _iv("output_tok_s")(point), num(point.get("concurrency"))
-        return None if found is None or not c else (found[0] / c, found[1] / c, found[2] / c)
+    def user(point: PointFindings) -> tuple[float, float, float] | None:
+        found, c = _iv("output_tok_s")(point), point.concurrency
+        return None if found is None else (found[0] / c, found[1] / c, found[2] / c)
 
     fig = Figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
     drawn = False
-    for engine in dict.fromkeys(e for e, _, _ in engines(findings)):
-        one = {**findings, "engines": {engine: findings["engines"][engine]}}
+    for engine in sorted(findings.engines):
+        one = dataclasses.replace(findings, engines={engine: findings.engines[engine]})
         drawn |= _draw(ax, one, colors, user, lambda p, e=engine: per_accelerator(p, e), label_points=True,
                        halos=False)
     if not drawn:
@@ -170,23 +183,22 @@ def _accelerators(runs: list[Run]) -> dict[str, int]:
     return out
 
 
-def _memory_bound_runs(findings: dict[str, Any], runs: list[Run]) -> list[Run]:
+def _memory_bound_runs(findings: Findings, runs: list[Run]) -> list[Run]:
     """The runs of the points where each engine and layout became memory-bound, for their KV and queue timelines:
     the finding's evidence, or (without one) the valid points classified memory-bound or saturated."""
     wanted: list[str] = []
-    for _, _, data in engines(findings):
-        found = data.get("memory_bound_from")
-        if isinstance(found, dict):
-            wanted += [str(i) for i in found.get("evidence") or []]
+    for _, _, f in layouts(findings):
+        if f.memory_bound is not None:
+            wanted += list(f.memory_bound.evidence)
         else:
-            wanted += [str(i) for p in data.get("points") or [] if isinstance(p, dict) and p.get("valid", True)
-                       and p.get("regime") in ("memory-bound", "saturated") for i in p.get("run_ids") or []]
+            wanted += [i for p in f.points if p.valid and p.regime in ("memory-bound", "saturated")
+                       for i in p.run_ids]
     by_id = {r.run_id: r for r in runs}
     return [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]
 
 
-def figures_section(findings: dict[str, Any], runs: list[Run], colors: dict[str, str]) -> Section:
-    """The figures behind the answer, drawn from the findings' points (medians with their intervals)."""
+def figures_section(findings: Findings, runs: list[Run], colors: dict[str, str]) -> Section:
+    """The figures behind the answer, drawn from the findings' points (means with their 95% intervals)."""
     sec = Section("Figures")
     drawn = [
         ("Latency vs throughput: TTFT p99 and TPOT p50 against output tokens/s, one line per engine and layout, "
@@ -199,8 +211,8 @@ def figures_section(findings: dict[str, Any], runs: list[Run], colors: dict[str,
     timelines: list[Block] = [Plot(f"KV usage and queue depth over time at a memory-bound point: {r.display_name()}",
                                    png) for r in _memory_bound_runs(findings, runs)
                               if (png := plots.server_timeline(r, colors.get(r.engine))) is not None]
-    arithmetic: list[Block] = [Para(text) for engine, layout, data in engines(findings)
-                               if (text := kv_plan_text(engine, layout, data.get("memory_bound_from"))) is not None]
+    arithmetic: list[Block] = [Para(text) for engine, layout, f in layouts(findings)
+                               if (text := kv_plan_text(engine, layout, f.memory_bound)) is not None]
     if arithmetic:
         arithmetic.insert(0, Para("The KV planner's arithmetic (batchbench plan) on each served model's config.json, "
                                   "against the capacity the engine reported:"))

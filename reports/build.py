@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchbench.findings import findings_from_documents
+from batchbench.findings import Findings, findings_from_documents
 from batchbench.guardrails import KV_DANGER
 from batchbench.reports import markdown, render_html
 from batchbench.reports.compare import (
@@ -47,8 +47,8 @@ class BuildResult:
     inputs: Inputs
     baseline: BaselineComparison | None
     files: list[Path] = field(default_factory=list)
-    #: What the report leads with (``Findings.to_dict()``); None when no findings could be drawn.
-    findings: dict[str, Any] | None = None
+    #: What the report leads with; None when it was built without findings.
+    findings: Findings | None = None
 
     @property
     def regressions(self) -> int:
@@ -83,13 +83,13 @@ def load_rows(path: Path, exclude: Path | None, warn: Callable[[str], None],
     return [r.to_row() for r in found.runs]
 
 
-def compute_findings(inputs: Inputs, slo: Slo | None = None) -> dict[str, Any]:
-    """:mod:`batchbench.findings` over the documents, as its dict: the answer the report leads with."""
-    return findings_from_documents(inputs.documents, slo=slo).to_dict()
+def compute_findings(inputs: Inputs, slo: Slo | None = None) -> Findings:
+    """:mod:`batchbench.findings` over the documents: the answer the report leads with."""
+    return findings_from_documents(inputs.documents, slo=slo)
 
 
 def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_at: str,
-                findings: dict[str, Any] | None = None) -> dict[str, Any]:
+                findings: Findings | None = None) -> dict[str, Any]:
     """The machine-readable report: the findings, a row per run, and comparisons (a later build's baseline
     reads it)."""
     groups = group_by_workload(inputs.runs)
@@ -97,11 +97,11 @@ def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_a
         "schema": REPORT_SCHEMA,
         "schema_version": REPORT_SCHEMA_VERSION,
         "generated_at": generated_at,
-        "findings": findings,
+        "findings": None if findings is None else findings.to_dict(),
         "kv_danger_threshold": KV_DANGER,
         "metrics": {m.key: {"title": m.title, "better": m.better, "summary_path": list(m.path)} for m in KEY_METRICS},
         "runs": [r.to_row() for _, members in groups for r in members],
-        # Repeats of one measurement (reports/series.py): the medians comparisons use, with their spread.
+        # Repeats of one measurement (reports/series.py): the means comparisons use, with their intervals.
         "series": [s.to_row() for _, members in groups for s in group_series([r.to_row() for r in members])],
         "comparisons": {
             "by_workload": [{
@@ -123,11 +123,11 @@ FROM_DOCUMENTS: Any = object()
 def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = None,
                  threshold_pct: float = DEFAULT_THRESHOLD_PCT, plots: bool = True,
                  warn: Callable[[str], None] = _print_warning, slo: Slo | None = None,
-                 findings: dict[str, Any] | None = FROM_DOCUMENTS) -> BuildResult:
+                 findings: Findings | None = FROM_DOCUMENTS) -> BuildResult:
     """Read every results document under ``results_dir`` and write the three report files to ``out_dir``.
 
-    ``findings`` are drawn from the documents (under ``slo``, a :class:`batchbench.slo.Slo`) unless given:
-    a dict of ``Findings.to_dict()``'s shape, or None for a report without its answer section.
+    ``findings`` are drawn from the documents (under ``slo``, a :class:`batchbench.slo.Slo`) unless given
+    (None: a report without its answer section).
     """
     results_dir, out_dir = Path(results_dir), Path(out_dir)
     if not results_dir.is_dir():

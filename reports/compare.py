@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchbench.repeats import Estimate
 from batchbench.reports.fmt import num
 from batchbench.reports.model import KEY_METRICS, METRICS_BY_KEY, canonical
 from batchbench.reports.series import group_series
@@ -124,14 +125,17 @@ def _pct(base: float, value: float) -> float | None:
 
 
 def delta(metric: str, baseline: float | None, current: float | None, threshold_pct: float,
-          baseline_range: tuple[float, float] | None = None) -> Delta:
+          baseline_estimate: Estimate | None = None, current_estimate: Estimate | None = None) -> Delta:
     """Percent change, flagged when it moves beyond ``threshold_pct`` in the metric's worse direction.
 
     From a baseline of exactly 0 (a rejection rate, say) there is no percent
     change; any move away from 0 in the worse direction is a regression.
-    With ``baseline_range`` (the min and max of repeated baseline runs), a
-    change is flagged only if it is also worse than the worst of them: inside
-    the baseline's own run-to-run spread it is noise, whatever its size.
+    Where both sides were repeated (their :class:`~batchbench.repeats.Estimate`
+    s have intervals), a change is flagged only if it is also beyond noise: the
+    interval of current over baseline excludes 1, the rule every "A beats B" of
+    batchbench follows. Where only the baseline was repeated, the current value
+    must lie outside the baseline's interval. Inside either, it is noise,
+    whatever its size.
     """
     if baseline is None or current is None:
         return Delta(metric, baseline, current, None, False, False)
@@ -142,25 +146,30 @@ def delta(metric: str, baseline: float | None, current: float | None, threshold_
         regression, improvement = worse > 0, worse < 0
     else:
         regression, improvement = pct * sign > threshold_pct, pct * sign < -threshold_pct
-    if baseline_range is not None:
-        low, high = min(baseline_range), max(baseline_range)
-        worst, best = (high, low) if sign > 0 else (low, high)
-        regression = regression and (current - worst) * sign > 0
-        improvement = improvement and (current - best) * sign < 0
+    ratio = current_estimate.ratio(baseline_estimate) if current_estimate and baseline_estimate else None
+    if ratio is not None and ratio.low is not None:
+        beyond = bool(ratio.differs_from_one)
+        regression, improvement = regression and beyond, improvement and beyond
+    elif baseline_estimate is not None and baseline_estimate.low is not None and baseline_estimate.high is not None:
+        outside = not baseline_estimate.low <= current <= baseline_estimate.high
+        regression, improvement = regression and outside, improvement and outside
     return Delta(metric, baseline, current, pct, regression, improvement)
 
 
-def _range(spread: dict[str, Any] | None) -> tuple[float, float] | None:
-    """A repeated baseline's min and max; None for a single run (or a row from before spreads were kept)."""
-    if not isinstance(spread, dict) or (spread.get("n") or 0) < 2:
+def _estimate(spread: dict[str, Any] | None) -> Estimate | None:
+    """A series' stored estimate (:meth:`Estimate.to_dict`); None for a single run or a row from an older report
+    (a median with its min and max is not an interval to test against)."""
+    if not isinstance(spread, dict) or "value" not in spread:
         return None
-    low, high = num(spread.get("min")), num(spread.get("max"))
-    return (low, high) if low is not None and high is not None else None
+    try:
+        return Estimate.from_dict(spread)
+    except ValueError:
+        return None
 
 
 def compare(current: list[dict[str, Any]], baseline: list[dict[str, Any]], *, source: str,
             threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> BaselineComparison:
-    """Match current series to baseline series and diff the medians of their key metrics.
+    """Match current series to baseline series and diff the means of their key metrics.
 
     Both sides are first grouped into series (repeats of one measurement,
     :mod:`reports.series`). Series match on engine, batching label, workload
@@ -183,10 +192,11 @@ def compare(current: list[dict[str, Any]], baseline: list[dict[str, Any]], *, so
             continue
         chosen = pool[0]
         used.add(id(chosen))
-        note = (f"median of {row['repeats']} runs against the median of {chosen['repeats']} baseline runs"
+        note = (f"mean of {row['repeats']} runs against the mean of {chosen['repeats']} baseline runs"
                 if max(row["repeats"], chosen["repeats"]) > 1 else "")
-        deltas = [delta(spec.key, num(chosen["metrics"].get(spec.key)), num(row["metrics"].get(spec.key)),
-                        threshold_pct, _range(chosen["spread"].get(spec.key))) for spec in KEY_METRICS]
+        deltas = [delta(key, num(chosen["metrics"].get(key)), num(row["metrics"].get(key)), threshold_pct,
+                        _estimate(chosen["spread"].get(key)), _estimate(row["spread"].get(key)))
+                  for key in (spec.key for spec in KEY_METRICS)]
         result.matches.append(Match(row, chosen, deltas, note))
     result.only_baseline = [b for b in base_series if id(b) not in used]
     return result

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from batchbench.findings import Findings
 from batchbench.guardrails import KV_DANGER
 from batchbench.metrics import ttft_by_bucket
 from batchbench.reports import answer, answer_plots, fmt, plots
@@ -182,7 +183,7 @@ def failure_text(run: Run) -> str:
 
 
 def repeats_table(runs: list[Run]) -> Table | None:
-    """Median and min-max of each key metric over the repeats of each series; None when nothing repeats."""
+    """Each key metric's mean [95% interval] over the repeats of each series; None when nothing repeats."""
     series = [s for s in group_series([r.to_row() for r in runs]) if len(s.rows) > 1]
     if not series:
         return None
@@ -194,11 +195,13 @@ def repeats_table(runs: list[Run]) -> Table | None:
         for s in series:
             spread = s.spread(spec.key)
             cells.append(Cell(fmt.NA if spread is None else
-                              f"{format_metric(spec, spread.median)} [{format_metric(spec, spread.low)}–"
+                              f"{format_metric(spec, spread.value)} (n=1)" if spread.low is None or spread.high is None
+                              else f"{format_metric(spec, spread.value)} [{format_metric(spec, spread.low)}–"
                               f"{format_metric(spec, spread.high)}]"))
         rows.append(cells)
     return Table(["Metric", *heads], rows,
-                 caption="Median [min–max] over the repeats of one measurement; the runs are under Per-run figures.")
+                 caption="Mean [95% t-interval] over the repeats of one measurement; the runs are under Per-run "
+                         "figures.")
 
 
 def _bucket_labels() -> list[str]:
@@ -276,10 +279,10 @@ def _baseline_section(cmp: BaselineComparison) -> Section:
     sec = Section("Comparison with baseline")
     sec.blocks.append(Para(
         f"Baseline: {cmp.source}. Runs are matched by engine, batching configuration and workload hash; "
-        "repeats of one measurement are compared as medians. "
+        "repeats of one measurement are compared as means. "
         f"Changes beyond {cmp.threshold_pct:g}% in the worse direction (latency up; throughput and goodput down; "
-        "rejections up) are marked as regressions, unless the baseline was repeated and the new median is "
-        "within its runs' min-max range (run-to-run noise)."))
+        "rejections up) are marked as regressions, unless the baseline was repeated and the new mean is "
+        "within the 95% interval of its mean (run-to-run noise)."))
     n = cmp.regressions
     sec.blocks.append(Para(f"{n} regression{'s' if n != 1 else ''} beyond {cmp.threshold_pct:g}% in "
                            f"{len(cmp.matches)} matched run{'s' if len(cmp.matches) != 1 else ''}.",
@@ -303,7 +306,7 @@ def _baseline_section(cmp: BaselineComparison) -> Section:
                     cells.append(Cell(text))
             rows.append(cells)
         sec.blocks.append(Table(["Run", *(s.title for s in KEY_METRICS)], rows,
-                                caption="Percent change against the matched baseline (medians where repeated)."))
+                                caption="Percent change against the matched baseline (means where repeated)."))
         details = [f"{_row_name(m.current)}: {METRICS_BY_KEY[d.metric].title} "
                    f"{format_metric(METRICS_BY_KEY[d.metric], d.baseline)} → "
                    f"{format_metric(METRICS_BY_KEY[d.metric], d.current)} ({fmt.delta_pct(d.pct)})"
@@ -366,7 +369,7 @@ def environment_section(runs: list[Run]) -> Section:
 
 
 def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineComparison | None,
-                   with_plots: bool = True, findings: dict[str, Any] | None = None) -> Document:
+                   with_plots: bool = True, findings: Findings | None = None) -> Document:
     """Everything the report says, in order: the answer (when there are findings), the overview, the figures,
     the evidence, then each workload's tables."""
     runs = inputs.runs
@@ -408,13 +411,14 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
                 "Output tokens/s against TTFT p99, one line per engine configuration; points are labelled by "
                 "concurrency (or workload); hollow markers are partial runs.", png)]))
     if findings is not None:
+        doc.sections.append(answer.details_section(findings))
         doc.sections += answer.evidence_sections(findings)
 
     for (name, digest), members in workloads:
         title = workload_title(name, digest, members[0])
         sec = Section(f"Workload: {title}")
         sec.blocks.append(Para(_workload_intro(name, digest, members)))
-        # Repeats merge into one median [min–max] column per series; the per-run table then folds away.
+        # Repeats merge into one mean [interval] column per series; the per-run table then folds away.
         if (repeated := repeats_table(members)) is not None:
             sec.blocks.append(Section("Across repeats", level=3, blocks=[repeated]))
             sec.blocks.append(Details("Per-run figures", [metrics_table(members)]))

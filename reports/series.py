@@ -1,15 +1,16 @@
-"""Repeats of one measurement, reduced to a median and a spread.
+"""Repeats of one measurement, reduced to an estimate: the mean with its 95% interval.
 
 A run on a shared machine is one sample of that machine's noise: on two
 vCPUs the same run's throughput moves by tens of percent from one minute to
 the next. So the main job (and any suite that repeats) measures each
 configuration several times, labelling each run with its ``repeat``; runs
 that agree on everything else (engine, batching configuration, workload
-hash, other labels) form a *series*. Comparisons use the series' median,
-which one disturbed run cannot move, and the report shows the min-max spread
-so a reader sees how far to trust a difference. The statistic is the repeat
-protocol's (:class:`batchbench.repeats.Interval`); every run of a series
-counts here, disturbed or not: the report flags a disturbed run beside it.
+hash, other labels) form a *series*. Comparisons use the series' mean and
+the report shows its interval, so a reader sees how far to trust a
+difference. The statistic is the repeat protocol's
+(:class:`batchbench.repeats.Estimate`, the same as the findings'); every run
+of a series counts here, disturbed or not: the report flags a disturbed run
+beside it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from batchbench.repeats import Interval
+from batchbench.repeats import Estimate
 from batchbench.reports.fmt import num
 from batchbench.reports.model import KEY_METRICS, canonical
 
@@ -50,14 +51,14 @@ class Series:
     def first(self) -> dict[str, Any]:
         return self.rows[0]
 
-    def spread(self, metric: str) -> Interval | None:
-        """Median and min-max of ``metric`` over the runs that reported it."""
-        return Interval.of([v for row in self.rows if (v := num((row.get("metrics") or {}).get(metric))) is not None])
+    def spread(self, metric: str) -> Estimate | None:
+        """``metric`` over the runs that reported it: its mean and 95% interval."""
+        return Estimate.of([v for row in self.rows if (v := num((row.get("metrics") or {}).get(metric))) is not None])
 
     def to_row(self) -> dict[str, Any]:
-        """A row shaped like a run's (medians under ``metrics``), plus the spread and the runs it covers.
+        """A row shaped like a run's (means under ``metrics``), plus their estimates and the runs they cover.
 
-        Complete only when every run was: a median over a cut-short run is flagged like the run itself.
+        Complete only when every run was: a mean over a cut-short run is flagged like the run itself.
         """
         statuses = sorted({str(row.get("status")) for row in self.rows})
         spreads = {spec.key: self.spread(spec.key) for spec in KEY_METRICS}
@@ -71,7 +72,7 @@ class Series:
             "labels": series_labels(self.first),
             "status": "complete" if statuses == ["complete"] else "/".join(statuses),
             "started_at": max(str(row.get("started_at") or "") for row in self.rows),
-            "metrics": {key: s.median if s is not None else None for key, s in spreads.items()},
+            "metrics": {key: s.value if s is not None else None for key, s in spreads.items()},
             "spread": {key: s.to_dict() if s is not None else None for key, s in spreads.items()},
         }
 

@@ -127,9 +127,9 @@ def test_speculation_against_batch_size(
 
     findings = findings_from_documents([RunDocument.load(r.path) for rs in runs.values() for r in rs],
                                        suite="speculative_decoding")
-    assert len(findings.speculation) == 1, findings.sentences
+    assert len(findings.speculation) == 1, findings.details
     found = findings.speculation[0]
-    print(f"\n{engine_name}: " + next(s for s in findings.sentences if "speculation" in s))
+    print(f"\n{engine_name}: " + next(s for s in findings.details if "speculation" in s))
     print("batch  TPOT p50 off / on (ms)  speedup  ITL/token p50 off / on (ms)  ITL/chunk p50 off / on (ms)  "
           "acceptance  tokens/step  tokens/chunk")
     for b in sizes:

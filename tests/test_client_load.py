@@ -23,7 +23,7 @@ from batchbench.client_load import (
     ClientMeter,
     read_bursts,
 )
-from batchbench.findings import _by_kind
+from batchbench.findings.invalid import _kind
 from batchbench.metrics import Summary, summarize
 from batchbench.records import RequestRecord
 from batchbench.reports.model import build_run
@@ -175,7 +175,7 @@ async def test_a_held_loop_woke_late_and_the_run_is_invalid() -> None:
     assert load.loop_lag_samples is not None and load.loop_lag_samples >= 4
     assert load.judged_lag is not None and load.judged_lag[1] > MAX_LOOP_LAG_S
     (woke,) = [r for r in load.reasons() if "woke" in r]
-    assert "chunk timestamps waited" in woke and _by_kind([[woke]]) == "client saturated: 1"
+    assert "chunk timestamps waited" in woke and _kind(woke) == "client saturated"
     found = validity.check(_summary(), client=load, warmed_up=True)
     assert not found.valid and woke in found.reasons
 

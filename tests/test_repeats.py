@@ -1,24 +1,108 @@
-"""The repeat protocol: interleaved passes, re-measuring until settled, quiet runs, median and min-max."""
+"""The repeat protocol: interleaved passes, re-measuring until settled, quiet runs, the t-interval."""
 
 from __future__ import annotations
 
+import math
+import random
+import statistics
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from batchbench.machine_load import BUSY_SHARE, MachineLoad
-from batchbench.repeats import Interval, RepeatProtocol, Repeats, median
+from batchbench.repeats import Estimate, RepeatProtocol, Repeats, median, precise, t_quantile
 
 QUIET, BUSY = MachineLoad(0.01), MachineLoad(BUSY_SHARE + 0.1)
+positive = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False)
 
 
-def test_interval_is_the_median_and_min_max() -> None:
-    iv = Interval.of([3.0, 1.0, 10.0])
-    assert iv == Interval(3.0, 1.0, 10.0, 3)
-    assert iv.format(".1f") == "3.0 (1.0-10.0)"
-    assert iv.to_dict() == {"median": 3.0, "min": 1.0, "max": 10.0, "n": 3}
-    assert Interval.of([]) is None
+def test_t_quantiles_are_the_tables_and_fall_towards_the_normal() -> None:
+    assert t_quantile(1) == 12.7062 and t_quantile(4) == 2.7764 and t_quantile(30) == 2.0423
+    assert t_quantile(math.inf) == 1.959964
+    # Between rows, by 1/df: df=50 is 2.0086 to four decimals; beyond the table it approaches 1.96.
+    assert abs(t_quantile(50) - 2.0086) < 5e-4 and 1.96 < t_quantile(1000) < 1.9625
+    with pytest.raises(ValueError):
+        t_quantile(0.5)
+
+
+@given(st.floats(min_value=1, max_value=1e6), st.floats(min_value=1, max_value=1e6))
+def test_a_t_quantile_never_grows_with_more_degrees_of_freedom(a: float, b: float) -> None:
+    low, high = sorted((a, b))
+    assert t_quantile(high) <= t_quantile(low)
+
+
+def test_an_estimate_is_the_mean_with_its_t_interval() -> None:
+    found = Estimate.of([3.0, 1.0, 10.0])
+    mean, sd = 14 / 3, statistics.stdev([3.0, 1.0, 10.0])
+    assert found is not None and (found.value, found.n, found.method) == (pytest.approx(mean), 3, "t")
+    assert found.high - found.value == pytest.approx(4.3027 * sd / math.sqrt(3))
+    assert found.low == 0.0  # mean - half is below 0, where a mean of values >= 0 cannot go
+    signed = Estimate.of([-3.0, 1.0, 10.0])
+    assert signed is not None and signed.low == pytest.approx(8 / 3 - 4.3027 * signed.sd / math.sqrt(3))
+    assert found.to_dict() == {"value": found.value, "low": found.low, "high": found.high, "n": 3, "method": "t",
+                               "sd": found.sd, "confidence": 0.95}
+    assert Estimate.from_dict(found.to_dict()) == found
+    one = Estimate.of([5.0])
+    assert one == Estimate(5.0, None, None, 1) and one.relative_half_width is None and not one.precise(1.0)
+    assert one.format(str) == "5.0 (n=1)" and one.describe() == "n=1, no interval"
+    assert Estimate.of([]) is None
     assert median([1.0, 2.0]) == 1.5
     with pytest.raises(ValueError):
         median([])
+    with pytest.raises(ValueError):
+        Estimate(1.0, 2.0, 3.0, 3)
+
+
+@given(st.lists(positive, min_size=2, max_size=20))
+def test_an_interval_holds_its_mean_and_narrows_as_the_same_values_repeat(values: list[float]) -> None:
+    found, twice = Estimate.of(values), Estimate.of(values * 2)
+    assert found is not None and twice is not None
+    assert found.low <= found.value <= found.high and found.n == len(values)
+    assert twice.value == pytest.approx(found.value)
+    assert twice.high - twice.low <= (found.high - found.low) * (1 + 1e-9)
+
+
+def test_about_95_of_intervals_cover_the_true_mean() -> None:
+    """The interval's promise, checked by simulation (seeded): 2000 samples of 4 normal repeats."""
+    rng = random.Random(11)
+    covered = 0
+    for _ in range(2000):
+        found = Estimate.of([rng.gauss(100, 10) for _ in range(4)])
+        covered += found.low <= 100 <= found.high  # type: ignore[union-attr,operator]
+    assert 0.93 <= covered / 2000 <= 0.97
+
+
+@given(st.lists(positive, min_size=2, max_size=8), st.lists(positive, min_size=2, max_size=8))
+def test_a_ratio_is_the_ratio_of_the_means_and_its_interval_holds_it(a: list[float], b: list[float]) -> None:
+    ea, eb = Estimate.of(a), Estimate.of(b)
+    r = ea.ratio(eb)  # type: ignore[union-attr,arg-type]
+    assert r is not None and r.method == "t-ratio" and r.n == min(len(a), len(b))
+    assert r.value == pytest.approx(ea.value / eb.value)  # type: ignore[union-attr]
+    assert r.low <= r.value * (1 + 1e-9) and r.value <= r.high * (1 + 1e-9)
+    assert r.differs_from_one == (r.low > 1 or r.high < 1)
+
+
+def test_a_ratio_tells_apart_what_differs_and_not_what_overlaps() -> None:
+    assert Estimate.of([140, 150, 160]).ratio(Estimate.of([100, 105, 110])).differs_from_one  # type: ignore
+    same = Estimate.of([100, 110, 120]).ratio(Estimate.of([95, 105, 115]))  # type: ignore[union-attr,arg-type]
+    assert same is not None and same.differs_from_one is False
+    assert same.largest_undetected == pytest.approx(max(same.high - 1, 1 - same.low))
+    assert Estimate.of([2.0]).ratio(Estimate.of([1.0])) == Estimate(2.0, None, None, 1, "t-ratio")  # type: ignore
+    assert Estimate.of([1.0, 2.0]).ratio(Estimate.of([0.0, 0.0])) is None  # type: ignore[union-attr,arg-type]
+
+
+def test_precise_settles_once_the_interval_is_narrow_enough() -> None:
+    settled = precise(lambda v: v, 0.05)
+    reps: Repeats[float] = Repeats()
+    for value in (100.0, 120.0):
+        reps.add(value, QUIET)
+    assert not settled(reps)
+    for value in (110.0, 110.0, 111.0, 109.0, 110.0, 110.0):
+        reps.add(value, QUIET)
+    assert settled(reps)
+    with pytest.raises(ValueError):
+        precise(lambda v: v, 0.0)
 
 
 def test_kept_runs_are_the_quiet_ones_when_there_are_enough() -> None:
@@ -27,7 +111,7 @@ def test_kept_runs_are_the_quiet_ones_when_there_are_enough() -> None:
         reps.add(value, load)
     assert reps.quiet == [100.0, 120.0]  # an unmeasurable load counts as quiet
     assert reps.kept(min_quiet=2) == [100.0, 120.0] and reps.kept(min_quiet=3) == [100.0, 10.0, 120.0]
-    assert reps.interval(lambda v: v) == Interval(110.0, 100.0, 120.0, 2)
+    assert reps.estimate(lambda v: v) == Estimate.of([100.0, 120.0])
     assert reps.foreign_shares == [0.01, BUSY_SHARE + 0.1, None]
 
 

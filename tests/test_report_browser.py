@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from batchbench.reports.build import build_report
-from tests.test_report_findings import FINDINGS, cited_runs  # noqa: F401 (a fixture)
+from tests.test_report_findings import SLO, cited_runs  # noqa: F401 (a fixture)
 
 CHROMIUM = shutil.which("chromium")
 #: A console message as chromium logs it with --enable-logging=stderr (errors and uncaught exceptions included).
@@ -53,13 +53,14 @@ def test_the_console_check_sees_an_error(tmp_path: Path) -> None:
 
 def test_the_report_renders_without_console_errors_and_leads_with_the_answer(
         cited_runs: Path, tmp_path: Path) -> None:  # noqa: F811 (the fixture)
-    build_report(cited_runs, tmp_path / "out", plots=True, warn=lambda m: None, findings=FINDINGS)
+    result = build_report(cited_runs, tmp_path / "out", plots=True, warn=lambda m: None, slo=SLO)
     dom, console = render(tmp_path / "out" / "report.html", tmp_path / "profile")
     assert console == []
     assert dom.index('id="answer"') < dom.index("<img")
     assert dom.count('src="data:image/png;base64,') >= 4
-    # the first screen: the sentences, then the engines' tables, each finding linking to its evidence
+    # the first screen: the decisions, each linking to its evidence, then the engines against each other
     answer = dom[dom.index('id="answer"'):dom.index("Overview</h2>")]
-    assert FINDINGS["sentences"][0] in answer
-    assert answer.index(FINDINGS["sentences"][0]) < answer.index('href="#evidence-1"')
-    assert 'id="evidence-1"' in dom and 'id="evidence-2"' in dom
+    assert result.findings is not None
+    first = result.findings.decisions[0].answers(SLO)["throughput"]
+    assert first in answer and answer.index(first) < answer.index(result.findings.answer[0])
+    assert 'href="#evidence-1"' in answer and 'id="evidence-1"' in dom

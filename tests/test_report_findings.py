@@ -1,7 +1,8 @@
-"""The report leads with the answer: a findings dict in, the first screen of report.md and report.html out.
+"""The report leads with the answer: runs whose findings are known in, the first screen of report.md and .html out.
 
-The findings are given as a dict of ``Findings.to_dict()``'s shape (``FINDINGS``), so the report is tested
-without ``batchbench.findings``; the runs they cite are written with the harness's own writer.
+The runs are synthetic (``tests.synthetic_runs``): a KV-limited continuous engine swept 1..32 with static waves
+and the padding pair at its fit, and a static engine with an invalid point, each repeated, so every decision has
+an answer with an interval and the runs left out have a cause.
 """
 
 from __future__ import annotations
@@ -9,138 +10,99 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig
 from batchbench.cli import main
+from batchbench.findings import QUESTIONS
 from batchbench.reports.build import build_report
+from batchbench.results import RunDocument
+from batchbench.slo import Slo
+from tests.synthetic_runs import RunSpec, document, sweep
 from tests.test_reports import _repeated, column, md_table_after, write_run
 
-
-def iv(median: float, low: float, high: float, n: int = 3) -> dict[str, Any]:
-    return {"median": median, "low": low, "high": high, "n": n, "method": "repeats"}
+SLO = Slo.parse("ttft_p99=200ms")
 
 
-def point(c: int, tok: float, ttft: float, regime: str, run_ids: list[str], **extra: Any) -> dict[str, Any]:
-    return {"concurrency": c, "output_tok_s": iv(tok, tok * 0.9, tok * 1.1), "ttft_p99_s": iv(ttft, ttft * 0.8, ttft),
-            "ttft_p50_s": iv(ttft / 2, ttft / 3, ttft / 2), "tpot_p50_s": iv(0.005, 0.004, 0.006),
-            "goodput_req_s": iv(5.0, 4.0, 6.0), "meets_slo": ttft <= 0.2, "regime": regime, "valid": True,
-            "invalid_reasons": [], "kv_usage_peak": 0.5, "preemptions": 0.0, "mean_decoding": iv(c * 0.9, c * 0.8, c),
-            "run_ids": run_ids} | extra
-
-
-FINDINGS: dict[str, Any] = {
-    "slo": {"ttft_p99": 0.2},
-    "sentences": ["vllm serves 1234 tok/s at its sweet spot (c=8), 3.8x hf-static.",
-                  "vllm becomes memory-bound from c=16 (KV peak 95%)."],
-    "engines": {
-        "vllm": {
-            "continuous": {
-                "points": [point(1, 300.0, 0.02, "under-utilised", ["vllm_c1"]),
-                           point(8, 1234.0, 0.045, "sweet-spot", ["vllm_c8"]),
-                           point(16, 1300.0, 0.31, "memory-bound", ["vllm_c16"], kv_usage_peak=0.95)],
-                "sweet_spot": {"concurrency": 8, "output_tok_s": iv(1234.0, 1100.0, 1300.0),
-                               "ttft_p99_s": iv(0.045, 0.040, 0.050), "evidence": ["vllm_c8"]},
-                "memory_bound_from": {"concurrency": 16, "regime": "memory-bound", "kv_usage_peak": 0.95,
-                                      "kv_fit_predicted": 12, "evidence": ["vllm_c16"]},
-                "max_goodput_under_slo": {"concurrency": 8, "goodput_req_s": iv(5.0, 4.0, 6.0),
-                                          "output_tok_s": iv(1234.0, 1100.0, 1300.0),
-                                          "first_failing": {"concurrency": 16, "failed": ["ttft_p99=310ms>200ms"]},
-                                          "evidence": ["vllm_c8", "vllm_c16"]},
-                "continuous_over_static": {"at": {"8": {"ratio": iv(1.25, 1.1, 1.4), "mean_decoding": 7.2,
-                                                        "ideal_mean_decoding": 8.0, "static_mean_decoding": 5.0}},
-                                           "at_sweet_spot": iv(1.25, 1.1, 1.4), "within_noise": False},
-                "padding_cost": None,
-                "recommended": {"latency_pool_max_num_seqs": 8, "throughput_pool_concurrency": 16,
-                                "why": "c=8 is the last point that meets ttft_p99<=200ms"},
-            },
-        },
-        "hf-static": {
-            "static-waves": {
-                "points": [point(8, 321.0, 0.9, "saturated", ["hf_c8"]),
-                           point(16, float("nan"), 0.0, "saturated", ["hf_c16"], valid=False,
-                                 invalid_reasons=["3 of 24 requests failed (rejected)"])],
-                "sweet_spot": None, "memory_bound_from": None, "max_goodput_under_slo": None,
-                "continuous_over_static": None,
-                "padding_cost": {"padded_fraction_predicted": 0.945, "latency_ratio": iv(2.1, 1.9, 2.4)},
-                "recommended": {"latency_pool_max_num_seqs": None, "throughput_pool_concurrency": None, "why": ""},
-            },
-        },
-    },
-    "comparisons": [{"metric": "output_tok_s at sweet spot", "a": "vllm", "b": "hf-static",
-                     "ratio": iv(3.84, 3.5, 4.1), "within_noise": False}],
-    "invalid_points": [{"engine": "hf-static", "layout": "static-waves", "concurrency": 16,
-                        "reasons": ["3 of 24 requests failed (rejected)"]}],
-}
+def main_job_documents() -> list[RunDocument]:
+    """What ``batchbench run`` leaves, in small: alpha's curve, static waves and padding pair at 8, three repeats;
+    beta batches statically and one of its points failed requests."""
+    docs = sweep(fit=8, repeats=3)
+    for r in range(3):
+        docs.append(document(RunSpec(layout="static-waves", concurrency=8, repeat=r, throughput=600 * (1 + 0.02 * r),
+                                     decoding=0.5, wave=1)))
+        docs.append(document(RunSpec(layout="padded-mixed", concurrency=8, repeat=r, requests=32,
+                                     prompts=[1024] + [32] * 7, ttft=0.5 * (1 + 0.02 * r), wave=1)))
+        docs.append(document(RunSpec(layout="homogeneous", concurrency=8, repeat=r, requests=32, prompts=[32] * 8,
+                                     ttft=0.05 * (1 + 0.02 * r), wave=1)))
+    docs += sweep(levels=(1, 2, 4, 8), fit=4, repeats=3, per_slot=60.0, engine="beta",
+                  batching={"mode": "static", "max_batch_size": 4})
+    docs.append(document(RunSpec(engine="beta", concurrency=16, failed=3, batching={"mode": "static",
+                                                                                    "max_batch_size": 4})))
+    return docs
 
 
 @pytest.fixture
 def cited_runs(tmp_path: Path) -> Path:
-    """The runs FINDINGS cite, by run id; the memory-bound one with KV samples to plot."""
     results = tmp_path / "results"
-    for c in (1, 8, 16):
-        write_run(results, engine="vllm", concurrency=c, name=f"vllm_c{c}", peak_kv=0.95 if c == 16 else 0.4)
-    static = BatchingConfig("static", max_batch_size=8)
-    write_run(results, engine="hf-static", batching=static, concurrency=8, name="hf_c8", peak_kv=None)
-    write_run(results, engine="hf-static", batching=static, concurrency=16, name="hf_c16", failed=3, peak_kv=None)
+    results.mkdir()
+    for i, doc in enumerate(main_job_documents()):
+        (results / f"{doc.header.run_id}-{i}.json").write_text(doc.to_json(), encoding="utf-8")
     return results
 
 
-def test_the_answer_comes_first_with_each_finding_linked_to_its_evidence(cited_runs: Path, tmp_path: Path) -> None:
-    result = build_report(cited_runs, tmp_path / "out", plots=False, warn=lambda m: None, findings=FINDINGS)
+def test_the_answer_comes_first_as_decisions_linked_to_their_evidence(cited_runs: Path, tmp_path: Path) -> None:
+    result = build_report(cited_runs, tmp_path / "out", plots=False, warn=lambda m: None, slo=SLO)
     md = (tmp_path / "out" / "report.md").read_text()
     headings = re.findall(r"^## (.+)$", md, re.M)
     assert headings[:2] == ["The answer", "Overview"]
     answer = md[md.index("## The answer"):md.index("## Overview")]
-    assert answer.index(FINDINGS["sentences"][0]) < answer.index("### vllm")  # the sentences lead
-    vllm = column(md_table_after(md, "### vllm"), "continuous")
-    assert vllm["Sweet spot"] == ("[c=8: 1234.0 [1100.0–1300.0] tok/s, TTFT p99 45.0 [40.0–50.0] ms]"
-                                  "(#evidence-vllm-continuous)")
-    assert "memory-bound" in vllm["Memory-bound from"] and "KV peak 95.0%" in vllm["Memory-bound from"]
-    assert "predicted to fit 12 sequences" in vllm["Memory-bound from"]
-    assert "fails from c=16: ttft_p99=310ms>200ms" in vllm["Max goodput under SLO"]
-    assert "x1.25 [1.10–1.40] at the sweet spot" in vllm["Continuous vs static"]
-    assert "within noise" not in vllm["Continuous vs static"]
-    hf = column(md_table_after(md, "### hf-static"), "static-waves")
-    assert "pad 94.5% (predicted), latency x2.10 [1.90–2.40]" in hf["Padding cost"]
-    assert "#evidence-hf-static-static-waves" in hf["Sweet spot"]
-    # each link's target is a heading whose GitHub anchor it is
-    assert "## Evidence: vllm, continuous" in md and "## Evidence: hf-static, static-waves" in md
-    # the invalid point, with why, on the first screen
-    assert "hf-static static-waves c=16: 3 of 24 requests failed (rejected)" in answer
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["findings"]["sentences"] == \
-        FINDINGS["sentences"]
-    assert result.findings is FINDINGS
+    assert answer.index("SLO: TTFT p99 ≤ 200 ms.") < answer.index("| Question")
+    table = md_table_after(answer, "| Question")
+    assert [row[0] for row in table[1:]] == [
+        q if key != "latency" else f"{q} (TTFT p99 ≤ 200 ms)" for key, q in QUESTIONS.items()]
+    alpha = column(table, "alpha")
+    assert alpha[QUESTIONS["throughput"]].startswith("[batch ")
+    assert "](#evidence-alpha-continuous)" in alpha[QUESTIONS["throughput"]]  # the curve it was read from
+    assert alpha[f"{QUESTIONS['latency']} (TTFT p99 ≤ 200 ms)"].startswith("[batch 8 (ttft_p99 ")
+    assert alpha[QUESTIONS["batching"]].startswith("[continuous at batch 8: x1.")
+    assert "it pays only for the real tokens" in alpha[QUESTIONS["padding"]] or \
+        "it pays for the padded slots" in alpha[QUESTIONS["padding"]]
+    assert alpha[QUESTIONS["memory"]].startswith("[from batch 16 (KV 95% full)")
+    beta = column(table, "beta")
+    assert beta[QUESTIONS["batching"]] == "[cannot be compared (no static-waves run)](#evidence-beta-continuous)"
+    # The runs left out: a count per cause on the first screen, linked to the table that lists them.
+    assert "| 1 of 40 | [failed requests: 1](#runs-left-out) |" in answer
+    assert "## In detail" in md and "### Runs left out" in md
+    assert "beta continuous c=16 | failed requests | beta-continuous-c16-r0" in md
+    # The engines against each other, with the interval and at which batch sizes.
+    assert "- continuous: alpha gives x" in answer and "(batch " in answer
+    # The evidence sections the decisions link to.
+    assert "## Evidence: alpha, continuous" in md and "## Evidence: beta, continuous" in md
+    stored = json.loads((tmp_path / "out" / "report.json").read_text())["findings"]
+    assert stored["decisions"][0]["answers"][next(iter(QUESTIONS))] == alpha[QUESTIONS["throughput"]][1:].split(
+        "](")[0]
+    assert result.findings is not None and result.findings.slo == SLO
 
 
 def test_html_links_resolve_and_the_answer_precedes_every_figure(cited_runs: Path, tmp_path: Path) -> None:
-    build_report(cited_runs, tmp_path / "out", plots=True, warn=lambda m: None, findings=FINDINGS)
+    build_report(cited_runs, tmp_path / "out", plots=True, warn=lambda m: None, slo=SLO)
     html = (tmp_path / "out" / "report.html").read_text()
     links = set(re.findall(r'href="#([^"]+)"', html))
     ids = set(re.findall(r'id="([^"]+)"', html))
-    assert {"evidence-1", "evidence-2"} <= links <= ids
-    assert html.index('id="answer"') < html.index("<img")
+    assert {"evidence-1", "invalid-runs"} <= links <= ids
+    assert html.index('id="answer"') < html.index("<figure")
     assert html.index("<details>") < html.index('id="answer"')  # the contents are folded away
-    figures = re.findall(r'<img alt="([^"]+)"', html)
-    assert any(f.startswith("Latency vs throughput: TTFT p99 and TPOT p50") for f in figures)
-    assert any(f.startswith("Output tokens/s and TTFT p99 against batch size") for f in figures)
-    assert any(f.startswith("Output tokens/s per accelerator") for f in figures)
-    # KV timelines at the memory-bound points: vllm's finding's evidence (c=16); hf-static has no finding, so its
-    # valid saturated point (c=8, not the invalid c=16); no other run
-    timelines = [f.rsplit(": ", 1)[1] for f in figures
-                 if f.startswith("KV usage and queue depth over time at a memory-bound point")]
-    assert timelines == ["hf-static [static-bs8] concurrency=8", "vllm [continuous-bs16] concurrency=16"]
 
 
-def test_findings_with_nothing_but_nulls_still_render(cited_runs: Path, tmp_path: Path) -> None:
-    empty = {"slo": None, "sentences": [], "engines": {"vllm": {"continuous": {"points": []}}},
-             "comparisons": [], "invalid_points": []}
-    build_report(cited_runs, tmp_path / "out", plots=True, warn=lambda m: None, findings=empty)
+def test_without_an_engine_there_is_nothing_to_decide(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    odd = document(RunSpec(arrival="poisson"))
+    odd.header.labels.clear()
+    results.mkdir()
+    (results / "open-loop.json").write_text(odd.to_json(), encoding="utf-8")
+    build_report(results, tmp_path / "out", plots=True, warn=lambda m: None)
     md = (tmp_path / "out" / "report.md").read_text()
-    vllm = column(md_table_after(md, "### vllm"), "continuous")
-    assert vllm["Sweet spot"].startswith("[none found]") and vllm["Max goodput under SLO"].startswith("[no SLO")
     assert "No finding could be drawn from these runs." in md
 
 
@@ -176,14 +138,14 @@ def test_a_run_with_failures_or_a_nan_figure_is_never_best(tmp_path: Path) -> No
 def test_compare_says_per_series_and_metric_the_change_and_whether_it_is_noise(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _repeated(tmp_path / "a", "vllm", [0.100, 0.110, 0.200])
-    _repeated(tmp_path / "a", "tgi", [0.100, 0.110, 0.200])
-    _repeated(tmp_path / "b", "vllm", [0.150, 0.140, 0.160])  # 36% worse, but within A's repeats: noise
-    _repeated(tmp_path / "b", "tgi", [0.250, 0.260, 0.240])  # worse than every A repeat: a regression
+    _repeated(tmp_path / "a", "tgi", [0.100, 0.110, 0.120])
+    _repeated(tmp_path / "b", "vllm", [0.150, 0.140, 0.160])  # 10% worse, but A's repeats spread wide: noise
+    _repeated(tmp_path / "b", "tgi", [0.250, 0.260, 0.240])  # beyond any doubt: a regression
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     blocks = {b.split("\n", 1)[0].split(" ")[0]: b for b in re.split(r"\n(?=\S)", out)}
     vllm_ttft = next(line for line in blocks["vllm"].splitlines() if "TTFT p99" in line)
-    assert "110 [100–200] -> 150 [140–160]" in vllm_ttft and "+36.4%" in vllm_ttft
+    assert "137 [0.000–273] -> 150 [125–175]" in vllm_ttft and "+9.8%" in vllm_ttft
     assert vllm_ttft.endswith("within noise")
     tgi_ttft = next(line for line in blocks["tgi"].splitlines() if "TTFT p99" in line)
     assert tgi_ttft.endswith("REGRESSION")
@@ -191,4 +153,3 @@ def test_compare_says_per_series_and_metric_the_change_and_whether_it_is_noise(
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on-regression"]) == 1
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
     assert "B " in capsys.readouterr().err
-

@@ -13,7 +13,6 @@ import base64
 import copy
 import json
 import re
-import statistics
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -29,6 +28,7 @@ from batchbench.cli import main
 from batchbench.guardrails import server_summary
 from batchbench.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
+from batchbench.repeats import Estimate
 from batchbench.reports.build import build, build_report
 from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
@@ -356,7 +356,7 @@ def _repeated(folder: Path, engine: str, ttft_p99s: list[float]) -> None:
                   stored={"ttft.p99": value, "output_token_throughput": 1000.0 + i})
 
 
-def test_repeats_are_summarised_as_median_and_range(tmp_path: Path) -> None:
+def test_repeats_are_summarised_as_the_mean_and_its_interval(tmp_path: Path) -> None:
     _repeated(tmp_path / "results", "vllm", [0.100, 0.300, 0.120])
     write_run(tmp_path / "results", engine="tgi", name="tgi_once")  # not repeated: no column
     build_quiet(tmp_path / "results", tmp_path / "out")
@@ -365,45 +365,59 @@ def test_repeats_are_summarised_as_median_and_range(tmp_path: Path) -> None:
     assert len(table[0]) == 2  # the metric names and the one repeated series
     vllm = column(table, "vllm [continuous-bs4] concurrency=4")
     assert vllm["Repeats"] == "3"
-    assert vllm["TTFT p99 (ms)"] == "120 [100–300]"
-    assert vllm["Output tok/s"] == "1001.0 [1000.0–1002.0]"
+    ttft, tok = Estimate.of([0.100, 0.300, 0.120]), Estimate.of([1000.0, 1001.0, 1002.0])
+    assert vllm["TTFT p99 (ms)"] == f"{ttft.value * 1000:.0f} [0.000–{ttft.high * 1000:.0f}]"  # it stops at 0
+    assert vllm["Output tok/s"] == f"1001.0 [{tok.low:.1f}–{tok.high:.1f}]"
     series = {s["engine"]: s for s in json.loads((tmp_path / "out" / "report.json").read_text())["series"]}
-    assert series["vllm"]["metrics"]["ttft_p99"] == pytest.approx(0.120)
-    assert series["vllm"]["spread"]["ttft_p99"] == {"median": pytest.approx(0.120), "min": pytest.approx(0.100),
-                                                    "max": pytest.approx(0.300), "n": 3}
+    assert series["vllm"]["metrics"]["ttft_p99"] == pytest.approx(ttft.value)
+    assert Estimate.from_dict(series["vllm"]["spread"]["ttft_p99"]) == ttft
     assert series["tgi"]["repeats"] == 1
 
 
-def test_a_change_within_the_baselines_own_spread_is_not_a_regression(tmp_path: Path) -> None:
-    # Baseline repeats spread 100-200 ms around a 110 ms median. A new median of 150 ms is 36% worse than
-    # the median but no worse than a baseline repeat: noise. 250 ms is worse than every repeat: flagged.
+def test_a_change_within_noise_is_not_a_regression(tmp_path: Path) -> None:
+    # vllm's baseline repeats spread 100-200 ms: a new mean of 150 ms is 10% worse and its interval against the
+    # baseline's contains 1: noise. tgi's baseline is tight at 110 ms, and 250 ms is beyond any doubt: flagged.
     _repeated(tmp_path / "before", "vllm", [0.100, 0.110, 0.200])
-    _repeated(tmp_path / "before", "tgi", [0.100, 0.110, 0.200])
+    _repeated(tmp_path / "before", "tgi", [0.100, 0.110, 0.120])
     _repeated(tmp_path / "after", "vllm", [0.150, 0.140, 0.160])
     _repeated(tmp_path / "after", "tgi", [0.250, 0.260, 0.240])
     result, _ = build_quiet(tmp_path / "after", tmp_path / "out", baseline=tmp_path / "before")
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     deltas = _deltas(report)
-    assert deltas["vllm"]["ttft_p99"]["pct"] == pytest.approx(100 * (0.150 - 0.110) / 0.110)
+    assert deltas["vllm"]["ttft_p99"]["pct"] == pytest.approx(100 * (0.150 - 0.41 / 3) / (0.41 / 3))
     assert deltas["vllm"]["ttft_p99"]["regression"] is False
     assert deltas["tgi"]["ttft_p99"]["regression"] is True
     assert result.regressions == 1
     matches = report["comparisons"]["baseline"]["matches"]
     assert [(m["repeats"], m["baseline_repeats"]) for m in matches] == [(3, 3), (3, 3)]
     assert all(m["labels"] == {"concurrency": 4} for m in matches)  # one series each, the repeat number aside
-    assert "median of 3 runs against the median of 3 baseline runs" in (tmp_path / "out" / "report.md").read_text()
+    assert "mean of 3 runs against the mean of 3 baseline runs" in (tmp_path / "out" / "report.md").read_text()
 
 
 @given(st.lists(st.floats(0.01, 100.0), min_size=2, max_size=5), st.floats(0.01, 100.0), st.floats(0.0, 50.0))
-def test_a_regression_is_worse_than_every_baseline_repeat(repeats: list[float], current: float,
-                                                          threshold: float) -> None:
-    median = statistics.median(repeats)
-    pct = (current - median) / median * 100
-    latency = delta("ttft_p99", median, current, threshold, (min(repeats), max(repeats)))
-    throughput = delta("output_token_throughput", median, current, threshold, (min(repeats), max(repeats)))
-    assert latency.regression == (pct > threshold and current > max(repeats))
-    assert throughput.regression == (pct < -threshold and current < min(repeats))
-    assert latency.improvement == (pct < -threshold and current < min(repeats))
+def test_a_single_run_regresses_only_outside_the_baselines_interval(repeats: list[float], current: float,
+                                                                    threshold: float) -> None:
+    base = Estimate.of(repeats)
+    assert base is not None and base.low is not None and base.high is not None
+    pct = (current - base.value) / base.value * 100
+    latency = delta("ttft_p99", base.value, current, threshold, base)
+    throughput = delta("output_token_throughput", base.value, current, threshold, base)
+    assert latency.regression == (pct > threshold and current > base.high)
+    assert throughput.regression == (pct < -threshold and current < base.low)
+    assert latency.improvement == (pct < -threshold and current < base.low)
+
+
+@given(st.lists(st.floats(0.01, 100.0), min_size=2, max_size=5), st.lists(st.floats(0.01, 100.0), min_size=2,
+                                                                         max_size=5), st.floats(0.0, 50.0))
+def test_repeated_sides_regress_only_when_their_ratio_excludes_one(base: list[float], now: list[float],
+                                                                   threshold: float) -> None:
+    a, b = Estimate.of(base), Estimate.of(now)
+    assert a is not None and b is not None
+    ratio = b.ratio(a)
+    assert ratio is not None
+    pct = (b.value - a.value) / a.value * 100
+    found = delta("ttft_p99", a.value, b.value, threshold, a, b)
+    assert found.regression == (pct > threshold and bool(ratio.differs_from_one))
 
 
 # --------------------------------------------------------------------------- bad input

@@ -25,7 +25,7 @@ from batchbench.commands.common import EXIT_USAGE
 from batchbench.findings import findings_from_documents
 from batchbench.machine_load import MachineLoad
 from batchbench.reports import markdown
-from batchbench.reports.answer import answer_section
+from batchbench.reports.answer import details_section
 from batchbench.reports.document import Document
 from batchbench.results import RunDocument
 from batchbench.server_metrics import ServerMetrics
@@ -193,10 +193,10 @@ def test_the_finding_pairs_runs_with_and_without_and_names_the_crossover() -> No
     (sp,) = found.speculation
     assert (sp.engine, sp.layout, sp.method, sp.draft_tokens) == ("alpha", "continuous", "ngram", 4)
     assert [a.concurrency for a in sp.at] == [1, 4, 16, 32] and sp.crossover == 16  # the first, not the last
-    assert sp.at[0].speedup is not None and sp.at[0].speedup.median == pytest.approx(2.0, rel=0.05)
+    assert sp.at[0].speedup is not None and sp.at[0].speedup.value == pytest.approx(2.0, rel=0.05)
     assert sp.at[0].acceptance_rate == pytest.approx(0.75) and sp.at[0].tokens_per_step == pytest.approx(4.0)
-    assert any("stops paying from batch 16" in s for s in found.sentences), found.sentences
-    table = markdown.render(Document("r", [answer_section(found.to_dict())]))
+    assert any("stops paying from batch 16" in s for s in found.details), found.details
+    table = markdown.render(Document("r", [details_section(found)]))
     assert "stops paying from c=16" in table and "75.0%" in table and "x2" in table
 
 
@@ -213,4 +213,4 @@ def test_an_invalid_pair_is_shown_but_never_decides_the_crossover() -> None:
     found = findings_from_documents(busy, suite="speculative_decoding")
     (sp,) = found.speculation
     assert [a.valid for a in sp.at] == [True, False] and sp.crossover is None
-    assert any("batch 4 left out" in s and "still pays at batch 1" in s for s in found.sentences), found.sentences
+    assert any("batch 4 left out" in s and "still pays at batch 1" in s for s in found.details), found.details

@@ -14,6 +14,8 @@ from typing import Any
 from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.adapters.registry import EngineOptions, engine_class, make_engine
 from batchbench.engines import EngineCache
+from batchbench.findings import QUESTIONS, Findings
+from batchbench.findings.decisions import slo_text
 from batchbench.fixtures import tiny_model_dir
 from batchbench.lora import AdapterSpec, LoraAdapter, materialize
 from batchbench.progress import EngineStart, Progress
@@ -138,9 +140,21 @@ def failure_lines(result: RunResult, timeout_s: float) -> list[str]:
     return lines
 
 
-def write_report(run_dir: Path, status: int, slo: Slo | None) -> int:
-    """Build the run folder's report under ``slo``, print the findings' sentences (the answer first, as the
-    report's first screen gives it) and where it went; the exit status, raised to 1 if no report could be built."""
+def answer_lines(findings: Findings) -> list[str]:
+    """The answer as the report's first screen gives it: per engine, each question's one line; then the engines
+    against each other and what was left out."""
+    lines = []
+    for d in findings.decisions:
+        lines.append(f"{d.engine}:")
+        answers = d.answers(findings.slo)
+        lines += [f"  {QUESTIONS[key]}: {answers[key]}" for key in QUESTIONS]
+    lines += [f"- {sentence}" for sentence in findings.answer]
+    return lines
+
+
+def write_report(run_dir: Path, status: int, slo: Slo | None, *, details: bool = False) -> int:
+    """Build the run folder's report under ``slo``, print the answer (``details``: every topic's sentence too) and
+    where the report went; the exit status, raised to 1 if no report could be built."""
     from batchbench.reports.build import ReportError, build_report  # the report is the last step, and heavy
 
     try:
@@ -148,8 +162,12 @@ def write_report(run_dir: Path, status: int, slo: Slo | None) -> int:
     except ReportError as exc:
         print(f"batchbench: results written, but no report: {exc}", file=sys.stderr)
         return max(status, EXIT_FAILURES)
-    for sentence in (report.findings or {}).get("sentences", []):
-        print(f"  - {sentence}")
+    if report.findings is not None:
+        print(f"batchbench: the answer (SLO: {slo_text(slo)}):")
+        for line in answer_lines(report.findings):
+            print(f"  {line}")
+        for sentence in report.findings.details if details else ():
+            print(f"  - {sentence}")
     print(f"batchbench: report written to {report.out_dir}")
     return status
 

@@ -189,4 +189,4 @@ def finish(run_dir: Path, points: list[PointResult], engine_problems: dict[str, 
         status = EXIT_ENGINE
         for name, why in engine_problems.items():
             print(f"batchbench: {name}: {why}", file=sys.stderr)
-    return status if no_report else write_report(run_dir, status, slo)
+    return status if no_report else write_report(run_dir, status, slo, details=True)

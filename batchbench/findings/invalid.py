@@ -1,0 +1,60 @@
+"""The runs left out of every finding, each with its cause, and their count per cause.
+
+A run judged invalid by :mod:`batchbench.validity` (requests failed, the machine or the client
+distorted its timestamps, ...) is never used for a figure and never dropped: it is listed here with its
+first reason's kind and every reason, and the answer counts the kinds, so a reader sees at once whether
+the machine, the client or the engine was to blame.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from batchbench.findings.points import Point
+
+#: Short names for validity's reasons, by a phrase each reason of that kind contains (batchbench.validity).
+_REASON_KINDS = (("other processes took", "machine busy"), ("the load generator", "client saturated"),
+                 ("lagged their schedule", "schedule lag"), ("not warmed up", "not warmed up"),
+                 ("failed", "failed requests"), ("no request succeeded", "failed requests"),
+                 ("cut short", "cut short"))
+
+
+def _kind(reason: str) -> str:
+    return next((name for phrase, name in _REASON_KINDS if phrase in reason), "other")
+
+
+@dataclass(frozen=True)
+class InvalidRun:
+    engine: str
+    layout: str
+    concurrency: int
+    run_id: str
+    #: The kind of its first reason ("machine contention", "client saturated", ...).
+    kind: str
+    reasons: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "layout": self.layout, "concurrency": self.concurrency, "run_id": self.run_id,
+                "kind": self.kind, "reasons": list(self.reasons)}
+
+
+def invalid_runs(points: Sequence[Point]) -> tuple[InvalidRun, ...]:
+    return tuple(InvalidRun(p.engine, p.layout, p.concurrency, r.run_id, _kind(r.validity.reasons[0]),
+                            r.validity.reasons)
+                 for p in points for r in p.runs if not r.valid)
+
+
+def by_kind(runs: Sequence[InvalidRun]) -> dict[str, int]:
+    """How many runs of each kind, most first."""
+    return dict(Counter(r.kind for r in runs).most_common())
+
+
+def sentence(runs: Sequence[InvalidRun], total: int) -> str | None:
+    """``3 of 96 runs invalid and left out (machine contention: 2, failed requests: 1); see the table.``"""
+    if not runs:
+        return None
+    kinds = ", ".join(f"{kind}: {n}" for kind, n in by_kind(runs).items())
+    return f"{len(runs)} of {total} runs invalid and left out of every finding ({kinds}); each is listed with why."
