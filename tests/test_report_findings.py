@@ -18,6 +18,15 @@ from batchbench.cli import main
 from batchbench.reports.build import build_report
 from tests.test_reports import _repeated, column, md_table_after, write_run
 
+#: Where a figure starts in a page, whatever it is drawn as (inline SVG, an image, a figure element).
+FIGURE = re.compile(r"<(?:svg|img|figure)[\s>]")
+
+
+def first_figure(html: str) -> int:
+    """The position of the page's first figure (the end of the page when it has none)."""
+    found = FIGURE.search(html)
+    return found.start() if found else len(html)
+
 
 def iv(median: float, low: float, high: float, n: int = 3) -> dict[str, Any]:
     return {"median": median, "low": low, "high": high, "n": n, "method": "repeats"}
@@ -121,9 +130,9 @@ def test_html_links_resolve_and_the_answer_precedes_every_figure(cited_runs: Pat
     links = set(re.findall(r'href="#([^"]+)"', html))
     ids = set(re.findall(r'id="([^"]+)"', html))
     assert {"evidence-1", "evidence-2"} <= links <= ids
-    assert html.index('id="answer"') < html.index("<img")
+    assert html.index('id="answer"') < first_figure(html)
     assert html.index("<details>") < html.index('id="answer"')  # the contents are folded away
-    figures = re.findall(r'<img alt="([^"]+)"', html)
+    figures = re.findall(r'<svg [^>]*aria-label="([^"]+)"', html)
     assert any(f.startswith("Latency vs throughput: TTFT p99 and TPOT p50") for f in figures)
     assert any(f.startswith("Output tokens/s and TTFT p99 against batch size") for f in figures)
     assert any(f.startswith("Output tokens/s per accelerator") for f in figures)
