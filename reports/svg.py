@@ -127,10 +127,8 @@ def _hoist_definitions(root: ET.Element) -> None:
         root.insert(0, defs)
 
 
-def _clean(root: ET.Element) -> None:
-    """Local tag names, plain ``href``, only referenced ids, short coordinates, no whitespace between tags.
-
-    matplotlib's ``<style>`` rule (``*{stroke-linejoin: round; stroke-linecap: butt}``) would apply to the whole
+def _drop_page_rule(root: ET.Element) -> None:
+    """matplotlib's ``<style>`` rule (``*{stroke-linejoin: round; stroke-linecap: butt}``) would apply to the whole
     HTML page once inlined; it becomes the same two properties on the root, which every element inherits."""
     for defs in root.findall(f"{_SVG_NS}defs"):
         for style in defs.findall(f"{_SVG_NS}style"):
@@ -140,28 +138,49 @@ def _clean(root: ET.Element) -> None:
     root.attrib.pop("version", None)
     root.set("stroke-linejoin", "round")
     root.set("stroke-linecap", "butt")
+
+
+def _shorten(elem: ET.Element, short: dict[str, str]) -> None:
+    """One element's local tag name, plain ``href``, its id only if referenced (by its short name), and short
+    coordinates."""
+    elem.tag = elem.tag.removeprefix(_SVG_NS)
+    if _XLINK_HREF in elem.attrib:
+        elem.attrib["href"] = elem.attrib.pop(_XLINK_HREF)
+    if (ident := elem.attrib.pop("id", None)) in short:
+        elem.set("id", short[ident])
+    if _NO_ROTATION.fullmatch(elem.get("transform", "")):
+        del elem.attrib["transform"]
+    for name, value in elem.attrib.items():
+        if name == "d":
+            elem.set(name, relative(value))
+        elif name in _GEOMETRY:
+            elem.set(name, _NUMBER.sub(_short, " ".join(value.split())))
+        elif name == "href" and value[1:] in short:
+            elem.set(name, "#" + short[value[1:]])
+        elif "url(#" in value:
+            elem.set(name, _REFERENCE.sub(lambda m: f"url(#{short[m.group(1)]})", value))
+
+
+def _strip_indentation(elem: ET.Element) -> None:
+    """No whitespace-only text between tags, except inside a label (there every space is the label's)."""
+    if elem.tag == "text":
+        return
+    if elem.text is not None and not elem.text.strip():
+        elem.text = None
+    for child in elem:
+        if child.tail is not None and not child.tail.strip():
+            child.tail = None
+        _strip_indentation(child)
+
+
+def _clean(root: ET.Element) -> None:
+    """matplotlib's SVG cut down to what a browser draws, in place (see the module's docstring)."""
+    _drop_page_rule(root)
     # matplotlib's ids are hashes ("m1504cfccaf"), repeated in every reference: short names, in order, instead
     short = {ident: f"i{n}" for n, ident in enumerate(sorted(_references(root)))}
     for elem in _walk(root):
-        elem.tag = elem.tag.removeprefix(_SVG_NS)
-        if _XLINK_HREF in elem.attrib:
-            elem.attrib["href"] = elem.attrib.pop(_XLINK_HREF)
-        if (ident := elem.attrib.pop("id", None)) in short:
-            elem.set("id", short[ident])
-        if _NO_ROTATION.fullmatch(elem.get("transform", "")):
-            del elem.attrib["transform"]
-        for name, value in elem.attrib.items():
-            if name == "d":
-                elem.set(name, relative(value))
-            elif name in _GEOMETRY:
-                elem.set(name, _NUMBER.sub(_short, " ".join(value.split())))
-            elif name == "href" and value[1:] in short:
-                elem.set(name, "#" + short[value[1:]])
-            elif "url(#" in value:
-                elem.set(name, _REFERENCE.sub(lambda m: f"url(#{short[m.group(1)]})", value))
-        if elem.tag != "text":
-            elem.text = elem.text.strip() or None if elem.text else None
-        elem.tail = elem.tail.strip() or None if elem.tail else None
+        _shorten(elem, short)
+    _strip_indentation(root)
     _hoist_definitions(root)
     _unwrap(root)
     _classes(root)
