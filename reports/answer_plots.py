@@ -22,8 +22,9 @@ from batchbench.findings.memory import MemoryBound
 from batchbench.reports import plots
 from batchbench.reports.answer import layouts
 from batchbench.reports.document import Block, Para, Plot, Section
-from batchbench.reports.model import Run
-from batchbench.reports.plots import to_png
+from batchbench.reports.model import Run, display_name
+from batchbench.reports.series import group_series, series_labels
+from batchbench.reports.svg import to_svg
 
 #: Halo colour of each regime (the order they come in along a sweep).
 REGIME_COLORS = {"under-utilised": "tab:blue", "sweet-spot": "tab:green", "memory-bound": "tab:orange",
@@ -110,7 +111,7 @@ def _legend(fig: Figure, ax: Axes, halos: bool) -> None:
     fig.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95))
 
 
-def latency_throughput(findings: Findings, colors: dict[str, str]) -> bytes | None:
+def latency_throughput(findings: Findings, colors: dict[str, str]) -> str | None:
     """TTFT p99 and TPOT p50 against output tokens/s, points labelled by batch size, regimes shaded."""
     fig = Figure(figsize=(11, 4.5))
     ax_ttft, ax_tpot = fig.subplots(1, 2)
@@ -125,10 +126,10 @@ def latency_throughput(findings: Findings, colors: dict[str, str]) -> bytes | No
         ax.set_xlim(left=0)
     fig.suptitle("Latency vs throughput (points: batch size c; halo: regime)")
     _legend(fig, ax_ttft, halos=True)
-    return to_png(fig)
+    return to_svg(fig)
 
 
-def by_batch_size(findings: Findings, colors: dict[str, str]) -> bytes | None:
+def by_batch_size(findings: Findings, colors: dict[str, str]) -> str | None:
     """Output tokens/s and TTFT p99 against the batch size (concurrency)."""
     fig = Figure(figsize=(11, 4))
     ax_tok, ax_ttft = fig.subplots(1, 2)
@@ -141,10 +142,10 @@ def by_batch_size(findings: Findings, colors: dict[str, str]) -> bytes | None:
         ax.set_ylabel(what)
     fig.suptitle("Throughput and first-token latency by batch size")
     _legend(fig, ax_tok, halos=False)
-    return to_png(fig)
+    return to_svg(fig)
 
 
-def per_user(findings: Findings, colors: dict[str, str], accelerators: dict[str, int]) -> bytes | None:
+def per_user(findings: Findings, colors: dict[str, str], accelerators: dict[str, int]) -> str | None:
     """Tokens/s per accelerator against tokens/s per user (output tokens/s over the concurrency).
 
     The serving trade-off in one picture: up and to the right is better, and each batch size is a point on it.
@@ -171,7 +172,7 @@ def per_user(findings: Findings, colors: dict[str, str], accelerators: dict[str,
     ax.set_ylabel("output tokens/s per accelerator")
     ax.set_title("Throughput per accelerator against speed per user")
     _legend(fig, ax, halos=False)
-    return to_png(fig)
+    return to_svg(fig)
 
 
 def _accelerators(runs: list[Run]) -> dict[str, int]:
@@ -183,9 +184,10 @@ def _accelerators(runs: list[Run]) -> dict[str, int]:
     return out
 
 
-def _memory_bound_runs(findings: Findings, runs: list[Run]) -> list[Run]:
+def _memory_bound_points(findings: Findings, runs: list[Run]) -> list[list[Run]]:
     """The runs of the points where each engine and layout became memory-bound, for their KV and queue timelines:
-    the finding's evidence, or (without one) the valid points classified memory-bound or saturated."""
+    the finding's evidence, or (without one) the valid points classified memory-bound or saturated. A point's
+    repeats are one list, drawn as one figure."""
     wanted: list[str] = []
     for _, _, f in layouts(findings):
         if f.memory_bound is not None:
@@ -194,7 +196,14 @@ def _memory_bound_runs(findings: Findings, runs: list[Run]) -> list[Run]:
             wanted += [i for p in f.points if p.valid and p.regime in ("memory-bound", "saturated")
                        for i in p.run_ids]
     by_id = {r.run_id: r for r in runs}
-    return [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]
+    cited = [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]
+    return [[by_id[str(row["run_id"])] for row in s.rows] for s in group_series([r.to_row() for r in cited])]
+
+
+def _point_title(point: list[Run]) -> str:
+    first = point[0]
+    repeats = f" ({len(point)} repeats)" if len(point) > 1 else ""
+    return display_name(first.engine, first.batching_label, series_labels(first.to_row())) + repeats
 
 
 def figures_section(findings: Findings, runs: list[Run], colors: dict[str, str]) -> Section:
@@ -207,10 +216,11 @@ def figures_section(findings: Findings, runs: list[Run], colors: dict[str, str])
         ("Output tokens/s per accelerator against output tokens/s per user (per user: output tokens/s over the "
          "concurrency).", per_user(findings, colors, _accelerators(runs))),
     ]
-    sec.blocks += [Plot(title, png) for title, png in drawn if png is not None]
-    timelines: list[Block] = [Plot(f"KV usage and queue depth over time at a memory-bound point: {r.display_name()}",
-                                   png) for r in _memory_bound_runs(findings, runs)
-                              if (png := plots.server_timeline(r, colors.get(r.engine))) is not None]
+    sec.blocks += [Plot(title, svg) for title, svg in drawn if svg is not None]
+    timelines: list[Block] = [
+        Plot(f"KV usage and queue depth over time at a memory-bound point, a line per run: {_point_title(point)}", svg)
+        for point in _memory_bound_points(findings, runs)
+        if (svg := plots.server_timeline(point, colors.get(point[0].engine))) is not None]
     arithmetic: list[Block] = [Para(text) for engine, layout, f in layouts(findings)
                                if (text := kv_plan_text(engine, layout, f.memory_bound)) is not None]
     if arithmetic:

@@ -18,7 +18,7 @@ from batchbench.guardrails import KV_DANGER
 from batchbench.metrics import ttft_by_bucket
 from batchbench.reports import answer, answer_plots, fmt, plots
 from batchbench.reports.compare import BaselineComparison, best_by_metric
-from batchbench.reports.document import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
+from batchbench.reports.document import Bullets, Cell, Details, Document, Para, Plot, Section, Table
 from batchbench.reports.inputs import Inputs
 from batchbench.reports.model import (
     BUCKET_EDGES,
@@ -405,11 +405,11 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     if with_plots and findings is not None:
         doc.sections.append(answer_plots.figures_section(findings, runs, colors))
     elif with_plots:
-        png = plots.latency_throughput(runs)
-        if png is not None:
+        svg = plots.latency_throughput(runs)
+        if svg is not None:
             doc.sections.append(Section("Latency vs throughput", blocks=[Plot(
                 "Output tokens/s against TTFT p99, one line per engine configuration; points are labelled by "
-                "concurrency (or workload); hollow markers are partial runs.", png)]))
+                "concurrency (or workload); hollow markers are partial runs.", svg)]))
     if findings is not None:
         doc.sections.append(answer.details_section(findings))
         doc.sections += answer.evidence_sections(findings)
@@ -432,14 +432,11 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
             sec.blocks.append(Section("TTFT by turn", level=3, blocks=[turns]))
         if (adapters := adapter_table(members)) is not None:
             sec.blocks.append(Section("LoRA adapters", level=3, blocks=[adapters]))
-        if with_plots:
-            cdf = plots.ttft_cdf(members, title, colors)
-            if cdf is not None:
-                sec.blocks.append(Section("TTFT CDF", level=3, blocks=[Plot(f"TTFT CDF per run on {title}", cdf)]))
-            timelines: list[Block] = [Plot(f"KV usage and queue depth over time: {r.display_name()}", png)
-                         for r in members if (png := plots.server_timeline(r, colors.get(r.engine))) is not None]
-            if timelines:
-                sec.blocks.append(Section("KV usage and queue depth over time", level=3, blocks=timelines))
+        # One compact figure per workload, a line per run (one figure per run made the main job's page 12 MB).
+        if with_plots and (svg := plots.workload_figure(members, colors)) is not None:
+            sec.blocks.append(Section("TTFT CDF, KV usage and queue depth over time", level=3, blocks=[Plot(
+                f"Per run on {title}: the CDF of TTFTs of ok requests, KV usage (the danger zone above the "
+                f"dashed line filled) and requests waiting, over the run.", svg)]))
         doc.sections.append(sec)
 
     if baseline is not None:

@@ -53,10 +53,11 @@ class Bullets:
 
 @dataclass(frozen=True)
 class Plot:
-    """A PNG figure; only the HTML report shows it (Markdown points there)."""
+    """A figure: one ``<svg>`` element from :func:`batchbench.reports.svg.to_svg`, which the HTML report inlines
+    (Markdown names it and points there)."""
 
     title: str
-    png: bytes
+    svg: str
 
 
 @dataclass

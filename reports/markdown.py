@@ -2,8 +2,8 @@
 
 Strings from results files (engine names, labels, error messages) are
 escaped so they can neither break a table (a ``|`` or a newline) nor inject
-markup or raw HTML into a rendered page. Plots exist only in report.html;
-Markdown says where to find them. A cell's link to a section points at the
+markup or raw HTML into a rendered page. Figures exist only in report.html
+(inline SVG there); in Markdown each is one line, its title, where it stands. A cell's link to a section points at the
 heading's own anchor as GitHub-flavoured Markdown names it (:func:`slug`), so
 no raw HTML is needed for it.
 """
@@ -78,7 +78,7 @@ def _block(block: Block, links: dict[str, str]) -> list[str]:
     if isinstance(block, Table):
         return _table(block, links) + [""]
     if isinstance(block, Plot):
-        return []  # figures are counted per section, see _section
+        return [f"*Figure in report.html: {escape(block.title)}*", ""]
     if isinstance(block, Details):
         return [f"*{escape(block.summary)}:*", ""] + [line for b in block.blocks for line in _block(b, links)]
     return _section(block, links)
@@ -86,11 +86,6 @@ def _block(block: Block, links: dict[str, str]) -> list[str]:
 
 def _section(section: Section, links: dict[str, str]) -> list[str]:
     lines = ["#" * section.level + " " + escape(section.title), ""]
-    plots = [b for b in section.blocks if isinstance(b, Plot)]
-    if len(plots) == 1:
-        lines += [f"*(figure in report.html: {escape(plots[0].title)})*", ""]
-    elif plots:
-        lines += [f"*({len(plots)} figures in report.html)*", ""]
     for block in section.blocks:
         lines += _block(block, links)
     return lines

@@ -1,36 +1,30 @@
-"""The report's figures, rendered to PNG bytes with matplotlib's Agg canvas.
+"""The report's figures over runs, as inline SVG (:func:`batchbench.reports.svg.to_svg`).
 
 Figures are built on :class:`matplotlib.figure.Figure` directly, never through
 pyplot, so no global backend is switched, nothing needs a display, and
 building a report inside a test or the harness process leaves no state
-behind. PNG metadata is dropped so the same runs give the same bytes.
+behind. Captions name the runs in full; inside a figure a run is named only by
+what sets it apart from the others drawn with it (:func:`short_names`), since
+full names (every label, a design dict among them) made figures wider than
+any screen.
 """
 
 from __future__ import annotations
 
-import io
 from collections import defaultdict
 from typing import Any
 
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from batchbench.guardrails import KV_DANGER
 from batchbench.reports.fmt import num
 from batchbench.reports.model import Run
+from batchbench.reports.svg import to_svg
 
 #: The label that orders points along a latency-throughput curve, when the runs carry it.
 POINT_LABEL = "concurrency"
-_DPI = 100
-
-
-def to_png(fig: Figure) -> bytes:
-    """The figure as PNG bytes, without metadata (the same figure gives the same bytes)."""
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight", metadata={"Software": None})
-    return buf.getvalue()
+_STYLES = ["-", "--", ":", "-."]
 
 
 def engine_colors(runs: list[Run]) -> dict[str, str]:
@@ -76,7 +70,7 @@ def _series_of(points: list[Run]) -> dict[str, list[Run]]:
     return series
 
 
-def latency_throughput(runs: list[Run]) -> bytes | None:
+def latency_throughput(runs: list[Run]) -> str | None:
     """Output tokens/s (x) against TTFT p99 (y): a line per engine, a point per run.
 
     Points are labelled with the run's concurrency (``labels["concurrency"]``)
@@ -89,7 +83,6 @@ def latency_throughput(runs: list[Run]) -> bytes | None:
     if not points:
         return None
     colors = engine_colors(runs)
-    styles = ["-", "--", ":", "-."]
     style_of: dict[str, int] = defaultdict(int)
     fig = Figure(figsize=(9, 5))
     ax = fig.add_subplot()
@@ -99,7 +92,7 @@ def latency_throughput(runs: list[Run]) -> bytes | None:
         ys = [(r.metric("ttft_p99") or 0.0) * 1000 for r in members]
         engine = members[0].engine
         color = colors[engine]
-        ax.plot(xs, ys, styles[style_of[engine] % len(styles)], color=color, label=label, linewidth=1.5)
+        ax.plot(xs, ys, _STYLES[style_of[engine] % len(_STYLES)], color=color, label=label, linewidth=1.5)
         style_of[engine] += 1
         for r, x, y in zip(members, xs, ys):
             ax.plot([x], [y], "o", color=color, markerfacecolor="white" if r.partial else color, markersize=6)
@@ -114,37 +107,16 @@ def latency_throughput(runs: list[Run]) -> bytes | None:
     ax.set_title("Latency vs throughput")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    return to_png(fig)
+    return to_svg(fig)
 
 
-def ttft_cdf(runs: list[Run], title: str, colors: dict[str, Any]) -> bytes | None:
-    """Empirical CDF of the TTFTs of ok requests, one line per run (runs of one workload)."""
-    shown = [r for r in runs if r.ttfts]
-    if not shown:
-        return None
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.add_subplot()
-    styles = ["-", "--", ":", "-."]
-    seen: dict[str, int] = defaultdict(int)
-    lo, hi = float("inf"), 0.0
-    for r in shown:
-        data = [t * 1000 for t in r.ttfts or []]
-        n = len(data)
-        ys = [(i + 1) / n for i in range(n)]
-        ls = styles[seen[r.engine] % len(styles)]
-        seen[r.engine] += 1
-        ax.step([data[0], *data], [0.0, *ys], ls, where="post", color=colors.get(r.engine), linewidth=1.5,
-                label=r.display_name() + (" (partial)" if r.partial else ""))
-        lo, hi = min(lo, data[0]), max(hi, data[-1])
-    if lo > 0 and hi / lo > 20:
-        ax.set_xscale("log")
-    ax.set_xlabel("TTFT (ms)")
-    ax.set_ylabel("fraction of ok requests")
-    ax.set_ylim(0, 1.02)
-    ax.set_title(f"TTFT CDF: {title}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    return to_png(fig)
+def short_names(runs: list[Run]) -> list[str]:
+    """Each run as ``engine [batching]`` and the plain labels whose values differ among ``runs`` (a legend's
+    names: the three repeats of one measurement are ``repeat=0``, ``repeat=1``, ``repeat=2``)."""
+    keys = sorted({k for r in runs for k, v in r.labels.items() if isinstance(v, str | int | float | bool)
+                   and len({str(o.labels.get(k)) for o in runs}) > 1}, key=str)
+    return [" ".join([f"{r.engine} [{r.batching_label}]", *(f"{k}={r.labels[k]}" for k in keys if k in r.labels)])
+            + (" (partial)" if r.partial else "") for r in runs]
 
 
 def _series(run: Run, name: str) -> tuple[list[float], list[float]]:
@@ -158,43 +130,106 @@ def _series(run: Run, name: str) -> tuple[list[float], list[float]]:
     return [xs[i] for i in order], [ys[i] for i in order]
 
 
-def _timeline_axis(ax: Axes, xs: list[float], ys: list[float], color: Any, label: str, style: str = "-") -> None:
-    ax.plot(xs, ys, style, color=color, linewidth=1.5, label=label)
-    ax.grid(True, alpha=0.3)
+def _kv_axis(ax: Axes, lines: list[tuple[list[float], list[float], Any, str, str]]) -> None:
+    """KV usage lines (times, values, colour, style, label) with the danger line and the zone above it filled."""
+    for xs, ys, color, style, label in lines:
+        ax.plot(xs, ys, style, color=color, linewidth=1.2, label=label)
+        ax.fill_between(xs, ys, [KV_DANGER] * len(ys), where=[v >= KV_DANGER for v in ys], color="tab:red",
+                        alpha=0.25, interpolate=True)
+    if not lines:
+        ax.text(0.5, 0.5, "engine exposes no KV usage", ha="center", va="center", transform=ax.transAxes,
+                fontsize=8)
+    ax.axhline(KV_DANGER, color="tab:red", linestyle="--", linewidth=1, label=f"{KV_DANGER:g} danger line")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("KV usage")
 
 
-def server_timeline(run: Run, color: Any) -> bytes | None:
-    """KV usage (with the danger line) and queue depth over the run, from the scraped samples."""
-    kv_t, kv = _series(run, "kv_usage")
-    w_t, waiting = _series(run, "waiting")
-    r_t, running = _series(run, "running")
-    if not kv and not waiting and not running:
+def _requests_ylim(ax: Axes, values: list[float]) -> None:
+    """Room above the maximum and below zero, so a flat line at either is not hidden by the frame."""
+    top = max([*values, 1.0]) * 1.15 + 0.5
+    ax.set_ylim(-0.03 * top, top)
+
+
+def workload_figure(runs: list[Run], colors: dict[str, Any]) -> str | None:
+    """One compact figure per workload, a line per run: the TTFT CDF of its ok requests, its KV usage (with the
+    danger line) and its requests waiting over time. What a per-run figure each used to show, at a fraction of
+    the page: runs of one workload are a handful of repeats, which read best on one axis."""
+    if not any(r.ttfts or r.samples for r in runs):
         return None
-    fig = Figure(figsize=(8, 4.5))
-    ax_kv, ax_q = fig.subplots(2, 1, sharex=True)
-    if kv:
-        _timeline_axis(ax_kv, kv_t, kv, color, "KV usage")
-        ax_kv.fill_between(kv_t, kv, [KV_DANGER] * len(kv), where=[v >= KV_DANGER for v in kv],
-                           color="tab:red", alpha=0.25, interpolate=True)
-    else:
-        ax_kv.text(0.5, 0.5, "engine exposes no KV usage", ha="center", va="center", transform=ax_kv.transAxes)
-    ax_kv.axhline(KV_DANGER, color="tab:red", linestyle="--", linewidth=1,
-                  label=f"{KV_DANGER:g} danger line")
-    ax_kv.set_ylim(0, 1.05)
-    ax_kv.set_ylabel("KV usage")
-    ax_kv.legend(fontsize=8, loc="upper left")
-    if waiting:
-        # Black and dashed: no engine's colour (the default cycle's C1 is tab:orange, which vLLM's
+    fig = Figure(figsize=(10, 2.6), layout="constrained")
+    ax_cdf, ax_kv, ax_wait = fig.subplots(1, 3)
+    seen: dict[str, int] = defaultdict(int)
+    kv_lines, waiting = [], []
+    lo, hi = float("inf"), 0.0
+    for r, name in zip(runs, short_names(runs)):
+        style = _STYLES[seen[r.engine] % len(_STYLES)]
+        seen[r.engine] += 1
+        color = colors.get(r.engine)
+        if data := [t * 1000 for t in r.ttfts or []]:
+            ys = [(i + 1) / len(data) for i in range(len(data))]
+            ax_cdf.step([data[0], *data], [0.0, *ys], style, where="post", color=color, linewidth=1.2, label=name)
+            lo, hi = min(lo, data[0]), max(hi, data[-1])
+        if (kv := _series(r, "kv_usage"))[0]:
+            kv_lines.append((*kv, color, style, name))
+        if (w := _series(r, "waiting"))[0]:
+            ax_wait.plot(*w, style, color=color, linewidth=1.2)
+            waiting += w[1]
+    if lo > 0 and hi / lo > 20:
+        ax_cdf.set_xscale("log")
+    ax_cdf.set_xlabel("TTFT (ms)")
+    ax_cdf.set_ylabel("fraction of ok requests")
+    ax_cdf.set_ylim(0, 1.02)
+    _kv_axis(ax_kv, kv_lines)
+    ax_kv.set_xlabel("seconds since run start")
+    if not waiting:
+        ax_wait.text(0.5, 0.5, "engine exposes no queue depth", ha="center", va="center", transform=ax_wait.transAxes,
+                     fontsize=8)
+    _requests_ylim(ax_wait, waiting)
+    ax_wait.set_ylabel("requests waiting")
+    ax_wait.set_xlabel("seconds since run start")
+    for ax in (ax_cdf, ax_kv, ax_wait):
+        ax.tick_params(labelsize=8)  # no grid: a compact figure is read for its shape, and a grid is its bytes
+    handles, labels = ax_cdf.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=min(len(handles), 3), frameon=False)
+    return to_svg(fig)
+
+
+def _once(label: str, shown: set[str]) -> str:
+    """``label`` the first time it is asked for, then matplotlib's "not in the legend" ("_")."""
+    if label in shown:
+        return "_"
+    shown.add(label)
+    return label
+
+
+def server_timeline(runs: list[Run], color: Any) -> str | None:
+    """KV usage (with the danger line) and queue depth (requests waiting and running) over the runs of one point
+    (its repeats), a line per run, drawn alike: they are one measurement, and their spread is the noise."""
+    shown: set[str] = set()
+    kv_lines, counts = [], []
+    fig = Figure(figsize=(7, 2.8), layout="constrained")
+    ax_kv, ax_q = fig.subplots(1, 2)
+    for r in runs:
+        if (kv := _series(r, "kv_usage"))[0]:
+            kv_lines.append((*kv, color, "-", _once("KV usage", shown)))
+        # Waiting in black and dashed: no engine's colour (the default cycle's C1 is tab:orange, which vLLM's
         # "running" line took, so the two lines were one colour).
-        _timeline_axis(ax_q, w_t, waiting, "black", "waiting", "--")
-    if running:
-        _timeline_axis(ax_q, r_t, running, color, "running")
+        for name, style, line_color in (("waiting", "--", "black"), ("running", "-", color)):
+            xs, ys = _series(r, name)
+            if xs:
+                ax_q.plot(xs, ys, style, color=line_color, linewidth=1.2, label=_once(name, shown))
+                counts += ys
+    if not kv_lines and not counts:
+        return None
+    _kv_axis(ax_kv, kv_lines)
+    ax_kv.legend(fontsize=7, loc="best")
     ax_q.set_ylabel("requests")
-    ax_q.set_xlabel("seconds since run start")
-    peak = max([*waiting, *running, 1.0])
-    ax_q.set_ylim(0, peak * 1.15 + 0.5)  # headroom so a flat line at the maximum is not hidden by the frame
-    if waiting or running:
-        ax_q.legend(fontsize=8, loc="upper left")
-    title = run.display_name() + (" (partial)" if run.partial else "")
-    ax_kv.set_title(f"{title}: {run.workload_name}", fontsize=10)
-    return to_png(fig)
+    _requests_ylim(ax_q, counts)
+    if counts:
+        ax_q.legend(fontsize=7, loc="best")
+    for ax in (ax_kv, ax_q):
+        ax.set_xlabel("seconds since run start")
+        ax.grid(True, alpha=0.3)
+        ax.tick_params(labelsize=8)
+    return to_svg(fig)

@@ -1,17 +1,21 @@
 """Self-contained HTML rendering of a :class:`~reports.document.Document`.
 
 One file that opens anywhere, offline, forever: inline CSS, figures as
-``data:`` URIs, no scripts, fonts or links to the outside. Every string is
+inline SVG (text as text, each figure's ids and classes prefixed so none
+collide), no scripts, fonts or links to the outside. Every string is
 HTML-escaped (quotes included), because engine labels, error messages and
-file names come from results files that anyone can write.
+file names come from results files that anyone can write; the text inside a
+figure was escaped by the SVG's serialiser.
 """
 
 from __future__ import annotations
 
-import base64
+import itertools
 import re
+from collections.abc import Iterator
 from html import escape
 
+from batchbench.reports import svg
 from batchbench.reports.document import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
 
 #: What an anchor may be: it is written unescaped into ids and links.
@@ -27,10 +31,11 @@ thead th { background: #f2f2f2; }
 td.best { font-weight: 700; } td.bad, p.bad, li.bad { background: #fde2e1; color: #8a1c14; }
 td.warn, p.warn, li.warn { background: #fff4d6; color: #6b4e00; }
 caption { caption-side: bottom; text-align: left; font-size: .8rem; color: #555; padding-top: .3rem; }
-figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figure { margin: 1rem 0; } figure svg { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: .85rem; color: #555; }
 nav ul { columns: 2; font-size: .9rem; }
 details { margin: .8rem 0; } summary { cursor: pointer; color: #444; }
+body > section { content-visibility: auto; contain-intrinsic-size: auto 900px; }
 """
 
 
@@ -55,13 +60,15 @@ def _cell_text(cell: Cell) -> str:
     return escape(cell.text)
 
 
-def _plot(plot: Plot) -> str:
-    data = base64.b64encode(plot.png).decode("ascii")
-    title = escape(plot.title)
-    return f'<figure><img alt="{title}" src="data:image/png;base64,{data}"><figcaption>{title}</figcaption></figure>'
+def _plot(plot: Plot, number: int) -> str:
+    figure = svg.inline(plot.svg, prefix=f"f{number}-", label=plot.title)
+    return f"<figure>{figure}<figcaption>{escape(plot.title)}</figcaption></figure>"
 
 
-def _block(block: Block, anchors: dict[int, str]) -> str:
+Figures = Iterator[int]
+
+
+def _block(block: Block, anchors: dict[int, str], figures: Figures) -> str:
     if isinstance(block, Para):
         return f"<p{_style(block.style)}>{escape(block.text)}</p>"
     if isinstance(block, Bullets):
@@ -69,26 +76,31 @@ def _block(block: Block, anchors: dict[int, str]) -> str:
     if isinstance(block, Table):
         return _table(block)
     if isinstance(block, Plot):
-        return _plot(block)
+        return _plot(block, next(figures))
     if isinstance(block, Details):
-        inner = "\n".join(_block(b, anchors) for b in block.blocks)
+        inner = "\n".join(_block(b, anchors, figures) for b in block.blocks)
         return f"<details><summary>{escape(block.summary)}</summary>\n{inner}</details>"
-    return _section(block, anchors)
+    return _section(block, anchors, figures)
 
 
-def _section(section: Section, anchors: dict[int, str]) -> str:
+def _section(section: Section, anchors: dict[int, str], figures: Figures) -> str:
     level = min(max(section.level, 2), 6)
     anchor = section.anchor if _ANCHOR.fullmatch(section.anchor) else anchors.get(id(section))
     ident = f' id="{anchor}"' if anchor else ""
-    inner = "\n".join(_block(b, anchors) for b in section.blocks)
+    inner = "\n".join(_block(b, anchors, figures) for b in section.blocks)
     return f"<section><h{level}{ident}>{escape(section.title)}</h{level}>\n{inner}</section>"
 
 
 def render(doc: Document) -> str:
-    """The page; its contents are folded away so the first screen is the first section (the answer)."""
+    """The page; its contents are folded away so the first screen is the first section (the answer).
+
+    Each top-level section is ``content-visibility: auto``: the browser lays out and paints a section only as it
+    nears the screen, so opening the page costs the first screen, not dozens of figures and tables below it
+    (a browser without it draws everything, as before; find-in-page and links into a section still work)."""
     anchors = {id(s): s.anchor if _ANCHOR.fullmatch(s.anchor) else f"s{i}" for i, s in enumerate(doc.sections, 1)}
     nav = "".join(f'<li><a href="#{anchors[id(s)]}">{escape(s.title)}</a></li>' for s in doc.sections)
-    body = "\n".join(_section(s, anchors) for s in doc.sections)
+    figures = itertools.count(1)  # numbers each figure's prefix, in page order
+    body = "\n".join(_section(s, anchors, figures) for s in doc.sections)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{escape(doc.title)}</title><style>{_CSS}</style></head>\n"
