@@ -19,9 +19,11 @@ from matplotlib.patches import Patch
 
 from batchbench.findings import Findings, PointFindings
 from batchbench.findings.memory import MemoryBound
+from batchbench.repeats import Estimate
 from batchbench.reports import plots
 from batchbench.reports.answer import layouts
 from batchbench.reports.document import Block, Para, Plot, Section
+from batchbench.reports.headline import HeadlinePoint, headline_svg
 from batchbench.reports.model import Run, display_name
 from batchbench.reports.series import group_series, series_labels
 from batchbench.reports.svg import to_svg
@@ -204,6 +206,36 @@ def _point_title(point: list[Run]) -> str:
     first = point[0]
     repeats = f" ({len(point)} repeats)" if len(point) > 1 else ""
     return display_name(first.engine, first.batching_label, series_labels(first.to_row())) + repeats
+
+
+def _triple(found: Estimate | None) -> tuple[float, float, float] | None:
+    if found is None:
+        return None
+    return found.value, found.value if found.low is None else found.low, found.value if found.high is None \
+        else found.high
+
+
+def headlines(findings: Findings, colors: dict[str, str]) -> list[Block]:
+    """One figure per engine for the answer: throughput against TTFT p99 along the curve its decisions were read
+    from, the sweet spot ringed and the SLO's TTFT p99 limit drawn (where it has one)."""
+    limit = next((o.limit_s for o in findings.slo.objectives if o.metric == "ttft" and o.stat == "p99"), None) \
+        if findings.slo is not None else None
+    out: list[Block] = []
+    for engine, e in sorted(findings.engines.items()):
+        d = e.decisions
+        curve = e.layouts.get(d.layout) if d.layout is not None else None
+        if curve is None:
+            continue
+        points = [HeadlinePoint(p.concurrency, tok, ttft, p.valid) for p in curve.points
+                  if (tok := _triple(p.figure("output_tok_s"))) is not None
+                  and (ttft := _triple(p.figure("ttft_p99_s"))) is not None]
+        svg = headline_svg(engine, points, sweet_spot=d.sweet_spot.concurrency if d.sweet_spot else None,
+                           slo_ttft_p99_s=limit, color=colors.get(engine, "C0"))
+        if svg is not None:
+            out.append(Plot(f"{engine}, {d.layout}: output tokens/s against TTFT p99 by batch size (mean and 95% "
+                            "interval), the sweet spot ringed" + (", the SLO's TTFT p99 limit drawn" if limit else ""),
+                            svg))
+    return out
 
 
 def figures_section(findings: Findings, runs: list[Run], colors: dict[str, str]) -> Section:

@@ -374,8 +374,10 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     the evidence, then each workload's tables."""
     runs = inputs.runs
     doc = Document("batchbench report")
+    colors = plots.engine_colors(runs) if with_plots else {}
     if findings is not None:
-        doc.sections.append(answer.answer_section(findings))
+        doc.sections.append(answer.answer_section(
+            findings, answer_plots.headlines(findings, colors) if with_plots else None))
     overview = Section("Overview")
     n_partial = sum(r.partial for r in runs)
     workloads = group_by_workload(runs)
@@ -401,7 +403,6 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
                                     "skipped (see Skipped files).", "warn"))
     doc.sections.append(overview)
 
-    colors = plots.engine_colors(runs) if with_plots else {}
     if with_plots and findings is not None:
         doc.sections.append(answer_plots.figures_section(findings, runs, colors))
     elif with_plots:
