@@ -19,6 +19,7 @@ from typing import Literal
 
 import batchbench.adapters
 from batchbench.adapters.base import BatchingConfig, Engine, ModelRef
+from batchbench.adapters.launch.placement import CpuPlacement
 from batchbench.adapters.spec import EngineSpec
 from batchbench.fixtures import tiny_model_dir
 from batchbench.lora import LoraAdapter
@@ -81,6 +82,17 @@ class EngineOptions:
     #: LoRA adapters the engines serve beside the model (``--lora-adapters``), refused by name by an engine
     #: that cannot serve them.
     lora_adapters: tuple[LoraAdapter, ...] = ()
+    #: Which CPUs launched engines and the load generator run on (``--cpus``, or the default split); None:
+    #: nothing placed, for the reason in :attr:`unplaced`.
+    placement: CpuPlacement | None = None
+    #: Why there is no placement (``--cpus none``, one usable CPU, an engine serving in process); None when
+    #: there is one, or when no front end was asked (a caller building its own options).
+    unplaced: str | None = None
+
+    @property
+    def engine_cpus(self) -> frozenset[int] | None:
+        """The CPUs a launched engine is placed on (None: not placed)."""
+        return self.placement.engine_cpus if self.placement is not None else None
 
     def url_for(self, name: str) -> str | None:
         return dict(self.urls).get(name)
@@ -140,6 +152,8 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     launch_mode = options.launch
     if launch_mode == "auto":
         launch_mode = "local" if spec.local is not None and not _gpu_host() else "docker"
+    # The engine's share of the placement: the launch applies it, the adapter sizes its threads by it.
+    cpus = options.engine_cpus
     if launch_mode == "docker":
         if not spec.container:
             raise ValueError(f"engine {name!r} has no container; give --engine-url or use --launch local")
@@ -147,10 +161,13 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
             raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
         from batchbench.adapters.launch.docker import DockerLaunch
 
-        return cls(batching, model=model, launch=DockerLaunch.for_engine(name), startup_timeout=timeout, **lora)
+        return cls(batching, model=model, launch=DockerLaunch.for_engine(name, cpus=cpus), startup_timeout=timeout,
+                   cpus=cpus, **lora)
     if spec.local is None:
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
     from batchbench.adapters.launch.local import LocalProcess
 
-    launch = LocalProcess(list(spec.local.program), log_dir=options.log_dir, niceness=options.server_niceness)
-    return cls(batching, model=model, launch=launch, startup_timeout=timeout, **lora, **spec.local.adapter_options)
+    launch = LocalProcess(list(spec.local.program), log_dir=options.log_dir, niceness=options.server_niceness,
+                          cpus=cpus)
+    return cls(batching, model=model, launch=launch, startup_timeout=timeout, cpus=cpus, **lora,
+               **spec.local.adapter_options)

@@ -16,6 +16,7 @@ from batchbench.adapters.registry import EngineOptions, engine_class, make_engin
 from batchbench.engines import EngineCache
 from batchbench.fixtures import tiny_model_dir
 from batchbench.lora import AdapterSpec, LoraAdapter, materialize
+from batchbench.pinning import pin_process
 from batchbench.progress import EngineStart, Progress
 from batchbench.runner import RunResult
 from batchbench.slo import Slo
@@ -96,6 +97,19 @@ def serve_lora_adapters(specs: tuple[AdapterSpec, ...], options: EngineOptions, 
     model_dir = tiny_model_dir() if options.model is None else Path(options.model)
     adapters = materialize(specs, model_dir if model_dir.is_dir() else None, run_dir / "lora-adapters", seed=seed)
     return dataclasses.replace(options, lora_adapters=adapters)
+
+
+def place_client(options: EngineOptions) -> None:
+    """Pin this whole process, the load generator, to the placement's first client CPU, before any engine
+    starts (a launched engine sets its own CPUs), and say where everything goes; the OS refusing is said too,
+    and recorded in every results document, but does not stop the measurement."""
+    pin = pin_process(options)
+    if pin.placement is None:
+        print(f"batchbench: no CPU placement: {pin.unplaced}")
+        return
+    print(f"batchbench: {pin.placement.describe()}")
+    if pin.refused is not None:
+        print(f"batchbench: warning: the load generator is not pinned: {pin.refused}", file=sys.stderr)
 
 
 def make_run_dir(results_dir: Path, prefix: str) -> Path | None:

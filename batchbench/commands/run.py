@@ -51,6 +51,7 @@ from batchbench.commands.common import (
     failure_lines,
     make_run_dir,
     parsed_by,
+    place_client,
     positive_int,
     positive_seconds,
     write_report,
@@ -269,7 +270,8 @@ def main(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
-                                          launch=args.launch, profile=profile, results_dir=args.results_dir)
+                                          launch=args.launch, profile=profile, results_dir=args.results_dir,
+                                          cpus=args.cpus)
         if args.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
@@ -278,6 +280,7 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if (run_dir := make_run_dir(args.results_dir, "run")) is None:
         return EXIT_USAGE
+    place_client(options)
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
