@@ -4,8 +4,9 @@ The engine's share is applied by its launch (:mod:`batchbench.adapters.launch.pl
 the client's, on the harness's side of the layers:
 
 - the CLI's measuring commands pin the whole measuring process to the first client CPU before any engine
-  starts (:func:`pin_process`): every thread it has, and every thread and child it starts later, inherit it
-  (a launched server sets its own CPUs before exec);
+  starts (:func:`pinned_process`): every thread it has, and every thread and child it starts later, inherit it
+  (a launched server sets its own CPUs before exec); when the command returns every thread gets its CPUs back
+  (the CLI's own tests call it inside pytest's process);
 - under pytest only the harness's event-loop thread is pinned, from inside it (:func:`pin_thread`), so the
   tests around it keep every CPU;
 - each load-generator worker process pins itself to its own client CPU (:func:`pin_self`, from
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from batchbench.adapters.base import Engine
@@ -78,17 +80,32 @@ def pin_self(cpu: int | None) -> Pinned:
     return Pinned(affinity())
 
 
-def _every_thread(cpus: frozenset[int]) -> None:
-    """Every thread this process has now (Linux lists them in /proc/self/task) on ``cpus``."""
+def _threads() -> list[int]:
+    """This process's threads now (Linux lists them in /proc/self/task; elsewhere: the calling one, 0)."""
     try:
-        tids = [int(tid) for tid in os.listdir("/proc/self/task")]
+        return [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:
-        tids = [0]
-    for tid in tids:
+        return [0]
+
+
+def _every_thread(cpus: frozenset[int]) -> None:
+    """Every thread this process has now on ``cpus``."""
+    for tid in _threads():
         try:
             os.sched_setaffinity(tid, cpus)
         except ProcessLookupError:  # it ended meanwhile
             continue
+
+
+def _masks() -> dict[int, frozenset[int]]:
+    """Each thread's CPUs now, to give back."""
+    masks = {}
+    for tid in _threads():
+        try:
+            masks[tid] = frozenset(os.sched_getaffinity(tid))
+        except OSError:  # it ended meanwhile
+            continue
+    return masks
 
 
 def _pin(options: EngineOptions, whole_process: bool) -> ClientPin:
@@ -108,9 +125,20 @@ def _pin(options: EngineOptions, whole_process: bool) -> ClientPin:
     return pin
 
 
-def pin_process(options: EngineOptions) -> ClientPin:
-    """The CLI's measuring process, all of it, on the placement's first client CPU (nothing without one)."""
-    return _pin(options, whole_process=True)
+@contextmanager
+def pinned_process(options: EngineOptions) -> Iterator[ClientPin]:
+    """The CLI's measuring process, all of it, on the placement's first client CPU (nothing without one) for the
+    block; then every thread that was there gets its CPUs back, and this thread its earlier :func:`current`."""
+    before, previous = (_masks() if can_pin() else {}), current()
+    try:
+        yield _pin(options, whole_process=True)
+    finally:
+        for tid, cpus in before.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:  # it ended meanwhile
+                continue
+        _pins.pin = previous
 
 
 def pin_thread(options: EngineOptions) -> ClientPin:
@@ -136,8 +164,9 @@ def placement_record(engine: Engine, pin: ClientPin | None, workers: Sequence[Pi
         if engine_side.refused:
             reasons.append(f"engine: {engine_side.refused}")
         elif engine_side.where in ("local process", "container") and engine_side.cpus != placement.engine_cpus:
-            reasons.append(f"engine: it runs on CPU {format_cpu_list(engine_side.cpus or ())}, not on the placement's "
-                           f"{format_cpu_list(placement.engine_cpus)} (launched without it)")
+            on = f"on CPU {format_cpu_list(engine_side.cpus)}" if engine_side.cpus is not None else "anywhere"
+            reasons.append(f"engine: launched without the placement, it runs {on}, not on CPU "
+                           f"{format_cpu_list(placement.engine_cpus)}")
         elif engine_side.where == "in process":
             reasons.append("engine: it serves inside the measuring process, on the load generator's CPUs")
         reasons += [f"worker {i}: {w.refused}" for i, w in enumerate(workers) if w.refused]

@@ -169,12 +169,11 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for note in work.notes:
         print(f"batchbench: {note}")
-    place_client(options)
     sweep = Sweep()
     timeout_s = args.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
     try:
-        with progress:
+        with place_client(options), progress:
             eventloop.run(_sweep(engines, options, batching, work, kind, levels, args, run_dir, timeout_s, sweep,
                                  progress))
     except KeyboardInterrupt:

@@ -154,12 +154,11 @@ def main(args: argparse.Namespace) -> int:
     print(f"batchbench: SLO {args.slo}")
     for note in work.notes:
         print(f"batchbench: {note}")
-    place_client(options)
     found = Found()
     timeout_s = args.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
     try:
-        with progress:
+        with place_client(options), progress:
             eventloop.run(_find(engines, options, batching, work, kind, args, run_dir, timeout_s, found, progress))
     except KeyboardInterrupt:
         print(f"\nbatchbench: interrupted; {len(found.points)} finished run(s) and capacity.json are in {run_dir}",

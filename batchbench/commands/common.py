@@ -7,7 +7,8 @@ import dataclasses
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from batchbench.adapters.registry import EngineOptions, engine_class, make_engin
 from batchbench.engines import EngineCache
 from batchbench.fixtures import tiny_model_dir
 from batchbench.lora import AdapterSpec, LoraAdapter, materialize
-from batchbench.pinning import pin_process
+from batchbench.pinning import pinned_process
 from batchbench.progress import EngineStart, Progress
 from batchbench.runner import RunResult
 from batchbench.slo import Slo
@@ -99,17 +100,19 @@ def serve_lora_adapters(specs: tuple[AdapterSpec, ...], options: EngineOptions, 
     return dataclasses.replace(options, lora_adapters=adapters)
 
 
-def place_client(options: EngineOptions) -> None:
-    """Pin this whole process, the load generator, to the placement's first client CPU, before any engine
-    starts (a launched engine sets its own CPUs), and say where everything goes; the OS refusing is said too,
-    and recorded in every results document, but does not stop the measurement."""
-    pin = pin_process(options)
-    if pin.placement is None:
-        print(f"batchbench: no CPU placement: {pin.unplaced}")
-        return
-    print(f"batchbench: {pin.placement.describe()}")
-    if pin.refused is not None:
-        print(f"batchbench: warning: the load generator is not pinned: {pin.refused}", file=sys.stderr)
+@contextmanager
+def place_client(options: EngineOptions) -> Iterator[None]:
+    """This whole process, the load generator, on the placement's first client CPU for the block, which starts
+    the engines (a launched engine sets its own CPUs), having said where everything goes; the OS refusing is
+    said too, and recorded in every results document, but does not stop the measurement."""
+    with pinned_process(options) as pin:
+        if pin.placement is None:
+            print(f"batchbench: no CPU placement: {pin.unplaced}")
+        else:
+            print(f"batchbench: {pin.placement.describe()}")
+        if pin.refused is not None:
+            print(f"batchbench: warning: the load generator is not pinned: {pin.refused}", file=sys.stderr)
+        yield
 
 
 def make_run_dir(results_dir: Path, prefix: str) -> Path | None:

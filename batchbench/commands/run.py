@@ -280,12 +280,11 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if (run_dir := make_run_dir(args.results_dir, "run")) is None:
         return EXIT_USAGE
-    place_client(options)
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
     try:
-        with progress:
+        with place_client(options), progress:
             eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, args.repeats,
                                  timeout_s, args.scrape_interval, args.slo, outcome, progress))
     except KeyboardInterrupt:
