@@ -19,6 +19,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, ClassVar, Literal, Protocol, Self, Union, get_args, get_origin, get_type_hints
 
+from batchbench.adapters.launch.placement import EngineCpus
 from batchbench.clock import now
 from batchbench.lora import LoraAdapter
 from batchbench.server_metrics import ServerMetrics
@@ -539,6 +540,11 @@ class Engine(ABC):
         not known here (an engine at a URL or in a container), so the machine's load cannot be told apart.
         """
         return frozenset()
+
+    def cpu_placement(self) -> EngineCpus:
+        """Where the engine runs and on which CPUs, for the results' CPU placement record. This default: inside
+        the measuring process, on whatever CPUs it has (a served engine says where its server is)."""
+        return EngineCpus("in process")
 
     @abstractmethod
     async def start(self) -> None:

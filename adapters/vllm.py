@@ -50,6 +50,13 @@ Flags, request fields and metric names were checked against vLLM 0.32.0
   tiny model). Its counters (``v1/spec_decode/metrics.py``):
   ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
   ``..._num_accepted_tokens_total``.
+- CPU threads (``envs.py``, ``utils/ompmultiprocessing.py``, ``OMPProcessManager``, used by
+  ``v1/executor/multiproc_executor.py`` as it starts each CPU worker): ``VLLM_CPU_OMP_THREADS_BIND`` is
+  ``auto`` (the default: vLLM chooses cores per NUMA node and reserves some), ``nobind`` (no binding, OpenMP's
+  own thread count), or CPU lists like ``0-2,4`` (``cpu_resource_utils.parse_id_list``), one per local rank,
+  separated by ``|``; a list sets the worker's ``OMP_NUM_THREADS`` to its length and binds one OpenMP thread to
+  each CPU (``OMP_PLACES``/``OMP_PROC_BIND``, or ``GOMP_CPU_AFFINITY``/``KMP_AFFINITY`` under a preloaded
+  libgomp/libiomp). One rank here, so a placement's engine CPUs are written as one list.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ from typing import Any, ClassVar
 
 from batchbench.adapters.base import BatchingConfig, Capabilities, EngineError, EngineHTTPError, KVLayout
 from batchbench.adapters.http import post_text
+from batchbench.adapters.launch.placement import format_cpu_list
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec, LocalRun
@@ -255,7 +263,10 @@ class VLLMEngine(OpenAICompletionsEngine):
         if self.cpu_kv_cache_gib is not None:
             # vllm-cpu sizes its KV cache from this (GiB) instead of GPU memory.
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.cpu_kv_cache_gib:g}"
-        if self.cpu_threads_bind is not None:
+        if self.cpus is not None:
+            # One OpenMP thread bound to each of the engine's CPUs (module docstring: CPU threads).
+            env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpu_list(self.cpus)
+        elif self.cpu_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_threads_bind
         if batching.prefix_caching:
             # Registers POST /reset_prefix_cache (reset_cache), so each run starts with a cold cache.
@@ -351,8 +362,10 @@ SPEC = EngineSpec(
     # vllm-cpu without torch.compile starts in ~30 s instead of ~80 s on two cores; that start-up is
     # paid per batching config, and the comparisons are made within one run. Its worker's default
     # pinning ("auto") stalled every other process of a 2-vCPU VM for up to ~1.5 s at a time under
-    # load (the load generator included); unpinned ("nobind") it did so far less. 1 GiB of KV cache
-    # (VLLM_CPU_KVCACHE_SPACE) holds about a million tokens of the tiny model.
+    # load (the load generator included); unpinned ("nobind") it did so far less. That is the binding without a
+    # CPU placement (--cpus none, one usable CPU); with one, its OpenMP threads are bound to the engine's CPUs
+    # instead (server_env), the load generator's kept apart. 1 GiB of KV cache (VLLM_CPU_KVCACHE_SPACE) holds
+    # about a million tokens of the tiny model.
     local=LocalRun(
         program=tuple(LOCAL_PROGRAM),
         adapter_options=MappingProxyType(

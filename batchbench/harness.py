@@ -28,6 +28,7 @@ from batchbench.adapters.launch.cleanup import REGISTRY as LAUNCHED
 from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.engines import EngineCache
 from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.pinning import ClientPin, pin_thread
 from batchbench.profiles import Profile
 from batchbench.records import RequestRecord
 from batchbench.runner import RunResult, run
@@ -61,6 +62,11 @@ class LoopThread:
         self.loop.close()
 
 
+async def _pin_loop_thread(options: EngineOptions) -> ClientPin:
+    """Runs on the loop's thread: pins that thread alone (and the threads it starts: the journal's, to_thread's)."""
+    return pin_thread(options)
+
+
 class Harness:
     """Session-wide engines, options and results directory for the suites."""
 
@@ -72,6 +78,9 @@ class Harness:
         # them here (the session's main thread) so a SIGTERM/SIGHUP/Ctrl-C of pytest stops them too.
         LAUNCHED.install()
         self._loop = LoopThread()
+        #: The load generator's share of the session's CPU placement: only the loop thread is pinned (the tests
+        #: around it keep every CPU); engines it launches set their own.
+        self.client_pin = self._loop.call(_pin_loop_thread(options))
         self._engines = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=max_live)
 
     @property

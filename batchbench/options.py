@@ -8,15 +8,27 @@ every engine and combination before anything starts: a bad option is a usage err
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from batchbench.adapters.base import BatchingConfig
+from batchbench.adapters.launch.placement import (
+    CPUS_FORMAT,
+    NO_AFFINITY,
+    ONE_CPU,
+    CpuPlacement,
+    can_pin,
+    default_placement,
+    parse_placement,
+    usable_cpus,
+)
 from batchbench.adapters.registry import (
     EngineOptions,
     embedded_engines,
     engine_names,
+    get_spec,
     make_engine,
     parse_engine_urls,
 )
@@ -24,7 +36,8 @@ from batchbench.profiles import PROFILES, Profile
 
 
 def add_engine_arguments(add: Callable[..., Any]) -> None:
-    """``--engine``, ``--engine-url``, ``--model``, ``--launch``, ``--profile``, ``--results-dir``, ``--batching``."""
+    """``--engine``, ``--engine-url``, ``--model``, ``--launch``, ``--profile``, ``--results-dir``, ``--batching``,
+    ``--cpus``."""
     add("--engine", action="append", default=[], choices=engine_names(),
         help=f"engine to compare (repeatable; default: {' '.join(embedded_engines())})")
     add("--engine-url", action="append", default=[], metavar="NAME=URL",
@@ -38,16 +51,21 @@ def add_engine_arguments(add: Callable[..., Any]) -> None:
     add("--batching", action="append", default=[], metavar="KEY=VALUE,...",
         help="batching config (repeatable: a grid), e.g. max_batch_size=16,chunked_prefill=false; keys: "
              f"{', '.join(BatchingConfig.__dataclass_fields__)}; 'default' is each engine's default")
+    add("--cpus", default=None, metavar="engine=LIST,client=LIST|none",
+        help="which CPUs launched engines and the load generator run on, kept apart so neither stalls the other "
+             "(default: one CPU per load-generator process, the lowest, the engine the rest; none: unplaced, as "
+             "the OS schedules them); each results document records it")
 
 
 def engine_options(
     engines: Sequence[str], *, engine_urls: Sequence[str], model: str | None, launch: str, profile: Profile,
-    results_dir: Path,
+    results_dir: Path, cpus: str | None = None,
 ) -> tuple[tuple[str, ...], EngineOptions]:
     """The selected engines (default: the embedded ones) and their options, every engine checked.
 
     Raises ValueError with a message for the user: an unknown engine, a URL for an engine that is not
-    selected, an engine that cannot run as asked (hf-static at a URL, a container without --model).
+    selected, an engine that cannot run as asked (hf-static at a URL, a container without --model), a
+    ``--cpus`` that cannot be applied (:func:`choose_placement`).
     """
     if model is not None and model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
         # A hub id is NAME or ORG/NAME; something written as a path must be there now, not fail at engine start.
@@ -57,11 +75,52 @@ def engine_options(
     for name, url in urls:
         if name not in selected:
             raise ValueError(f"--engine-url {name}={url}: engine {name!r} is not selected (add --engine {name})")
+    placement, unplaced = choose_placement(cpus, selected)
     options = EngineOptions(model=model, urls=urls, launch=launch,  # type: ignore[arg-type]
-                            max_model_len=profile.max_model_len, log_dir=results_dir / "server-logs")
+                            max_model_len=profile.max_model_len, log_dir=results_dir / "server-logs",
+                            placement=placement, unplaced=unplaced)
     for name in selected:
         make_engine(name, None, options)
     return selected, options
+
+
+def choose_placement(cpus: str | None, engines: Sequence[str],
+                     load_processes: int = 1) -> tuple[CpuPlacement | None, str | None]:
+    """``--cpus`` (None: not given) -> the placement, or None and why there is none.
+
+    Not given: :func:`default_placement` for ``load_processes`` processes sending load. An engine that serves
+    inside the measuring process cannot be kept off the load generator's CPUs, so with one selected there is
+    no default placement, and ``--cpus`` is a usage error (ValueError) like a malformed or impossible one.
+    """
+    in_process = [name for name in engines if get_spec(name).in_process]
+    if cpus is not None:
+        placement = parse_placement(cpus, usable_cpus())
+        if placement is None:
+            return None, f"turned off (--cpus {cpus})"
+        if not can_pin():
+            raise ValueError(f"--cpus {cpus!r}: {NO_AFFINITY}")
+        if in_process:
+            raise ValueError(f"--cpus {cpus!r}: {', '.join(in_process)} serves inside the measuring process, so its "
+                             "CPUs cannot be kept apart from the load generator's; leave it out, or give --cpus none "
+                             f"(--cpus takes {CPUS_FORMAT})")
+        return placement, None
+    if not can_pin():
+        return None, NO_AFFINITY
+    if in_process:
+        return None, (f"{', '.join(in_process)} serves inside the measuring process: its CPUs are the load "
+                      "generator's, nothing to place apart")
+    placement = default_placement(usable_cpus(), load_processes)
+    return (placement, None) if placement is not None else (None, ONE_CPU)
+
+
+def with_load_processes(options: EngineOptions, cpus: str | None, engines: Sequence[str],
+                        load_processes: int) -> EngineOptions:
+    """The options with the default placement made for ``load_processes`` processes sending load (a CPU each,
+    where there are CPUs to spare); a ``--cpus`` placement, or none, is kept as it is."""
+    if cpus is not None or options.placement is None or load_processes <= 1:
+        return options
+    placement, unplaced = choose_placement(None, engines, load_processes)
+    return dataclasses.replace(options, placement=placement, unplaced=unplaced)
 
 
 def batching_grid(specs: Sequence[str]) -> list[BatchingConfig | None]:

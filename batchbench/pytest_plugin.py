@@ -59,7 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
         engines, options = engine_options(
             config.getoption("--engine"), engine_urls=config.getoption("--engine-url"),
             model=config.getoption("--model"), launch=config.getoption("--launch"), profile=profile,
-            results_dir=results_dir,
+            results_dir=results_dir, cpus=config.getoption("--cpus"),
         )
         grid = tuple(batching_grid(config.getoption("--batching")))
     except ValueError as exc:

@@ -60,6 +60,7 @@ try:  # writes a record's line several times faster than json; optional
 except ImportError:  # pragma: no cover - exercised where orjson is not installed
     orjson = None  # type: ignore[assignment]
 
+from batchbench.adapters.launch.placement import EngineWhere, PlacementSource
 from batchbench.client_load import ClientLoad
 from batchbench.guardrails import Guardrails, server_summary
 from batchbench.machine_load import MachineLoad
@@ -119,6 +120,29 @@ class ScrapeStats:
     mean_scrape_s: float | None = None
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Which CPUs the engine and the load generator ran on, read back from the OS as the run started."""
+
+    source: PlacementSource | None = field(default=None, metadata=_doc(
+        "where the placement came from: batchbench's default split or --cpus; null: no placement (--cpus none, "
+        "one usable CPU, an engine serving in process, or none asked for: see reason)"))
+    applied: bool = field(default=False, metadata=_doc(
+        "there was a placement and every share that was batchbench's to place runs where it was placed (an "
+        "engine at a URL is not ours, and does not count against it)"))
+    engine: EngineWhere = field(default="not known", metadata=_doc("where the engine runs"))
+    engine_cpus: list[int] | None = field(default=None, metadata=_doc(
+        "the CPUs the engine's server runs on: a local process's affinity read back, a container's cpuset; null "
+        "where batchbench did not place it or cannot see it"))
+    client_cpus: list[list[int]] = field(default_factory=list, metadata=_doc(
+        "the CPUs of each load-generator process, read back: the measuring thread first, then each worker "
+        "process (worker 0 shares the first client CPU with the measuring process, which only collects then)"))
+    shared: bool = field(default=False, metadata=_doc(
+        "worker processes shared client CPUs (more workers than client CPUs)"))
+    reason: str | None = field(default=None, metadata=_doc(
+        "why it was not applied, in full: no placement and why, or where the OS refused (its error)"))
+
+
 _ENGINE_SCHEMA = {"required": ["engine", "batching"],
                   "properties": {"engine": {"type": "string", "minLength": 1}, "batching": {"type": "object"}}}
 _WORKLOAD_SCHEMA = {"required": ["name", "hash"],
@@ -145,6 +169,9 @@ class RunHeader:
     cache_reset: bool | None = field(default=None, metadata=_doc(
         "whether the engine's prefix cache was emptied before the run (Engine.reset_cache): false when it has "
         "nothing to reset or no way to, null when not asked"))
+    placement: Placement | None = field(default=None, metadata=_doc(
+        "which CPUs the engine and the load generator ran on (batchbench.pinning); null: not recorded (an "
+        "older document)"))
 
     @property
     def engine_name(self) -> str:

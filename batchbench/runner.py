@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchbench import environment
+from batchbench import environment, pinning
 from batchbench.adapters.base import Engine
 from batchbench.client_load import ClientLoad, ClientMeter
 from batchbench.clock import now
@@ -95,6 +95,28 @@ async def run(
     cache_reset = await engine.reset_cache() if reset_cache else None
     path = results_path(results_dir, engine, workload, tag)
     writer = JournalWriter(path)
+    client_pin = pinning.current()
+
+    def record(r: RequestRecord) -> None:
+        writer.record(r)
+        if on_record is not None:
+            on_record(r)
+
+    pool: WorkerPool | None = None
+    generator: LoadGenerator | WorkerPool
+    if workers > 1:
+        # The processes start before t0 (they take a moment, and the schedule must not wait for them) and before
+        # the header, which records the CPUs each one reports; one that fails still leaves a partial document.
+        generator = pool = WorkerPool(engine, workload, workers=workers, on_record=record, config=load,
+                                      placement=client_pin.placement if client_pin is not None else None)
+    else:
+        generator = LoadGenerator(engine, workload, on_record=record, config=load)
+    pool_failed: BaseException | None = None
+    if pool is not None:
+        try:
+            await pool.start()
+        except BaseException as exc:  # start() stopped every child
+            pool_failed = exc
     writer.begin(RunHeader(
         run_id=path.stem,
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -106,23 +128,12 @@ async def run(
         environment=environment.capture(),
         labels=labels or {},
         cache_reset=cache_reset,
+        placement=pinning.placement_record(engine, client_pin, pool.pinned if pool is not None else ()),
     ))
-    pool: WorkerPool | None = None
     try:
+        if pool_failed is not None:
+            raise pool_failed
         engine.begin_run()
-
-        def record(r: RequestRecord) -> None:
-            writer.record(r)
-            if on_record is not None:
-                on_record(r)
-
-        generator: LoadGenerator | WorkerPool
-        if workers > 1:
-            # The processes start before t0: they take a moment, and the schedule must not wait for them.
-            generator = pool = WorkerPool(engine, workload, workers=workers, on_record=record, config=load)
-            await pool.start()
-        else:
-            generator = LoadGenerator(engine, workload, on_record=record, config=load)
         t0 = now()
         scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
         meter = ClientMeter()

@@ -18,6 +18,10 @@ finishes, so the one journal gets each record even if a child dies later.
   and a LoadGenerator that knows about it; with lengths drawn from one distribution the parts end together.
 - **Static waves** need every worker to finish a wave before the next one starts: refused (one process).
 
+CPUs: with a placement, worker ``i`` pins itself to the placement's client CPU ``i`` (round robin where there are
+fewer; the first is the measuring process's too, which only collects records then) as the first thing it does,
+and says where it runs when it is ready (:attr:`WorkerPool.pinned`, for the results' placement record).
+
 Children are started with the ``spawn`` context (a fresh interpreter: never a fork of a running event loop),
 which costs about a second of start-up per run, before ``t0``. A child stops on SIGTERM (its in-flight
 requests become ``cancelled`` records, sent like the others) and when the parent's end of its pipe closes
@@ -40,9 +44,11 @@ from typing import Any
 
 from batchbench import eventloop
 from batchbench.adapters.base import Engine
+from batchbench.adapters.launch.placement import CpuPlacement
 from batchbench.client_load import ClientLoad, ClientMeter
 from batchbench.clock import now
 from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.pinning import Pinned, pin_self
 from batchbench.records import RequestRecord
 from batchbench.workload import Request, Workload
 
@@ -124,6 +130,7 @@ class _Child:
     finished: set[str] = field(default_factory=set)
     load: ClientLoad | None = None
     ended_at: float | None = None
+    pinned: Pinned | None = None
 
 
 class WorkerPool:
@@ -133,17 +140,19 @@ class WorkerPool:
     run's ``t0`` since they take a moment, and always stops them; ``await pool.run(t0)`` sends the workload.
     ``on_record`` is called in this process, on its event loop, for every record as it comes back. A child
     that dies mid-run ends its part there: each request it took with it is recorded as failed
-    (``worker_died``, saying which process and how it ended), the others' parts go on.
+    (``worker_died``, saying which process and how it ended), the others' parts go on. With a ``placement``
+    each child runs on its client CPU (:meth:`CpuPlacement.client_cpu`).
     """
 
     def __init__(self, engine: Engine, workload: Workload, *, workers: int,
                  on_record: Callable[[RequestRecord], None] = lambda record: None,
-                 config: LoadConfig | None = None) -> None:
+                 config: LoadConfig | None = None, placement: CpuPlacement | None = None) -> None:
         self.twin = engine.url_twin()  # ValueError here, before anything starts, for an in-process engine
         self.workload = workload
         self.config = config or LoadConfig()
         self.parts = partition(workload, workers)
         self.on_record = on_record
+        self.placement = placement
         self.records: list[RequestRecord] = []
         self.t0 = 0.0
         self._children: list[_Child] = []
@@ -152,6 +161,11 @@ class WorkerPool:
     def pids(self) -> frozenset[int]:
         """The worker processes' ids (they are the harness, not other work on the machine)."""
         return frozenset(c.process.pid for c in self._children if c.process.pid is not None)
+
+    @property
+    def pinned(self) -> list[Pinned]:
+        """Each started child's CPUs as it reported them when ready, in worker order."""
+        return [c.pinned for c in self._children if c.pinned is not None]
 
     @property
     def client_loads(self) -> list[ClientLoad]:
@@ -180,7 +194,8 @@ class WorkerPool:
         for index, part in enumerate(self.parts):
             ours, theirs = context.Pipe()
             config = replace(self.config, max_in_flight=max(1, in_flight[index]))
-            process = context.Process(target=_child_main, args=(self.twin, part, config, theirs),
+            cpu = self.placement.client_cpu(index) if self.placement is not None else None
+            process = context.Process(target=_child_main, args=(self.twin, part, config, theirs, cpu),
                                       name=f"batchbench-worker-{index}", daemon=True)
             process.start()
             theirs.close()  # the child holds the only writing end: its death closes the pipe
@@ -254,6 +269,7 @@ class WorkerPool:
             self.records.append(value)
             self.on_record(value)
         elif kind == "ready":
+            child.pinned = value
             child.ready.set_result(None)
         elif kind == "done":
             child.load = value
@@ -294,16 +310,18 @@ def _exit(process: BaseProcess) -> str:
     return f"exited with status {code}"
 
 
-def _child_main(engine: Engine, part: Workload, config: LoadConfig, conn: Connection) -> None:
-    """A worker process: its own event loop (the command line's), its part of the run, records to ``conn``."""
+def _child_main(engine: Engine, part: Workload, config: LoadConfig, conn: Connection, cpu: int | None) -> None:
+    """A worker process: on its client CPU (``cpu``; None: the parent's), its own event loop (the command line's),
+    its part of the run, records to ``conn``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent stops us
+    pinned = pin_self(cpu)  # first: the loop's threads and the HTTP client's inherit it
     try:
-        eventloop.run(_child(engine, part, config, conn))
+        eventloop.run(_child(engine, part, config, conn, pinned))
     except asyncio.CancelledError:
         pass  # stopped: the records were sent as they finished
 
 
-async def _child(engine: Engine, part: Workload, config: LoadConfig, conn: Connection) -> None:
+async def _child(engine: Engine, part: Workload, config: LoadConfig, conn: Connection, pinned: Pinned) -> None:
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
@@ -321,7 +339,7 @@ async def _child(engine: Engine, part: Workload, config: LoadConfig, conn: Conne
         send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     try:
-        send(("ready", None))
+        send(("ready", pinned))
         try:
             t0: float = conn.recv()  # blocking on purpose: nothing else is on this loop yet
         except (EOFError, OSError):

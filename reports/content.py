@@ -30,6 +30,7 @@ from batchbench.reports.model import (
     display_name,
 )
 from batchbench.reports.series import group_series, series_labels
+from batchbench.results import Placement
 
 _UNIT_FORMAT: dict[str, Callable[[object], str]] = {"ms": fmt.ms, "rate": fmt.rate, "fraction": fmt.pct}
 
@@ -340,6 +341,16 @@ def _compact(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
+def _placement_text(p: Placement | None) -> str:
+    """One run's CPU placement in a few words: where the engine and each load-generator process ran."""
+    if p is None:
+        return "not recorded"
+    clients = " / ".join(",".join(map(str, cpus)) for cpus in p.client_cpus)
+    engine = f"{p.engine} on CPU {','.join(map(str, p.engine_cpus))}" if p.engine_cpus is not None else p.engine
+    state = f"{p.source}, applied" if p.applied else f"not applied: {p.reason}"
+    return f"engine {engine}, client CPU {clients} ({state})"
+
+
 def environment_section(runs: list[Run]) -> Section:
     """Where each run happened, one table per distinct machine/software set, then the engines' configurations."""
     sec = Section("Environment")
@@ -355,8 +366,10 @@ def environment_section(runs: list[Run]) -> Section:
         else:
             keys = ["hostname", "platform", "python", "cpu", "cpu_count", "gpus", "packages", "batchbench_commit"]
             keys += [k for k in env if k not in keys]
+            placements = "; ".join(sorted({_placement_text(r.placement) for r in members}))
             sub.blocks.append(Table(["Field", "Value"],
-                                    [[Cell(k), Cell(_compact(env.get(k)))] for k in keys if k in env]))
+                                    [[Cell(k), Cell(_compact(env.get(k)))] for k in keys if k in env]
+                                    + [[Cell("cpu placement"), Cell(placements)]]))
         sub.blocks.append(Para("Runs: " + ", ".join(sorted({r.run_id for r in members}))))
         sec.blocks.append(sub)
     rows = []

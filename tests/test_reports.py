@@ -223,8 +223,9 @@ def test_markdown_table_shows_each_engines_stored_figures(two_engines: Path, tmp
     assert rows["vllm"]["batching_label"] == "continuous-bs4"
     assert rows["vllm"]["workload"] == {"name": "chat", "hash": chat_workload(4).hash()}
     assert rows["vllm"]["summary_source"] == "document"
-    # the environment section names the machine
+    # the environment section names the machine, and the CPU placement (these documents predate it)
     assert "bench-01" in md and "## Environment" in md
+    assert "| cpu placement | not recorded |" in md
 
 
 def test_ttft_by_bucket_table_uses_the_harness_buckets(two_engines: Path, tmp_path: Path) -> None:

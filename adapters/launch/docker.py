@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from batchbench.adapters.base import EngineCannotRunHere, EngineDied, EngineError
 from batchbench.adapters.launch.cleanup import REGISTRY, CleanupRegistry
 from batchbench.adapters.launch.images import ContainerSpec, load_specs, specs_path
+from batchbench.adapters.launch.placement import EngineCpus, format_cpu_list
 from batchbench.adapters.launch.secrets import is_secret_name, redact, redact_env, token_env
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,8 +187,10 @@ class DockerLaunch:
         image: str | None = None,
         stop_timeout: int = 20,
         pull: bool = True,
+        cpus: frozenset[int] | None = None,
         registry: CleanupRegistry | None = None,
     ) -> None:
+        """``cpus``: the engine's CPUs (a placement's ``engine_cpus``), the container's cpuset; None: any."""
         spec = spec if spec is not None else load_specs()[engine]
         if image is not None:
             spec = replace(spec, image=image)
@@ -204,6 +207,7 @@ class DockerLaunch:
         self.url_host = url_host or ("127.0.0.1" if publish_ip in ("0.0.0.0", "") else publish_ip)
         self.stop_timeout = stop_timeout
         self.pull = pull
+        self.cpus = cpus
         self.registry = registry if registry is not None else REGISTRY
         self._client = client
         self._own_client = client is None
@@ -249,6 +253,10 @@ class DockerLaunch:
     def log_file(self) -> Path | None:
         return None
 
+    def placement(self) -> EngineCpus:
+        """The container's cpuset as created (the daemon refuses a cpuset it cannot apply: the start fails)."""
+        return EngineCpus("container", self.cpus)
+
     def describe(self) -> dict[str, Any]:
         """Image, container and configuration, for the results; never a secret."""
         return {
@@ -269,6 +277,7 @@ class DockerLaunch:
             "shm_size": self.spec.shm_size if self.spec.ipc_mode != "host" else None,
             "ipc_mode": self.spec.ipc_mode,
             "ulimits": dict(self.spec.ulimits),
+            "cpuset_cpus": format_cpu_list(self.cpus) if self.cpus is not None else None,
             "hf_cache": {"host": self.hf_cache, "container": self.spec.hf_home} if self.hf_cache else None,
             "files": sorted(self.files),
             "url": self.url,
@@ -362,6 +371,8 @@ class DockerLaunch:
             kwargs["ulimits"] = [docker.types.Ulimit(name=k, soft=v, hard=v) for k, v in spec.ulimits.items()]
         if self.hf_cache:
             kwargs["volumes"] = {self.hf_cache: {"bind": spec.hf_home, "mode": "rw"}}
+        if self.cpus is not None:
+            kwargs["cpuset_cpus"] = format_cpu_list(self.cpus)  # HostConfig.CpusetCpus
         return kwargs
 
     def _start_sync(self, argv: list[str], env: dict[str, str]) -> str:

@@ -10,6 +10,12 @@ interpreter exit and SIGINT, SIGTERM and SIGHUP stop it too.
 Its output goes to a log file so a failed start can show why; it runs in a
 temporary working directory (where :meth:`LocalProcess.start` puts the
 server's ``files``) that is removed when it stops.
+
+CPUs: the child takes the engine's share of a CPU placement as its affinity
+before exec (:mod:`.placement`), so the server and every process it forks stay
+off the load generator's CPUs. Without one it is given back every CPU this
+process started with: a thread that launches it may be pinned to the client's
+CPU, and its child would inherit that.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.adapters.launch.cleanup import REGISTRY, CleanupRegistry
+from batchbench.adapters.launch.placement import EngineCpus, can_pin, format_cpu_list, usable_cpus
 
 
 def free_port() -> int:
@@ -95,10 +102,13 @@ class LocalProcess:
         log_dir: Path | None = None,
         stop_timeout: float = 20.0,
         niceness: int = 0,
+        cpus: frozenset[int] | None = None,
         registry: CleanupRegistry | None = None,
     ) -> None:
+        """``cpus``: the engine's CPUs (a placement's ``engine_cpus``); None: every CPU this process started with."""
         self.program = program
         self.niceness = niceness
+        self.cpus = cpus
         self.log_dir = log_dir
         self.stop_timeout = stop_timeout
         self.registry = registry if registry is not None else REGISTRY
@@ -147,9 +157,29 @@ class LocalProcess:
         return f"http://127.0.0.1:{port}"
 
     def _in_child(self) -> None:
-        """Runs in the server process before exec."""
+        """Runs in the server process before exec (its output already goes to the log)."""
         if self.niceness:
             os.nice(self.niceness)
+        if can_pin():
+            cpus = self.cpus if self.cpus is not None else usable_cpus()
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError as exc:  # the server still runs; placement() reads back where, and says it was refused
+                os.write(2, f"batchbench: the OS refused CPU affinity {format_cpu_list(cpus)}: {exc}\n".encode())
+
+    def placement(self) -> EngineCpus:
+        """The server's CPUs as the OS reports them now; ``refused`` where they are not the ones asked for."""
+        if self.proc is None or self.proc.poll() is not None or not can_pin():
+            return EngineCpus("local process", self.cpus)
+        try:
+            running_on = frozenset(os.sched_getaffinity(self.proc.pid))
+        except OSError:  # it exited between the two calls
+            return EngineCpus("local process", self.cpus)
+        refused = None
+        if self.cpus is not None and running_on != self.cpus:
+            refused = (f"the server runs on CPU {format_cpu_list(running_on)}, not {format_cpu_list(self.cpus)} as "
+                       "placed: the OS refused its affinity (see its log)")
+        return EngineCpus("local process", running_on, refused)
 
     @property
     def pid(self) -> int | None:
@@ -163,7 +193,8 @@ class LocalProcess:
         return self.log_path
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "local", "pid": self.pid}
+        return {"kind": "local", "pid": self.pid,
+                "cpus": format_cpu_list(self.cpus) if self.cpus is not None else None}
 
     def dead(self) -> str | None:
         if self.proc is None:

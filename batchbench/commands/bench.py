@@ -40,11 +40,12 @@ from batchbench.commands.common import (
     check_lora_adapters,
     make_run_dir,
     one_batching,
+    place_client,
     serve_lora_adapters,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan
-from batchbench.options import add_engine_arguments, engine_options
+from batchbench.options import add_engine_arguments, engine_options, with_load_processes
 from batchbench.profiles import get_profile
 from batchbench.progress import Progress
 from batchbench.slo import Slo
@@ -150,10 +151,12 @@ def main(args: argparse.Namespace) -> int:
     levels = args.rate if args.rate is not None else (args.concurrency or [float(profile.concurrency)])
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
-                                          launch=args.launch, profile=profile, results_dir=args.results_dir)
+                                          launch=args.launch, profile=profile, results_dir=args.results_dir,
+                                          cpus=args.cpus)
         batching = one_batching(args.batching, "bench", engines)
         work = plan(args, profile, kind=kind, levels=levels, engines=engines)
         check_lora_adapters(args.lora_adapters, engines, batching)
+        options = with_load_processes(options, args.cpus, engines, work.most_workers(kind, levels))
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -170,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
     timeout_s = args.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
     try:
-        with progress:
+        with place_client(options), progress:
             eventloop.run(_sweep(engines, options, batching, work, kind, levels, args, run_dir, timeout_s, sweep,
                                  progress))
     except KeyboardInterrupt:

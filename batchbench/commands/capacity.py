@@ -36,11 +36,12 @@ from batchbench.commands.common import (
     check_lora_adapters,
     make_run_dir,
     one_batching,
+    place_client,
     serve_lora_adapters,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan, positive_number
-from batchbench.options import add_engine_arguments, engine_options
+from batchbench.options import add_engine_arguments, engine_options, with_load_processes
 from batchbench.profiles import get_profile
 from batchbench.progress import Progress
 
@@ -132,11 +133,14 @@ def main(args: argparse.Namespace) -> int:
     kind: LevelKind = args.by
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
-                                          launch=args.launch, profile=profile, results_dir=args.results_dir)
+                                          launch=args.launch, profile=profile, results_dir=args.results_dir,
+                                          cpus=args.cpus)
         batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
         work = plan(args, profile, kind=kind, levels=[args.start, args.max_level], engines=engines)
         check_lora_adapters(args.lora_adapters, engines, batching)
+        options = with_load_processes(options, args.cpus, engines,
+                                      work.most_workers(kind, [args.start, args.max_level]))
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -154,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
     timeout_s = args.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
     try:
-        with progress:
+        with place_client(options), progress:
             eventloop.run(_find(engines, options, batching, work, kind, args, run_dir, timeout_s, found, progress))
     except KeyboardInterrupt:
         print(f"\nbatchbench: interrupted; {len(found.points)} finished run(s) and capacity.json are in {run_dir}",

@@ -7,7 +7,8 @@ import dataclasses
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from batchbench.findings import QUESTIONS, Findings
 from batchbench.findings.decisions import slo_text
 from batchbench.fixtures import tiny_model_dir
 from batchbench.lora import AdapterSpec, LoraAdapter, materialize
+from batchbench.pinning import pinned_process
 from batchbench.progress import EngineStart, Progress
 from batchbench.runner import RunResult
 from batchbench.slo import Slo
@@ -98,6 +100,21 @@ def serve_lora_adapters(specs: tuple[AdapterSpec, ...], options: EngineOptions, 
     model_dir = tiny_model_dir() if options.model is None else Path(options.model)
     adapters = materialize(specs, model_dir if model_dir.is_dir() else None, run_dir / "lora-adapters", seed=seed)
     return dataclasses.replace(options, lora_adapters=adapters)
+
+
+@contextmanager
+def place_client(options: EngineOptions) -> Iterator[None]:
+    """This whole process, the load generator, on the placement's first client CPU for the block, which starts
+    the engines (a launched engine sets its own CPUs), having said where everything goes; the OS refusing is
+    said too, and recorded in every results document, but does not stop the measurement."""
+    with pinned_process(options) as pin:
+        if pin.placement is None:
+            print(f"batchbench: no CPU placement: {pin.unplaced}")
+        else:
+            print(f"batchbench: {pin.placement.describe()}")
+        if pin.refused is not None:
+            print(f"batchbench: warning: the load generator is not pinned: {pin.refused}", file=sys.stderr)
+        yield
 
 
 def make_run_dir(results_dir: Path, prefix: str) -> Path | None:

@@ -56,6 +56,7 @@ from batchbench.commands.common import (
     failure_lines,
     make_run_dir,
     parsed_by,
+    place_client,
     positive_int,
     positive_seconds,
     write_report,
@@ -310,7 +311,8 @@ def main(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
-                                          launch=args.launch, profile=profile, results_dir=args.results_dir)
+                                          launch=args.launch, profile=profile, results_dir=args.results_dir,
+                                          cpus=args.cpus)
         if args.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
@@ -325,7 +327,7 @@ def main(args: argparse.Namespace) -> int:
                             args.time_budget)
     progress = Progress.for_terminal()
     try:
-        with progress:
+        with place_client(options), progress:
             eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, repetition,
                                  timeout_s, args.scrape_interval, args.slo, outcome, progress))
     except KeyboardInterrupt:

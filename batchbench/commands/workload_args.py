@@ -161,6 +161,13 @@ class WorkloadPlan:
             return 1
         return auto_workers(workload) if self.workers is None else self.workers
 
+    def most_workers(self, kind: LevelKind, levels: list[float]) -> int:
+        """The most worker processes any of ``levels`` sends from (a served engine): how many client CPUs the
+        default CPU placement sets aside."""
+        if self.workers is not None:
+            return self.workers
+        return max(auto_workers(self.workload(kind, level)) for level in levels)
+
     def load(self, request_timeout_s: float) -> LoadConfig:
         return LoadConfig(request_timeout_s=request_timeout_s, send_until_s=self.duration_s)
 
