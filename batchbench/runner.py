@@ -109,7 +109,7 @@ async def run(
     ))
     pool: WorkerPool | None = None
     try:
-        engine.begin_run()
+        await engine.begin_run()
 
         def record(r: RequestRecord) -> None:
             writer.record(r)
@@ -148,7 +148,7 @@ async def run(
                 await pool.close()
             summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
                                 tpot_slo_s=tpot_slo_s)
-            report = engine.report()
+            report = await engine.report()
             client = meter.result(generator.records) if pool is None else \
                 ClientLoad.combined([meter.result(), *pool.client_loads])
             machine = machine_meter.result()

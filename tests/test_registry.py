@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from batchbench.adapters import registry
 from batchbench.adapters.base import BatchingConfig
+from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.adapters.launch.docker import DockerLaunch
 from batchbench.adapters.launch.local import LocalProcess
-from batchbench.adapters.registry import EngineOptions, make_engine, parse_engine_urls
+from batchbench.adapters.registry import EngineOptions, get_spec, make_engine, parse_engine_urls
 from batchbench.adapters.vllm import VLLMEngine
 
 
@@ -31,8 +33,19 @@ def test_each_way_to_reach_an_engine() -> None:
     assert isinstance(container.launch, DockerLaunch) and container.model.path == "org/model"
 
 
+def test_hf_static_is_a_local_process_or_a_server_at_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_gpu_host", lambda: True)  # it has no container: local even on a GPU host
+    local = make_engine("hf-static", None, EngineOptions())
+    assert isinstance(local, HFStaticEngine) and isinstance(local.launch, LocalProcess)
+    assert local.launch.program == list(get_spec("hf-static").local.program)  # type: ignore[union-attr]
+    assert local.model.request_name == "tiny-llama"
+    remote = make_engine("hf-static", None, EngineOptions(urls=(("hf-static", "http://h:1/v1"),)))
+    assert isinstance(remote, HFStaticEngine) and remote.launch is None and remote.url == "http://h:1"
+    with pytest.raises(ValueError, match="has no container"):
+        make_engine("hf-static", None, EngineOptions(launch="docker"))
+
+
 @pytest.mark.parametrize(("name", "options", "message"), [
-    ("hf-static", EngineOptions(urls=(("hf-static", "http://h:1"),)), "no URL mode"),
     ("tgi", EngineOptions(), "needs --model"),
     ("trtllm", EngineOptions(model="m", launch="local"), "no local launcher"),
     ("nope", EngineOptions(), "unknown engine"),

@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir)
         batching = one_batching(args.batching, "bench", engines)
-        work = plan(args, profile, kind=kind, levels=levels, engines=engines)
+        work = plan(args, profile, kind=kind, levels=levels)
         check_lora_adapters(args.lora_adapters, engines, batching)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)

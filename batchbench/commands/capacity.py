@@ -135,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
                                           launch=args.launch, profile=profile, results_dir=args.results_dir)
         batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
-        work = plan(args, profile, kind=kind, levels=[args.start, args.max_level], engines=engines)
+        work = plan(args, profile, kind=kind, levels=[args.start, args.max_level])
         check_lora_adapters(args.lora_adapters, engines, batching)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
