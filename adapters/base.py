@@ -591,8 +591,9 @@ class Engine(ABC):
         Raises ValueError where there is no server to reach (an engine serving inside this process)."""
         raise ValueError(f"engine {self.name!r} serves inside this process: another process cannot reach it")
 
-    def begin_run(self) -> None:
-        """Start engine-side accounting afresh: one engine instance serves many runs."""
+    async def begin_run(self) -> None:
+        """Start engine-side accounting afresh: one engine instance serves many runs. Async: the accounting
+        may be the server's (hf-static's is kept in its own process)."""
 
     async def reset_cache(self) -> bool:
         """Drop what the engine cached from earlier requests (its prefix cache), so the next run starts cold.
@@ -603,8 +604,11 @@ class Engine(ABC):
         """
         return False
 
-    def report(self) -> dict[str, Any]:
-        """Engine-side accounting gathered since :meth:`begin_run` (e.g. padding), JSON-able."""
+    async def report(self) -> dict[str, Any]:
+        """Engine-side accounting gathered since :meth:`begin_run` (e.g. padding), JSON-able.
+
+        Called as a run ends, before its results are written: it must not raise for an engine that died
+        (answer what is known, or why nothing is)."""
         return {}
 
     async def __aenter__(self) -> Engine:

@@ -1,306 +1,208 @@
-"""hf-static: the classic static-batching baseline, real compute, in process.
+"""hf-static: the classic static-batching baseline, real compute, in a server process of its own.
 
-Requests are gathered into a batch, left-padded to the longest prompt and run
-through Hugging Face transformers' ``generate()`` as one tensor. Nothing joins
-a running batch; every slot decodes until the longest request of the batch is
-done. Pad tokens in prefill and the decode steps of finished slots are counted
-exactly (see :meth:`HFStaticEngine.report`): that waste is what continuous
+Requests are gathered into a batch, left-padded to the longest prompt and run through Hugging Face
+transformers' ``generate()`` as one tensor (:mod:`batchbench.adapters.hf_server`, launched as a local
+process or run by hand and reached at a URL). Nothing joins a running batch; every slot decodes until
+the longest request of the batch is done. Pad tokens in prefill and the decode steps of finished slots
+are counted exactly by the server (see :meth:`HFStaticEngine.report`): that waste is what continuous
 batching removes.
 
-The model is the tiny Llama config in fixtures/ with seeded random weights,
-so nothing is downloaded; any local Llama-style config directory works.
+The server speaks vLLM's completions stream, so the client side is the OpenAI-compatible one
+(:class:`~batchbench.adapters.openai_compat.OpenAICompletionsEngine` over the fast stream client):
+hf-static is timed on the client's clock exactly as vLLM is, and its model steps no longer hold the
+load generator's GIL.
+
+The model is the tiny Llama config in fixtures/ with seeded random weights, so nothing is downloaded;
+any local Llama-style config directory works.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+import importlib.util
+import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import (
     BatchingConfig,
     Capabilities,
-    Chunk,
-    Engine,
-    EngineDied,
+    EngineCannotRunHere,
+    EngineError,
+    EngineHTTPError,
     EngineNotHealthy,
     ModelRef,
-    Usage,
 )
-from batchbench.adapters.spec import EngineSpec
+from batchbench.adapters.http import get_json, post_text
+from batchbench.adapters.launch import Launch
+from batchbench.adapters.launch.local import LocalProcess
+from batchbench.adapters.openai_compat import OpenAICompletionsEngine
+from batchbench.adapters.prometheus import Samples
+from batchbench.adapters.spec import EngineSpec, LocalRun
 from batchbench.clock import now
 from batchbench.fixtures import tiny_model_dir
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Request
 
-#: Marks the end of one request's token stream on its queue.
-_END = -1
+#: The server program in front of :meth:`HFStaticEngine.server_args`.
+LOCAL_PROGRAM = (sys.executable, "-m", "batchbench.adapters.hf_server")
+#: Padded batch size when BatchingConfig.max_batch_size is unset.
+DEFAULT_BATCH_SIZE = 8
 
 
-@dataclass
-class BatchStat:
-    """Accounting for one padded batch, in token slots."""
+class HFStaticEngine(OpenAICompletionsEngine):
+    """Static batching with padding, over transformers ``generate()`` in :mod:`batchbench.adapters.hf_server`.
 
-    size: int
-    prompt_lens: list[int]
-    output_lens: list[int]
-    padded_prompt_len: int
-    decode_steps: int
-    started_s: float
-    #: None while the batch is still decoding.
-    duration_s: float | None
+    BatchingConfig mapping: max_batch_size is the padded batch size (``--max-batch-size``, default 8);
+    a batch closes when it is full or ``batch_window_s`` after its first request arrived.
+    max_batched_tokens, chunked prefill and KV capacity have no meaning here and are refused, and so is
+    speculative decoding: ``generate()``'s prompt lookup (``prompt_lookup_num_tokens``) is assisted
+    generation, which transformers 5.19 refuses for more than one sequence ("assisted generate is only
+    supported for batch_size = 1", ``generation/utils.py``), so it cannot speculate over a padded batch.
+    ``threads`` is the server's torch thread count (``--threads``; None: one per CPU it is placed on, else torch's
+    default).
 
-    @property
-    def prompt_pad_tokens(self) -> int:
-        return self.size * self.padded_prompt_len - sum(self.prompt_lens)
-
-    @property
-    def idle_decode_slots(self) -> int:
-        return self.size * self.decode_steps - sum(self.output_lens)
-
-
-@dataclass
-class _Pending:
-    request: Request
-    queue: asyncio.Queue[int]
-
-
-class HFStaticEngine(Engine):
-    """Static batching with padding, over transformers ``generate()``.
-
-    BatchingConfig mapping: max_batch_size is the padded batch size (default
-    8); a batch closes when it is full or ``batch_window_s`` after its first
-    request arrived. max_batched_tokens, chunked prefill and KV capacity have
-    no meaning here and are refused, and so is speculative decoding:
-    ``generate()``'s prompt lookup (``prompt_lookup_num_tokens``) is assisted
-    generation, which transformers 5.19 refuses for more than one sequence
-    ("assisted generate is only supported for batch_size = 1",
-    ``generation/utils.py``), so it cannot speculate over a padded batch.
+    Without ``url`` or ``launch`` the server is launched here as a local process.
     """
 
     name: ClassVar[str] = "hf-static"
     capabilities: ClassVar[Capabilities] = Capabilities(
         batching_modes=frozenset({"static"}), server_metrics=True, pads_batches=True
     )
+    metric_prefixes: ClassVar[tuple[str, ...] | None] = ("batchbench_hf_",)
 
     def __init__(
         self,
         batching: BatchingConfig | None = None,
         *,
         model: ModelRef | None = None,
+        url: str | None = None,
+        launch: Launch | None = None,
         seed: int = 0,
         dtype: str = "bfloat16",
         batch_window_s: float = 0.02,
         threads: int | None = None,
         startup_timeout: float = 120.0,
+        **served: Any,
     ) -> None:
-        super().__init__(batching or BatchingConfig(mode="static", max_batch_size=8), startup_timeout=startup_timeout)
-        b = self.batching
+        if model is None:  # at a URL, the server is asked which model it serves
+            model = ModelRef("") if url is not None else \
+                ModelRef(str(tiny_model_dir()), dummy_weights=True, served_name=tiny_model_dir().name)
+        if url is None and launch is None:
+            launch = LocalProcess(list(LOCAL_PROGRAM))
+        super().__init__(batching or BatchingConfig(mode="static", max_batch_size=DEFAULT_BATCH_SIZE), model=model,
+                         url=url, launch=launch, startup_timeout=startup_timeout, **served)
+        self.max_batch_size = self.batching.max_batch_size or DEFAULT_BATCH_SIZE
+        #: A Llama-style config folder; its weights are always seeded random ones (nothing is downloaded).
+        self.model_dir = Path(self.model.path)
+        self.seed = seed
+        self.dtype = dtype
+        self.batch_window_s = batch_window_s
+        #: Torch threads of the server: given, else one per CPU of its placement (``cpus``), else torch's default.
+        self.threads = threads if threads is not None else (len(self.cpus) if self.cpus else None)
+        #: What the server says it runs (``GET /batchbench/info``), once it is healthy.
+        self.server_info: dict[str, Any] | None = None
+
+    @classmethod
+    def check_config(cls, batching: BatchingConfig, *, max_model_len: int | None = None) -> None:
+        super().check_config(batching, max_model_len=max_model_len)
+        b = batching
         if b.max_batched_tokens is not None or b.chunked_prefill or b.kv_capacity_tokens is not None:
             raise ValueError(
                 "engine 'hf-static' pads whole batches: max_batched_tokens, chunked_prefill and "
                 "kv_capacity_tokens do not apply (set only max_batch_size)"
             )
-        self.max_batch_size = b.max_batch_size or 8
-        #: A Llama-style config folder; its weights are always seeded random ones (nothing is downloaded).
-        self.model_dir = Path(model.path) if model is not None else tiny_model_dir()
-        self.seed = seed
-        self.dtype = dtype
-        self.batch_window_s = batch_window_s
-        self.threads = threads
-        self.batches: list[BatchStat] = []
-        self._model: Any = None
-        self._pending: asyncio.Queue[_Pending] | None = None
-        self._worker: asyncio.Task[None] | None = None
-        self._running = 0
-        #: Requests served in full since start (the ``completed`` counter of :meth:`scrape`).
-        self._completed = 0
-        self._error: BaseException | None = None
-        self._t0 = now()
-        self.startup_s: float | None = None
-        self.versions: dict[str, str] = {}
 
-    def _load(self) -> Any:
-        import torch
-        import transformers
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        if self.threads:
-            torch.set_num_threads(self.threads)
-        config = AutoConfig.from_pretrained(self.model_dir)
-        torch.manual_seed(self.seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, self.dtype))
-        model.eval()
-        self.versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-        return model
+    def server_args(self, batching: BatchingConfig, *, host: str, port: int) -> list[str]:
+        args = ["--model", str(self.model_dir), "--max-batch-size", str(self.max_batch_size),
+                "--batch-window-s", f"{self.batch_window_s:g}", "--dtype", self.dtype, "--seed", str(self.seed),
+                "--host", host, "--port", str(port)]
+        if self.model.served_name:
+            args += ["--served-model-name", self.model.served_name]
+        if self.threads is not None:
+            args += ["--threads", str(self.threads)]
+        return args
 
     async def start(self) -> None:
-        self._t0 = now()
-        self._pending = asyncio.Queue()
-        self._error = None
-        self._completed = 0
-        try:
-            self._model = await asyncio.to_thread(self._load)
-        except (OSError, ValueError) as exc:  # no such folder, no config.json in it, a config transformers refuses
-            raise EngineNotHealthy(self.name, f"cannot load the model config from {self.model_dir}: {exc}",
-                                   permanent=True) from exc
-        self._worker = asyncio.create_task(self._batch_loop(), name="hf-static-batcher")
-        self.startup_s = now() - self._t0
+        if self.launch is not None:
+            # Said here, at once, rather than by a server that exits before it listens.
+            if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
+                raise EngineCannotRunHere(self.name, "cannot run here: it needs torch and transformers "
+                                          "(pip install -e '.[cpu]')")
+            if not (self.model_dir / "config.json").is_file():
+                raise EngineNotHealthy(self.name, f"cannot load the model config from {self.model_dir}: "
+                                       "no config.json there", permanent=True)
+        await super().start()
 
     async def wait_healthy(self, timeout: float) -> None:
-        if self._model is None:
-            raise EngineNotHealthy(self.name, "model not loaded (start() not called or failed)")
-        if self._worker is None or self._worker.done():
-            raise EngineDied(self.name, f"batcher is not running: {self._error!r}")
-
-    async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-            self._worker = None
-        self._model = None
-
-    async def _batch_loop(self) -> None:
-        assert self._pending is not None
-        loop = asyncio.get_running_loop()
+        """Healthy, then its settings read: a server run by hand must batch as this adapter was configured."""
+        await super().wait_healthy(timeout)
+        assert self.client is not None
         try:
-            while True:
-                batch = [await self._pending.get()]
-                deadline = loop.time() + self.batch_window_s
-                while len(batch) < self.max_batch_size:
-                    timeout = deadline - loop.time()
-                    if timeout <= 0 and self._pending.empty():
-                        break
-                    try:
-                        batch.append(await asyncio.wait_for(self._pending.get(), max(timeout, 0)))
-                    except TimeoutError:
-                        break
-                self._running = len(batch)
-                started = now()
-                plens, olens = [p.request.prompt_len for p in batch], [p.request.max_tokens for p in batch]
-                # Recorded before it runs: a request's stream ends with its own last token, so a run
-                # can end while the slots of its last batch are still decoding.
-                stat = BatchStat(size=len(batch), prompt_lens=plens, output_lens=olens, padded_prompt_len=max(plens),
-                                 decode_steps=max(olens), started_s=started - self._t0, duration_s=None)
-                self.batches.append(stat)
-                await asyncio.to_thread(self._generate, batch, loop)
-                stat.duration_s = now() - started
-                self._running = 0
-        except asyncio.CancelledError:
+            self.server_info = info = await get_json(self.client, self.name, "/batchbench/info")
+        except EngineHTTPError as exc:
+            if exc.status == 404:
+                raise EngineHTTPError(self.name, f"{self.base_url} is not an hf-static server: {exc.detail}",
+                                      status=404, permanent=True) from exc
             raise
-        except BaseException as exc:  # the batcher dying must fail every waiting request, not hang them
-            self._error = exc
-            while self._pending is not None and not self._pending.empty():
-                self._pending.get_nowait().queue.put_nowait(_END)
-            raise
+        if info.get("max_batch_size") != self.max_batch_size:
+            raise EngineNotHealthy(
+                self.name, f"the server at {self.base_url} pads batches of {info.get('max_batch_size')}, not "
+                f"{self.max_batch_size}: give --batching mode=static,max_batch_size={info.get('max_batch_size')} "
+                "or start it with that --max-batch-size", permanent=True)
 
-    def _generate(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
-        """Run one padded batch; push each request's tokens to its queue as they are decoded."""
-        import torch
-        from transformers.generation.streamers import BaseStreamer
+    def payload(self, request: Request) -> dict[str, Any]:
+        return {
+            "model": self.model.request_name,
+            "prompt": list(request.prompt_token_ids),
+            "max_tokens": request.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
 
-        pad = self._model.config.pad_token_id or 0
-        width = max(p.request.prompt_len for p in batch)
-        rows = [[pad] * (width - p.request.prompt_len) + list(p.request.prompt_token_ids) for p in batch]
-        mask = [[0] * (width - p.request.prompt_len) + [1] * p.request.prompt_len for p in batch]
-        steps = max(p.request.max_tokens for p in batch)
-        wants = [p.request.max_tokens for p in batch]
-
-        class _PerStep(BaseStreamer):
-            """Receives one token per slot per decode step; the first put is the prompt."""
-
-            def __init__(self) -> None:
-                self.step = -1
-
-            def put(self, value: Any) -> None:
-                self.step += 1
-                if self.step == 0:
-                    return
-                for i, p in enumerate(batch):
-                    if self.step <= wants[i]:
-                        loop.call_soon_threadsafe(p.queue.put_nowait, self.step)
-                        if self.step == wants[i]:
-                            loop.call_soon_threadsafe(p.queue.put_nowait, _END)
-
-            def end(self) -> None:
-                pass
-
-        streamer = _PerStep()
-        with torch.inference_mode():
-            self._model.generate(
-                input_ids=torch.tensor(rows),
-                attention_mask=torch.tensor(mask),
-                max_new_tokens=steps,
-                min_new_tokens=steps,  # ignore EOS: every request gets exactly its max_tokens
-                do_sample=False,
-                pad_token_id=pad,
-                streamer=streamer,
-            )
-
-    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
-        if self._pending is None or self._worker is None or self._worker.done():
-            raise EngineDied(self.name, f"not running ({self._error!r})", request_id=request.request_id)
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        await self._pending.put(_Pending(request, queue))
-        produced = 0
-        while True:
-            item = await queue.get()
-            t = now()
-            if item == _END:
-                break
-            produced += 1
-            yield Chunk(t=t, n_tokens=1)
-        if produced < request.max_tokens:
-            raise EngineDied(self.name, f"batcher failed: {self._error!r}", request_id=request.request_id)
-        self._completed += 1
-        yield Chunk(t=now(), n_tokens=0, usage=Usage(request.prompt_len, produced), finish_reason="length")
-
-    async def scrape(self) -> ServerMetrics:
+    def normalize(self, samples: Samples) -> ServerMetrics:
         return ServerMetrics(
-            t=now(), running=float(self._running),
-            waiting=float(self._pending.qsize()) if self._pending is not None else None,
-            completed=float(self._completed),
+            t=now(),
+            running=samples.sum("batchbench_hf_num_requests_running"),
+            waiting=samples.sum("batchbench_hf_num_requests_waiting"),
+            completed=samples.sum("batchbench_hf_request_success_total"),
         )
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "engine": self.name,
-            "batching": self.batching.to_dict(),
-            "model": {"path": self.model_dir.name, "dummy_weights": True, "seed": self.seed, "dtype": self.dtype},
-            "batch_window_s": self.batch_window_s,
-            "versions": self.versions,
-            "startup_s": self.startup_s,
+        """The served engine's description, with the settings the server reports (a server run by hand has its
+        own) in the fields hf-static always had."""
+        info = self.server_info or {}
+        return super().describe() | {
+            "model": {"path": info.get("model", self.model_dir.name), "dummy_weights": True,
+                      "seed": info.get("seed", self.seed), "dtype": info.get("dtype", self.dtype)},
+            "batch_window_s": info.get("batch_window_s", self.batch_window_s),
+            "threads": info.get("threads", self.threads),
+            "versions": info.get("versions", {}),
+            "server_build_s": {"import": info.get("import_s"), "model": info.get("build_s")},
         }
 
-    def report(self) -> dict[str, Any]:
-        pad = sum(b.prompt_pad_tokens for b in self.batches)
-        prompt_slots = sum(b.size * b.padded_prompt_len for b in self.batches)
-        idle = sum(b.idle_decode_slots for b in self.batches)
-        decode_slots = sum(b.size * b.decode_steps for b in self.batches)
-        return {
-            "batches": [asdict(b) | {"prompt_pad_tokens": b.prompt_pad_tokens,
-                                     "idle_decode_slots": b.idle_decode_slots} for b in self.batches],
-            "prompt_pad_tokens": pad,
-            "prompt_pad_fraction": pad / prompt_slots if prompt_slots else None,
-            "idle_decode_slots": idle,
-            "decode_idle_fraction": idle / decode_slots if decode_slots else None,
-        }
+    async def begin_run(self) -> None:
+        """``POST /batchbench/begin_run``: the server's batch accounting starts afresh."""
+        assert self.client is not None, "begin_run() before start()"
+        await post_text(self.client, self.name, "/batchbench/begin_run")
 
-    def begin_run(self) -> None:
-        self.batches = []
-        self._t0 = now()
+    async def report(self) -> dict[str, Any]:
+        """``GET /batchbench/report``: the batches since :meth:`begin_run`, their pad tokens
+        (``prompt_pad_tokens``, ``prompt_pad_fraction``) and idle decode slots (``idle_decode_slots``,
+        ``decode_idle_fraction``). A server that cannot answer (it died during the run) gives
+        ``{"error": why}``: the run's results are still written."""
+        assert self.client is not None, "report() before start()"
+        try:
+            return await get_json(self.client, self.name, "/batchbench/report")  # type: ignore[no-any-return]
+        except EngineError as exc:
+            return {"error": str(exc)}
 
 
 SPEC = EngineSpec(
     name="hf-static",
     engine_class=HFStaticEngine,
-    summary="transformers generate() over left-padded batches: real static batching with real padding, in process",
+    summary="transformers generate() over left-padded batches: real static batching with real padding, "
+            "in a local server process",
     embedded=True,
-    in_process=True,
+    local=LocalRun(program=LOCAL_PROGRAM),
     container=False,
 )

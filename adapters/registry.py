@@ -34,14 +34,14 @@ TINY_MODEL_NAME = "tiny-llama"
 def specs() -> dict[str, EngineSpec]:
     """Every engine this package declares, by ``--engine`` name.
 
-    Embedded engines first (served before in-process), then by name.
+    Embedded engines first, then by name.
     """
     found: list[EngineSpec] = []
     for module in pkgutil.iter_modules(batchbench.adapters.__path__, "batchbench.adapters."):
         spec = getattr(importlib.import_module(module.name), "SPEC", None)
         if isinstance(spec, EngineSpec):
             found.append(spec)
-    found.sort(key=lambda s: (not s.embedded, s.in_process, s.name))
+    found.sort(key=lambda s: (not s.embedded, s.name))
     return {s.name: s for s in found}
 
 
@@ -127,9 +127,9 @@ def _gpu_host() -> bool:
 def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptions) -> Engine:
     """Build (not start) the adapter for ``name`` as the options say.
 
-    Four ways to run an engine: in process (hf-static), ``--engine-url`` (someone else runs it), a
-    local process (the default where the engine has one and there is no GPU), or a container (the
-    default on a GPU host).
+    Three ways to run an engine: ``--engine-url`` (someone else runs it), a local process (the default
+    where the engine has one and there is no GPU, or it has no container), or a container (the default
+    on a GPU host).
     """
     spec = get_spec(name)
     cls = spec.engine_class
@@ -138,8 +138,6 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     lora = {"lora_adapters": options.lora_adapters} if options.lora_adapters else {}
     url = options.url_for(name)
     if url is not None:
-        if spec.in_process:
-            raise ValueError(f"engine {name!r} runs in process; it has no URL mode")
         # Without --model the adapter asks the server which model it serves.
         model = ModelRef(options.model or "", max_model_len=options.max_model_len)
         return cls(batching, model=model, url=url, startup_timeout=options.url_grace_s, **lora)
@@ -149,11 +147,9 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
         model = ModelRef(str(tiny_model_dir()), dummy_weights=True, served_name=TINY_MODEL_NAME,
                          max_model_len=options.max_model_len)
     timeout = options.startup_timeout_s
-    if spec.in_process:
-        return cls(batching, model=model, startup_timeout=timeout)
     launch_mode = options.launch
     if launch_mode == "auto":
-        launch_mode = "local" if spec.local is not None and not _gpu_host() else "docker"
+        launch_mode = "local" if spec.local is not None and (not spec.container or not _gpu_host()) else "docker"
     # The engine's share of the placement: the launch applies it, the adapter sizes its threads by it.
     cpus = options.engine_cpus
     if launch_mode == "docker":

@@ -209,15 +209,15 @@ class RoutedEngine(Engine):
             ],
         }
 
-    def begin_run(self) -> None:
+    async def begin_run(self) -> None:
         self.routed = {}
         self.unroutable = 0
         for _, engine in self.pools:
-            engine.begin_run()
+            await engine.begin_run()
 
-    def report(self) -> dict[str, Any]:
+    async def report(self) -> dict[str, Any]:
         return {
             "routed": dict(self.routed),
             "unroutable": self.unroutable,
-            "pools": {self.pool_name(keys): engine.report() for keys, engine in self.pools},
+            "pools": {self.pool_name(keys): await engine.report() for keys, engine in self.pools},
         }

@@ -37,8 +37,6 @@ class EngineSpec:
     summary: str
     #: Runs on any machine with nothing but batchbench's own dependencies: the default selection.
     embedded: bool = False
-    #: Runs inside the harness's process (no server, so no URL mode and no launch).
-    in_process: bool = False
     #: How it runs as a local process, if it can; ``None``: URL or container only.
     local: LocalRun | None = None
     #: Pinned in ``images.toml`` and launchable in a container.

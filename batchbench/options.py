@@ -15,7 +15,6 @@ from typing import Any
 
 from batchbench.adapters.base import BatchingConfig
 from batchbench.adapters.launch.placement import (
-    CPUS_FORMAT,
     NO_AFFINITY,
     ONE_CPU,
     CpuPlacement,
@@ -28,7 +27,6 @@ from batchbench.adapters.registry import (
     EngineOptions,
     embedded_engines,
     engine_names,
-    get_spec,
     make_engine,
     parse_engine_urls,
 )
@@ -64,7 +62,7 @@ def engine_options(
     """The selected engines (default: the embedded ones) and their options, every engine checked.
 
     Raises ValueError with a message for the user: an unknown engine, a URL for an engine that is not
-    selected, an engine that cannot run as asked (hf-static at a URL, a container without --model), a
+    selected, an engine that cannot run as asked (hf-static in a container, a container without --model), a
     ``--cpus`` that cannot be applied (:func:`choose_placement`).
     """
     if model is not None and model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
@@ -75,7 +73,7 @@ def engine_options(
     for name, url in urls:
         if name not in selected:
             raise ValueError(f"--engine-url {name}={url}: engine {name!r} is not selected (add --engine {name})")
-    placement, unplaced = choose_placement(cpus, selected)
+    placement, unplaced = choose_placement(cpus)
     options = EngineOptions(model=model, urls=urls, launch=launch,  # type: ignore[arg-type]
                             max_model_len=profile.max_model_len, log_dir=results_dir / "server-logs",
                             placement=placement, unplaced=unplaced)
@@ -84,42 +82,31 @@ def engine_options(
     return selected, options
 
 
-def choose_placement(cpus: str | None, engines: Sequence[str],
-                     load_processes: int = 1) -> tuple[CpuPlacement | None, str | None]:
+def choose_placement(cpus: str | None, load_processes: int = 1) -> tuple[CpuPlacement | None, str | None]:
     """``--cpus`` (None: not given) -> the placement, or None and why there is none.
 
-    Not given: :func:`default_placement` for ``load_processes`` processes sending load. An engine that serves
-    inside the measuring process cannot be kept off the load generator's CPUs, so with one selected there is
-    no default placement, and ``--cpus`` is a usage error (ValueError) like a malformed or impossible one.
+    Not given: :func:`default_placement` for ``load_processes`` processes sending load. A malformed or impossible
+    ``--cpus`` is a usage error (ValueError).
     """
-    in_process = [name for name in engines if get_spec(name).in_process]
     if cpus is not None:
         placement = parse_placement(cpus, usable_cpus())
         if placement is None:
             return None, f"turned off (--cpus {cpus})"
         if not can_pin():
             raise ValueError(f"--cpus {cpus!r}: {NO_AFFINITY}")
-        if in_process:
-            raise ValueError(f"--cpus {cpus!r}: {', '.join(in_process)} serves inside the measuring process, so its "
-                             "CPUs cannot be kept apart from the load generator's; leave it out, or give --cpus none "
-                             f"(--cpus takes {CPUS_FORMAT})")
         return placement, None
     if not can_pin():
         return None, NO_AFFINITY
-    if in_process:
-        return None, (f"{', '.join(in_process)} serves inside the measuring process: its CPUs are the load "
-                      "generator's, nothing to place apart")
     placement = default_placement(usable_cpus(), load_processes)
     return (placement, None) if placement is not None else (None, ONE_CPU)
 
 
-def with_load_processes(options: EngineOptions, cpus: str | None, engines: Sequence[str],
-                        load_processes: int) -> EngineOptions:
+def with_load_processes(options: EngineOptions, cpus: str | None, load_processes: int) -> EngineOptions:
     """The options with the default placement made for ``load_processes`` processes sending load (a CPU each,
     where there are CPUs to spare); a ``--cpus`` placement, or none, is kept as it is."""
     if cpus is not None or options.placement is None or load_processes <= 1:
         return options
-    placement, unplaced = choose_placement(None, engines, load_processes)
+    placement, unplaced = choose_placement(None, load_processes)
     return dataclasses.replace(options, placement=placement, unplaced=unplaced)
 
 

@@ -133,7 +133,7 @@ async def run(
     try:
         if pool_failed is not None:
             raise pool_failed
-        engine.begin_run()
+        await engine.begin_run()
         t0 = now()
         scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
         meter = ClientMeter()
@@ -159,7 +159,7 @@ async def run(
                 await pool.close()
             summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
                                 tpot_slo_s=tpot_slo_s)
-            report = engine.report()
+            report = await engine.report()
             client = meter.result(generator.records) if pool is None else \
                 ClientLoad.combined([meter.result(), *pool.client_loads])
             machine = machine_meter.result()

@@ -147,12 +147,6 @@ def test_a_bad_cpus_is_a_usage_error_before_any_engine_starts(
 
 
 @needs_two_cpus
-def test_cpus_with_an_engine_serving_in_process_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    err = _usage_error(["bench", "--engine", "hf-static", "--cpus", "engine=1,client=0"], capsys)
-    assert "hf-static serves inside the measuring process" in err
-
-
-@needs_two_cpus
 def test_each_results_document_records_the_placement_applied(fake_vllm_url: str, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     before = os.sched_getaffinity(0)

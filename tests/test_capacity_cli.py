@@ -18,11 +18,13 @@ from typing import Any, ClassVar
 
 import pytest
 
+from batchbench import options
 from batchbench.adapters import registry
 from batchbench.adapters.base import Capabilities, Chunk, Engine, Usage
 from batchbench.adapters.spec import EngineSpec
 from batchbench.cli import main
 from batchbench.clock import now
+from batchbench.commands import common
 from batchbench.commands.common import EXIT_OK
 from batchbench.workload import Request
 
@@ -62,14 +64,18 @@ class ClosedForm(Engine):
 
 
 SPEC = EngineSpec(name="closed-form", engine_class=ClosedForm, summary="TTFT grows linearly with concurrency",
-                  in_process=True, container=False)
+                  container=False)
 
 
 @pytest.fixture
 def closed_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fake engine in the registry for this test only."""
+    """The fake engine in the registry for this test only, made as it is (it has no server to launch or reach)."""
     known = dict(registry.specs())
     monkeypatch.setattr(registry, "specs", lambda: {**known, SPEC.name: SPEC})
+    for module in (options, common):
+        made = module.make_engine
+        monkeypatch.setattr(module, "make_engine", lambda name, batching, opts, made=made:
+                            ClosedForm(batching) if name == SPEC.name else made(name, batching, opts))
 
 
 @pytest.mark.parametrize("limit_ms", [202.0, 97.5, 27.5])

@@ -65,7 +65,7 @@ async def test_an_idle_loop_is_not() -> None:
 
 
 async def test_an_engine_computing_in_another_thread_is_not_client_load() -> None:
-    """hf-static runs generate() in a worker thread of this process: its CPU is not the client's."""
+    """An engine computing in a worker thread of this process (a test's fake): its CPU is not the client's."""
     data = b"x" * (1 << 20)
 
     def compute() -> None:

@@ -128,7 +128,7 @@ def test_a_rank_above_max_lora_rank_is_refused_by_name_before_any_engine_starts(
 def test_engines_without_a_lora_mapping_refuse_it_by_name(name: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_loras"):
         make_engine(name, BatchingConfig(max_loras=2, mode="static" if name == "hf-static" else "continuous"),
-                    EngineOptions(urls=((name, "http://x.test"),)) if name != "hf-static" else EngineOptions())
+                    EngineOptions(urls=((name, "http://x.test"),)))
     with pytest.raises(ValueError, match="cannot serve LoRA adapters"):
         make_engine(name, None, EngineOptions(lora_adapters=(LoraAdapter("a", tmp_path, 8),)))
 

@@ -100,13 +100,6 @@ def test_a_routed_layout_owns_every_pool_s_server() -> None:
     assert mixed.server_process_groups() is None and not MachineMeter.for_engine(mixed).enabled
 
 
-def test_an_in_process_engine_is_this_process() -> None:
-    from batchbench.adapters.hf_static import HFStaticEngine
-
-    assert HFStaticEngine().server_process_groups() == frozenset()
-    assert MachineMeter.for_engine(HFStaticEngine()).own_groups == frozenset()
-
-
 @pytest.mark.parametrize("share, disturbed", [(0.0, False), (BUSY_SHARE, False), (0.26, True), (1.0, True)])
 def test_the_report_notes_a_disturbed_run(share: float, disturbed: bool) -> None:
     doc = MachineLoad(share).to_dict()

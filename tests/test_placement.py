@@ -154,26 +154,22 @@ def test_a_bad_cpus_is_a_usage_error_naming_the_text(text: str, why: str) -> Non
 @pytest.mark.parametrize("text", ["none", "off", "None"])
 def test_cpus_none_turns_placement_off(text: str) -> None:
     assert parse_placement(text, frozenset({0, 1})) is None
-    assert choose_placement(text, ["vllm"]) == (None, f"turned off (--cpus {text})")
+    assert choose_placement(text) == (None, f"turned off (--cpus {text})")
 
 
 @needs_two
-def test_the_front_ends_choose_a_default_unless_an_engine_serves_in_process() -> None:
-    served, unplaced = choose_placement(None, ["vllm"])
+def test_the_front_ends_choose_a_default_placement() -> None:
+    served, unplaced = choose_placement(None)
     assert served == default_placement(usable_cpus()) and unplaced is None
-    none, unplaced = choose_placement(None, ["vllm", "hf-static"])
-    assert none is None and "hf-static serves inside the measuring process" in (unplaced or "")
-    with pytest.raises(ValueError, match="hf-static serves inside the measuring process"):
-        choose_placement("engine=1,client=0", ["hf-static"])
     # Worker processes: a client CPU each where there are CPUs to spare; a --cpus placement is kept.
     options = EngineOptions(placement=served)
-    assert with_load_processes(options, None, ["vllm"], 4).placement == default_placement(usable_cpus(), 4)
-    assert with_load_processes(options, "engine=1,client=0", ["vllm"], 4) is options
+    assert with_load_processes(options, None, 4).placement == default_placement(usable_cpus(), 4)
+    assert with_load_processes(options, "engine=1,client=0", 4) is options
 
 
 def test_one_cpu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("batchbench.options.usable_cpus", lambda: frozenset({3}))
-    assert choose_placement(None, ["vllm"]) == (None, ONE_CPU)
+    assert choose_placement(None) == (None, ONE_CPU)
 
 
 # ----------------------------------------------------------------------------------- the record

@@ -6,11 +6,13 @@ from dataclasses import replace
 
 import pytest
 
+from batchbench.adapters import registry
 from batchbench.adapters.base import BatchingConfig
+from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.adapters.launch.docker import DockerLaunch
 from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.launch.placement import CpuPlacement
-from batchbench.adapters.registry import EngineOptions, make_engine, parse_engine_urls
+from batchbench.adapters.registry import EngineOptions, get_spec, make_engine, parse_engine_urls
 from batchbench.adapters.vllm import VLLMEngine
 
 
@@ -53,8 +55,23 @@ def test_an_adapter_and_its_launch_learn_the_engine_cpus_from_the_options() -> N
     assert unplaced.launch.niceness == 10  # sharing the load generator's CPUs: it yields them first
 
 
+def test_hf_static_is_a_local_process_or_a_server_at_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_gpu_host", lambda: True)  # it has no container: local even on a GPU host
+    local = make_engine("hf-static", None, EngineOptions())
+    assert isinstance(local, HFStaticEngine) and isinstance(local.launch, LocalProcess)
+    assert local.launch.program == list(get_spec("hf-static").local.program)  # type: ignore[union-attr]
+    assert local.model.request_name == "tiny-llama"
+    remote = make_engine("hf-static", None, EngineOptions(urls=(("hf-static", "http://h:1/v1"),)))
+    assert isinstance(remote, HFStaticEngine) and remote.launch is None and remote.url == "http://h:1"
+    with pytest.raises(ValueError, match="has no container"):
+        make_engine("hf-static", None, EngineOptions(launch="docker"))
+    # Placed: its server on the engine CPUs, with a torch thread for each of them.
+    placed = make_engine("hf-static", None, EngineOptions(placement=CpuPlacement(frozenset({1, 2}), (0,))))
+    assert placed.launch.cpus == frozenset({1, 2}) and placed.threads == 2  # type: ignore[union-attr]
+    assert placed.server_args(placed.batching, host="h", port=1)[-2:] == ["--threads", "2"]
+
+
 @pytest.mark.parametrize(("name", "options", "message"), [
-    ("hf-static", EngineOptions(urls=(("hf-static", "http://h:1"),)), "no URL mode"),
     ("tgi", EngineOptions(), "needs --model"),
     ("trtllm", EngineOptions(model="m", launch="local"), "no local launcher"),
     ("nope", EngineOptions(), "unknown engine"),

@@ -62,11 +62,11 @@ class FakeEngine(Engine):
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "label": self.label, "batching": self.batching.to_dict()}
 
-    def begin_run(self) -> None:
+    async def begin_run(self) -> None:
         self.runs_begun += 1
         self.served = []
 
-    def report(self) -> dict[str, Any]:
+    async def report(self) -> dict[str, Any]:
         return {"served": len(self.served)}
 
 
@@ -92,7 +92,7 @@ async def test_each_priority_goes_to_its_pool_and_the_rest_to_the_default(pools:
         assert sum(c.n_tokens for c in chunks) == 3 and chunks[-1].finish_reason == "length"
     assert latency.served == ["i1", "i2"]
     assert throughput.served == ["b1", "u1", "x1"]
-    assert router.report()["routed"] == {"interactive": 2, "batch": 3}
+    assert (await router.report())["routed"] == {"interactive": 2, "batch": 3}
 
 
 async def test_without_a_default_an_unknown_priority_fails_that_request_only(
@@ -107,7 +107,7 @@ async def test_without_a_default_an_unknown_priority_fails_that_request_only(
         await collect(router, request("u1", None))
     await collect(router, request("i1", "interactive"))
     assert latency.served == ["i1"] and throughput.served == []
-    assert router.report()["unroutable"] == 2
+    assert (await router.report())["unroutable"] == 2
 
 
 async def test_load_generator_records_the_routing_failure_and_the_pools_own_errors() -> None:

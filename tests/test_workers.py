@@ -234,7 +234,6 @@ def test_bench_sends_from_the_workers_asked_for(server: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--engine", "hf-static", "--workers", "2"], "--workers 2: hf-static serves inside this process"),
     ([*NOWHERE, "--workers", "0"], "--workers: must be at least 1"),
     ([*NOWHERE, "--workers", "many"], "--workers: expected a whole"),
 ])

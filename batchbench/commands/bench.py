@@ -154,9 +154,9 @@ def main(args: argparse.Namespace) -> int:
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
                                           cpus=args.cpus)
         batching = one_batching(args.batching, "bench", engines)
-        work = plan(args, profile, kind=kind, levels=levels, engines=engines)
+        work = plan(args, profile, kind=kind, levels=levels)
         check_lora_adapters(args.lora_adapters, engines, batching)
-        options = with_load_processes(options, args.cpus, engines, work.most_workers(kind, levels))
+        options = with_load_processes(options, args.cpus, work.most_workers(kind, levels))
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -137,9 +137,9 @@ def main(args: argparse.Namespace) -> int:
                                           cpus=args.cpus)
         batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
-        work = plan(args, profile, kind=kind, levels=[args.start, args.max_level], engines=engines)
+        work = plan(args, profile, kind=kind, levels=[args.start, args.max_level])
         check_lora_adapters(args.lora_adapters, engines, batching)
-        options = with_load_processes(options, args.cpus, engines,
+        options = with_load_processes(options, args.cpus,
                                       work.most_workers(kind, [args.start, args.max_level]))
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)

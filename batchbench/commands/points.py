@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 from batchbench import parity
 from batchbench.adapters.base import BatchingConfig, Engine
-from batchbench.adapters.registry import get_spec
 from batchbench.capacity import Measurement
 from batchbench.commands.common import (
     EXIT_ENGINE,
@@ -147,7 +146,7 @@ class EngineSession:
             result = await run(engine, workload, results_dir=run_dir, tag=level_text(kind, level), load=load,
                                scrape_interval_s=scrape_interval_s, ttft_slo_s=ttft_s, tpot_slo_s=tpot_s,
                                labels=labels, on_record=bar.observe,
-                               workers=plan.workers_for(workload, in_process=get_spec(self.name).in_process))
+                               workers=plan.workers_for(workload))
             reason = _why_failed(result, load.request_timeout_s)
             point = PointResult(self.name, kind, level, repeat, result, "failed" if reason else "ok", reason,
                                 slo.check(result.summary) if slo else None, parity.check(result.records))

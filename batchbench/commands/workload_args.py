@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Literal
 
 from batchbench import datasets, tokenizer
-from batchbench.adapters.registry import get_spec
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
 from batchbench.fixtures import tiny_model_dir
 from batchbench.loadgen import LoadConfig
@@ -155,10 +154,8 @@ class WorkloadPlan:
         spec = replace(workload.spec, name="warm-up", num_requests=self.warmup, turns=1, think=ThinkTime())
         return Workload(spec, tuple(replace(r, arrival_s=t) for r, t in zip(requests, times)))
 
-    def workers_for(self, workload: Workload, *, in_process: bool) -> int:
-        """Worker processes for one level's run: 1 for an engine serving in this process (nothing to reach)."""
-        if in_process:
-            return 1
+    def workers_for(self, workload: Workload) -> int:
+        """Worker processes for one level's run: as asked, or chosen from its chunk rate (``auto``)."""
         return auto_workers(workload) if self.workers is None else self.workers
 
     def most_workers(self, kind: LevelKind, levels: list[float]) -> int:
@@ -193,12 +190,8 @@ def slo_samples(slo: Slo | None) -> int:
     return max((samples_needed(q) for q in quantiles), default=0)
 
 
-def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels: list[float],
-         engines: tuple[str, ...] = ()) -> WorkloadPlan:
-    """The workload the options describe for ``engines``, every check done; ValueError with a message for the user."""
-    if args.workers not in (None, 1) and (serving_here := [e for e in engines if get_spec(e).in_process]):
-        raise ValueError(f"--workers {args.workers}: {', '.join(serving_here)} serves inside this process, where "
-                         "other processes cannot reach it; give --workers 1 (or auto)")
+def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels: list[float]) -> WorkloadPlan:
+    """The workload the options describe, every check done; ValueError with a message for the user."""
     if args.dataset is not None and args.input_len is not None:
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
     if args.burstiness != 1.0 and args.arrival != "gamma":
