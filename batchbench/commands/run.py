@@ -53,6 +53,7 @@ from batchbench.commands.common import (
     parsed_by,
     positive_int,
     positive_seconds,
+    verdict_lines,
     write_report,
 )
 from batchbench.loadgen import LoadConfig, LoadGenerator
@@ -221,10 +222,8 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                                f"{_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}")
                 for line in failure_lines(result, load.request_timeout_s):
                     progress.print(f"  {'':>22}  {line}")
-                for reason in result.invalid_reasons():
-                    progress.print(f"  {'':>22}  INVALID: {reason}")
-                for warning in result.warnings():
-                    progress.print(f"  {'':>22}  warning: {warning}")
+                for line in verdict_lines(result):
+                    progress.print(f"  {'':>22}  {line}")
                 series[(layout, c)].add(result, result.machine)
                 outcome.results.append(result)
                 if (why := died(result)) is not None:
