@@ -94,7 +94,7 @@ class MachineLoad:
     def holders(self) -> str:
         """Who held the CPU, as ``top`` counts it (100% is one CPU): ``the engine's server processes took 96% of a
         core, other processes 3%, steal 0%, the load generator's processes 14% (100% = one of the 2 CPUs); the
-        load generator's CPU 1 was busy 97%, 85% of it other work than the load generator's``."""
+        load generator's CPU 1 was busy 97%, 85% of its time other work than the load generator's``."""
         cpus, other, steal, client = self.cpus, self.other_share, self.steal_share, self.client_share
         if cpus is None or other is None or steal is None or client is None:
             return "who held it was not measured"

