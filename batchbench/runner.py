@@ -46,17 +46,9 @@ class RunResult:
     status: str
     #: How busy the load generator itself was (is the harness the bottleneck?).
     client: ClientLoad
-    #: How much of the machine other work took (were these the engine's figures?).
+    #: Who held the machine's CPU (were these the engine's figures?). Whether these two loads make the run
+    #: invalid is the analysis stage's verdict (``batchbench.validity.load_reasons``), not the runner's.
     machine: MachineLoad
-
-    def invalid_reasons(self) -> list[str]:
-        """Why the client's own figures make this run invalid (:meth:`ClientLoad.reasons`), said as the run ends
-        rather than left for the findings: its numbers are the client's queue, not the engine's."""
-        return self.client.reasons()
-
-    def warnings(self) -> list[str]:
-        """Where the machine may have distorted this run, or the server delivered chunks together."""
-        return self.client.notes() + self.machine.warnings()
 
 
 def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str = "") -> Path:
@@ -155,6 +147,7 @@ async def run(
     finally:
         try:
             duration = now() - t0
+            machine = machine_meter.result()  # while the workers still run: an ended process is not seen
             if pool is not None:
                 await pool.close()
             summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
@@ -162,7 +155,6 @@ async def run(
             report = await engine.report()
             client = meter.result(generator.records) if pool is None else \
                 ClientLoad.combined([meter.result(), *pool.client_loads])
-            machine = machine_meter.result()
             writer.finish(RunFooter(
                 status=status,
                 error=error,

@@ -12,9 +12,11 @@ scraper, client meter). Closed-loop concurrency doubles from 1 until two levels 
 open-loop Poisson step follows at the request rate of the highest valid level. Each level reports what the
 client did and cost (chunks/s, CPU per chunk, chunks/s per client core), how far its figures are from the
 truth (ITL p50 and TTFT p50 against the server's; schedule lag for the Poisson step) and whether
-:mod:`batchbench.validity` calls the run valid (loop busy, loop lag, read bursts). The **saturation point**
-is the highest valid level before two invalid ones in a row (:func:`saturation_point`): up to there the
-client's figures are the server's; beyond, runs are marked invalid.
+:mod:`batchbench.validity` calls the run valid (loop busy, loop lag, read bursts), and if not, of which kind:
+the client's own limit ("client saturated") or other work on the host holding the CPU ("machine
+contention", with who held it: the server runs at a URL, so it counts among the other processes). The
+**saturation point** is the highest valid level before two invalid ones in a row (:func:`saturation_point`):
+up to there the client's figures are the server's; beyond, runs are marked invalid.
 """
 
 from __future__ import annotations
@@ -101,6 +103,9 @@ class Level:
     burst_share: float | None
     valid: bool
     reasons: tuple[str, ...] = ()
+    #: Each reason's kind (:data:`batchbench.validity.REASON_KINDS`): "client saturated" is this client's limit,
+    #: "machine contention" other work on the host holding the CPU its loop waited for.
+    reason_kinds: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -139,7 +144,8 @@ def level_figures(result: RunResult, arrival: Arrival, truth: dict[str, Any], cp
     """One level's figures from its run; ``truth``: the server's account of the level (GET /batchbench/truth);
     ``cpu_s``: the client process's CPU over the run."""
     s, client = result.summary, result.client
-    judged = validity.check(s, status=result.status, arrival=arrival.kind, client=client, warmed_up=True)
+    judged = validity.check(s, status=result.status, arrival=arrival.kind, client=client, machine=result.machine,
+                            warmed_up=True)
     chunks = sum(len(r.chunk_times) for r in result.records)
     itl = s.itl_per_chunk.p50 if s.itl_per_chunk is not None else None
     ttft = s.ttft.p50 if s.ttft is not None else None
@@ -165,6 +171,7 @@ def level_figures(result: RunResult, arrival: Arrival, truth: dict[str, Any], cp
         burst_share=client.burst_share,
         valid=judged.valid,
         reasons=judged.reasons,
+        reason_kinds=judged.kinds,
     )
 
 
@@ -332,7 +339,8 @@ HEADER = (f"{'level':>14} {'chunks/s':>9} {'us CPU/chunk':>12} {'chunks/s/core':
 def line(level: Level) -> str:
     """One table row (:data:`HEADER`), times in ms."""
     lag = f"{_num(level.loop_lag_p50_ms, '.2f')}/{_num(level.loop_lag_p99_ms, '.2f')}"
-    verdict = "valid" if level.valid else "INVALID: " + "; ".join(level.reasons)
+    kinds = ", ".join(dict.fromkeys(level.reason_kinds))
+    verdict = "valid" if level.valid else f"INVALID ({kinds}): " + "; ".join(level.reasons)
     return (f"{level.label:>14} {level.chunks_per_s:9.0f} {level.cpu_us_per_chunk:12.1f} "
             f"{level.chunks_per_core_s:13.0f} {_num(level.server_itl_p50_ms, '10.3f')} "
             f"{_num(level.itl_p50_error_ms, '+11.3f')} {_num(level.server_ttft_p50_ms, '11.2f')} "

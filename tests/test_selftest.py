@@ -79,6 +79,10 @@ def test_a_client_past_its_limit_is_marked_invalid(server: str, tmp_path: Path) 
     that the hog's period, in step with the probes', kept low)."""
     level = eventloop.run(one_level(server, CARRIED, tmp_path, hog_s=0.03, level_s=2.0))
     assert not level.valid and any("woke" in reason for reason in level.reasons), selftest.line(level)
+    # Its own 30 ms callbacks, not the host: had it never waited for a CPU it would still have woken ~20 ms late
+    # (busy only ~75% of the run: the busy share alone would not have said so).
+    assert set(level.reason_kinds) == {"client saturated"}, selftest.line(level)
+    assert "INVALID (client saturated): " in selftest.line(level)
     assert level.burst_share is not None and level.burst_share > 0.2, selftest.line(level)
 
 

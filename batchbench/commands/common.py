@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from batchbench import validity
 from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.adapters.registry import EngineOptions, engine_class, make_engine
 from batchbench.engines import EngineCache
@@ -155,6 +156,14 @@ def failure_lines(result: RunResult, timeout_s: float) -> list[str]:
         lines.append(f"{kinds['timeout']} request(s) hit the {timeout_s:g}s request timeout: this run's duration, "
                      "and so its throughput, include that wait (--request-timeout)")
     return lines
+
+
+def verdict_lines(result: RunResult) -> list[str]:
+    """The run's verdict as it ends, from its client and machine loads through :mod:`batchbench.validity`:
+    ``INVALID (kind): sentence`` per rule they broke, then ``warning: ...`` per caveat that does not invalidate
+    it (chunks the server delivered together). Failed requests have lines of their own (:func:`failure_lines`)."""
+    return ([reason.line() for reason in validity.load_reasons(result.client, result.machine)]
+            + [f"warning: {note}" for note in result.client.notes()])
 
 
 def answer_lines(findings: Findings) -> list[str]:

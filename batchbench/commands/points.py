@@ -26,6 +26,7 @@ from batchbench.commands.common import (
     StartingEngines,
     died,
     failure_lines,
+    verdict_lines,
     write_report,
 )
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan
@@ -154,10 +155,8 @@ class EngineSession:
         if point.status == "ok":
             for line in failure_lines(result, load.request_timeout_s):
                 self.progress.print(f"      {line}")
-        for reason in result.invalid_reasons():
-            self.progress.print(f"      INVALID: {reason}")
-        for warning in [*result.warnings(), *filter(None, [point.parity.warning()])]:
-            self.progress.print(f"      warning: {warning}")
+        for line in [*verdict_lines(result), *(f"warning: {w}" for w in filter(None, [point.parity.warning()]))]:
+            self.progress.print(f"      {line}")
         if point.engine_died is not None:
             self.progress.print(f"batchbench: {self.name} died during {level_text(kind, level)} #{repeat}; starting "
                                 "it again for the next point", err=True)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchbench import eventloop
+from batchbench import eventloop, validity
 from batchbench.adapters.base import BatchingConfig, EngineError
 from batchbench.adapters.registry import EngineOptions, get_spec
 from batchbench.commands.common import (
@@ -59,6 +59,7 @@ from batchbench.commands.common import (
     place_client,
     positive_int,
     positive_seconds,
+    verdict_lines,
     write_report,
 )
 from batchbench.loadgen import LoadConfig, LoadGenerator
@@ -219,9 +220,10 @@ def plan_for(name: str, profile: Profile, options: EngineOptions, levels: tuple[
 
 
 def _usable_throughput(result: RunResult) -> float | None:
-    """A run's output tokens/s where the findings will use it (no failed request, the client's clock kept);
-    None otherwise, so an invalid run never settles a measurement."""
-    if result.summary.failed or result.invalid_reasons():
+    """A run's output tokens/s where the findings will use it (no failed request, the client's clock kept, the
+    machine quiet: :func:`batchbench.validity.load_reasons`); None otherwise, so an invalid run never settles a
+    measurement."""
+    if result.summary.failed or validity.load_reasons(result.client, result.machine):
         return None
     return result.summary.output_token_throughput
 
@@ -271,10 +273,8 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                                f"{_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}")
                 for line in failure_lines(result, load.request_timeout_s):
                     progress.print(f"  {'':>22}  {line}")
-                for reason in result.invalid_reasons():
-                    progress.print(f"  {'':>22}  INVALID: {reason}")
-                for warning in result.warnings():
-                    progress.print(f"  {'':>22}  warning: {warning}")
+                for line in verdict_lines(result):
+                    progress.print(f"  {'':>22}  {line}")
                 series[(layout, c)].add(result, result.machine)
                 outcome.results.append(result)
                 if (why := died(result)) is not None:

@@ -14,16 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchbench.findings.points import Point
-
-#: Short names for validity's reasons, by a phrase each reason of that kind contains (batchbench.validity).
-_REASON_KINDS = (("other processes took", "machine busy"), ("the load generator", "client saturated"),
-                 ("lagged their schedule", "schedule lag"), ("not warmed up", "not warmed up"),
-                 ("failed", "failed requests"), ("no request succeeded", "failed requests"),
-                 ("cut short", "cut short"))
-
-
-def _kind(reason: str) -> str:
-    return next((name for phrase, name in _REASON_KINDS if phrase in reason), "other")
+from batchbench.validity import REASON_KINDS, ReasonKind
 
 
 @dataclass(frozen=True)
@@ -32,8 +23,8 @@ class InvalidRun:
     layout: str
     concurrency: int
     run_id: str
-    #: The kind of its first reason ("machine contention", "client saturated", ...).
-    kind: str
+    #: The kind of its first reason (:data:`batchbench.validity.REASON_KINDS`: "machine contention", ...).
+    kind: ReasonKind
     reasons: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
@@ -42,14 +33,14 @@ class InvalidRun:
 
 
 def invalid_runs(points: Sequence[Point]) -> tuple[InvalidRun, ...]:
-    return tuple(InvalidRun(p.engine, p.layout, p.concurrency, r.run_id, _kind(r.validity.reasons[0]),
-                            r.validity.reasons)
-                 for p in points for r in p.runs if not r.valid)
+    return tuple(InvalidRun(p.engine, p.layout, p.concurrency, r.run_id, r.validity.kind, r.validity.reasons)
+                 for p in points for r in p.runs if not r.valid and r.validity.kind is not None)
 
 
 def by_kind(runs: Sequence[InvalidRun]) -> dict[str, int]:
-    """How many runs of each kind, most first."""
-    return dict(Counter(r.kind for r in runs).most_common())
+    """How many runs of each kind, in the order :data:`batchbench.validity.REASON_KINDS` gives the kinds."""
+    counts = Counter(r.kind for r in runs)
+    return {kind: counts[kind] for kind in REASON_KINDS if counts[kind]}
 
 
 def sentence(runs: Sequence[InvalidRun], total: int) -> str | None:
