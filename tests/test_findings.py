@@ -280,7 +280,12 @@ def test_engines_are_compared_at_their_best_with_an_interval() -> None:
                                                          "alpha ahead")
     assert c.ratio.value == pytest.approx(2.0) and c.ratio.differs_from_one
     assert found.answer[0].startswith("continuous: alpha gives x2.00 [")
-    assert "the output tokens/s at its best batch size of beta (batch" in found.answer[0]
+    assert "the output tokens/s of beta, each at its best batch size (" in found.answer[0]
+    # The other way round, the winner is named first and the ratio inverted with its interval.
+    flipped = findings_from_documents(sweep(fit=8, repeats=3, per_slot=50.0) + sweep(fit=8, repeats=3, engine="beta"))
+    (f,) = flipped.comparisons
+    assert f.verdict == "beta ahead" and f.ratio.value == pytest.approx(0.5)
+    assert flipped.answer[0].startswith("continuous: beta gives x2.00 [") and "of alpha, each at" in flipped.answer[0]
 
 
 def test_engines_that_cannot_be_told_apart_say_the_largest_difference_left_open() -> None:
@@ -312,6 +317,12 @@ def test_padding_cost_predicted_and_measured() -> None:
     assert answer.startswith("one long prompt in a batch of 32 takes x")
     assert answer.endswith("95% of its prompt slots are padding (the engine reports 94%): it pays for the padded "
                            "slots")
+    # An engine that packs its batches pays no more than the real tokens: the same pair, the latency unmoved.
+    packed = [d for d in docs if d.header.labels["layout"] == "homogeneous"] + [
+        document(RunSpec(layout="padded-mixed", concurrency=32, repeat=r, requests=32, prompts=[long] + [short] * 31,
+                         ttft=0.1 * (1 + 0.01 * r), wave=1)) for r in range(3)]
+    assert decisions(findings_from_documents(packed)).answers(None)["padding"].endswith(
+        "95% of its prompt slots are padding: no more than its real tokens explain")
 
 
 # --------------------------------------------------------------------------- the document shape and entry points

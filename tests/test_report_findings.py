@@ -84,7 +84,7 @@ def test_the_answer_comes_first_as_decisions_linked_to_their_evidence(cited_runs
     assert "## In detail" in md and "### Runs left out" in md
     assert "beta continuous c=16 | failed requests | beta-continuous-c16-r0" in md
     # The engines against each other, with the interval and at which batch sizes.
-    assert "- continuous: alpha gives x" in answer and "(batch " in answer
+    assert "- continuous: alpha gives x" in answer and ", each at its best batch size (" in answer
     # The evidence sections the decisions link to.
     assert "## Evidence: alpha, continuous" in md and "## Evidence: beta, continuous" in md
     stored = json.loads((tmp_path / "out" / "report.json").read_text())["findings"]

@@ -117,8 +117,8 @@ def decision(cost: PaddingCost | None) -> str:
         pad += f" (the engine reports {p.measured_pad_fraction:.0%})"
     if p.latency_ratio is None:
         return f"one long prompt in a batch of {cost.concurrency}: {pad}; latency not measured"
-    verdict = {True: "it pays for the padded slots", False: "it pays only for the real tokens",
-               None: "too few repeats to say which it pays for"}[p.pays_for_padding]
+    verdict = {True: "it pays for the padded slots", False: "no more than its real tokens explain",
+               None: "too few repeats to say whether it pays for them"}[p.pays_for_padding]
     return (f"one long prompt in a batch of {cost.concurrency} takes {ratio_text(p.latency_ratio)} the latency of "
             f"a homogeneous batch ({p.real_token_ratio:.1f}x the real tokens, {p.padded_token_ratio:.1f}x padded); "
             f"{pad}: {verdict}")
