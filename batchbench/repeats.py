@@ -9,15 +9,18 @@ the same way:
   measurement once, in order (reversed on odd passes with ``alternate``, so a slow spell of the
   machine does not always hit the same end), so a slow period hits all of them alike. After the
   first ``repeats`` passes, more passes (up to ``max_repeats``; no run starts once ``budget_s`` has
-  passed) measure again what is not yet ``settled`` (:func:`precise`: its interval is narrow enough);
-  with ``together``, all of them again while any is not, so a comparison stays paired.
+  passed) measure again what is not yet ``settled`` (:func:`precise`: its interval is narrow enough)
+  among what is in ``focus`` (what decides the caller's answer); with ``together``, all of them again
+  while any is not, so a comparison stays paired.
 - **Quiet runs.** Each run carries the machine's load during it
   (:class:`batchbench.machine_load.MachineLoad`); a *disturbed* run (other processes took over
   :data:`batchbench.machine_load.BUSY_SHARE` of the CPU) is reported but not used:
   :meth:`Repeats.kept` is the quiet runs where there are at least ``min_quiet`` of them, else all.
 - **The estimate.** :class:`Estimate` is the mean of the kept values with its 95% confidence
   interval from Student's t distribution over the repeats (``method="t"``), and the ratio of two
-  such means with a 95% interval by the delta method on the log scale (``method="t-ratio"``). One
+  such means with a 95% interval by the delta method on the log scale: paired where the two were
+  measured pass by pass side by side (``method="t-ratio-paired"``: the machine's slow spells, which
+  both share, cancel), else from the two sets of repeats alone (``method="t-ratio"``). One
   method for every figure of every point, so two cells of a table always mean the same thing; a
   figure with one repeat has no interval (``n=1``, ``low`` and ``high`` None) and says so. A
   single run's requests are not resampled instead: their spread says how much one run's requests
@@ -33,7 +36,7 @@ import bisect
 import math
 import statistics
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -42,7 +45,8 @@ from batchbench.machine_load import MachineLoad
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 
-Method = Literal["t", "t-ratio"]
+Method = Literal["t", "t-ratio", "t-ratio-paired"]
+_RATIOS = ("t-ratio", "t-ratio-paired")
 
 #: The confidence of every interval batchbench reports.
 CONFIDENCE = 0.95
@@ -144,13 +148,32 @@ class Estimate:
         spread = t_quantile(max(df, 1.0)) * math.sqrt(va + vb)
         return Estimate(value, value * math.exp(-spread), value * math.exp(spread), n, "t-ratio")
 
+    @classmethod
+    def paired_ratio(cls, pairs: Sequence[tuple[float, float]]) -> Estimate | None:
+        """``mean(a) / mean(b)`` of pairs measured side by side (one per pass), with a 95% interval by the delta
+        method on the log scale that keeps their covariance: each pair's ``a/mean(a) - b/mean(b)`` is its share of
+        the log ratio's error, and their t-interval is the log ratio's. A slow spell of the machine that slowed
+        both runs of a pair moves neither share. None when either mean is not positive; no interval for one
+        pair."""
+        if not pairs:
+            return None
+        ma, mb = math.fsum(a for a, _ in pairs) / len(pairs), math.fsum(b for _, b in pairs) / len(pairs)
+        if ma <= 0 or mb <= 0:
+            return None
+        value = ma / mb
+        if len(pairs) < 2:
+            return cls(value, None, None, 1, "t-ratio-paired")
+        errors = [a / ma - b / mb for a, b in pairs]
+        spread = t_quantile(len(pairs) - 1) * statistics.stdev(errors, 0.0) / math.sqrt(len(pairs))
+        return cls(value, value * math.exp(-spread), value * math.exp(spread), len(pairs), "t-ratio-paired")
+
     def inverse(self) -> Estimate:
         """For a ratio ``a / b``: ``b / a``, its interval inverted with it."""
-        if self.method != "t-ratio" or self.value <= 0:
+        if self.method not in _RATIOS or self.value <= 0:
             raise ValueError("only a positive ratio has an inverse")
         if self.low is None or self.high is None:
-            return Estimate(1 / self.value, None, None, self.n, "t-ratio")
-        return Estimate(1 / self.value, 1 / self.high, 1 / self.low, self.n, "t-ratio")
+            return Estimate(1 / self.value, None, None, self.n, self.method)
+        return Estimate(1 / self.value, 1 / self.high, 1 / self.low, self.n, self.method)
 
     @property
     def differs_from_one(self) -> bool | None:
@@ -171,7 +194,8 @@ class Estimate:
         """What the interval is, in words, for a caption: ``95% t-interval, n=5``."""
         if self.low is None:
             return f"n={self.n}, no interval"
-        what = "t-interval" if self.method == "t" else "interval of the ratio"
+        what = {"t": "t-interval", "t-ratio": "interval of the ratio",
+                "t-ratio-paired": "paired interval of the ratio"}[self.method]
         return f"{CONFIDENCE:.0%} {what}, n={self.n}"
 
     def format(self, fmt: Callable[[float], str]) -> str:
@@ -190,7 +214,7 @@ class Estimate:
         try:
             low, high, sd = (None if doc.get(k) is None else float(doc[k]) for k in ("low", "high", "sd"))
             method = doc.get("method", "t")
-            if method not in ("t", "t-ratio"):
+            if method not in ("t", *_RATIOS):
                 raise ValueError(f"unknown method {method!r}")
             return cls(float(doc["value"]), low, high, int(doc["n"]), method, sd)
         except (KeyError, TypeError) as exc:
@@ -271,6 +295,9 @@ class RepeatProtocol:
     alternate: bool = False
     #: No run past the first ``repeats`` passes starts after this many seconds of measuring.
     budget_s: float | None = None
+    #: The measurements extra passes may measure again, given the series so far (None: all): where a caller knows
+    #: which figures decide its answer, the budget goes to them.
+    focus: Callable[[Mapping[Any, Repeats[Any]]], Collection[Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -286,7 +313,8 @@ class RepeatProtocol:
         for r in range(self.max_repeats or self.repeats):
             todo = list(series)
             if r >= self.repeats:
-                unsettled = [key for key in todo if not self.settled(series[key])]
+                eligible = self.focus(series) if self.focus is not None else todo
+                unsettled = [key for key in todo if key in eligible and not self.settled(series[key])]
                 if not unsettled:
                     return
                 todo = todo if self.together else unsettled

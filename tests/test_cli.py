@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from batchbench.adapters.registry import EngineOptions
 from batchbench.cli import main
 from batchbench.client_load import ClientLoad
 from batchbench.commands.common import EXIT_USAGE, died, failure_lines
+from batchbench.commands.run import deciding, plan_for
 from batchbench.machine_load import MachineLoad
-from batchbench.metrics import summarize
+from batchbench.metrics import Distribution, summarize
+from batchbench.profiles import get_profile
 from batchbench.records import RequestRecord
+from batchbench.repeats import Repeats
 from batchbench.runner import RunResult
+from batchbench.slo import Slo
 from tests.server_process import serving
 
 
@@ -96,6 +102,29 @@ def _result(records: list[RequestRecord]) -> RunResult:
     return RunResult(path=Path("r.json"), records=records, samples=[], summary=summarize(records, duration_s=1.0),
                      engine_report={}, duration_s=1.0, status="complete",
                      client=ClientLoad(cpu_s=0.0, wall_s=1.0, busy_fraction=0.0), machine=MachineLoad(None))
+
+
+def _run_of(throughput: float, ttft_p99: float) -> RunResult:
+    found = _result([_record(0, True)])
+    summary = dataclasses.replace(found.summary, output_token_throughput=throughput,
+                                  ttft=Distribution.of([ttft_p99] * 4))
+    return dataclasses.replace(found, summary=summary)
+
+
+def test_extra_repeats_go_to_what_decides_the_answer() -> None:
+    """Throughput levels off from 8 (the knee), the most at 32, and TTFT p99 crosses 500 ms between 16 and 32:
+    the fit's comparisons, 4-8-16 around the knee, 32 and the 16/32 boundary are re-measured; 1 and 2 are not."""
+    plan = plan_for("vllm", get_profile("quick"), EngineOptions(), (1, 2, 4, 8, 16, 32))
+    assert list(plan.workloads)[3:7] == [("continuous", 8), ("static-waves", 8), ("homogeneous", 8),
+                                         ("padded-mixed", 8)]  # side by side within a pass
+    curve = {1: (100, 0.02), 2: (200, 0.02), 4: (400, 0.03), 8: (800, 0.05), 16: (810, 0.4), 32: (820, 0.9)}
+    series = {key: Repeats() for key in plan.workloads}
+    for (layout, c), runs in series.items():
+        tok, ttft = curve[c] if layout == "continuous" else (500, 0.1)
+        runs.add(_run_of(tok, ttft), MachineLoad(0.0))
+    focus = deciding(plan, Slo.parse("ttft_p99=500ms"))(series)
+    assert focus == {("continuous", c) for c in (4, 8, 16, 32)} | {
+        ("static-waves", 8), ("homogeneous", 8), ("padded-mixed", 8)}
 
 
 def _record(i: int, ok: bool, kind: str | None = None, error: str | None = None) -> RequestRecord:

@@ -245,8 +245,9 @@ def test_continuous_over_static_with_its_mechanism() -> None:
     found = findings_from_documents(layouts("alpha", [140, 150, 160], [100, 105, 110], outputs))
     cos = found.engines["alpha"].continuous_over_static
     at = cos.at[8]
-    assert at.ratio == Estimate.of([140, 150, 160]).ratio(Estimate.of([100, 105, 110]))
-    assert at.ratio.differs_from_one and not at.within_noise
+    # Measured pass by pass side by side, the ratio is paired: each pass's two runs shared the machine's state.
+    assert at.ratio == Estimate.paired_ratio([(140, 100), (150, 105), (160, 110)])
+    assert at.ratio.method == "t-ratio-paired" and at.ratio.differs_from_one and not at.within_noise
     assert at.mean_decoding == pytest.approx(4.8) and at.static_mean_decoding == pytest.approx(2.88)
     assert at.ideal_mean_decoding == pytest.approx(8 * (1 - continuous_idle_fraction(outputs, 8)))
     assert at.ideal_static_mean_decoding == pytest.approx(8 * (1 - waves_idle_fraction(outputs, 8)))
@@ -256,14 +257,24 @@ def test_continuous_over_static_with_its_mechanism() -> None:
         f"{at.ideal_static_mean_decoding:.1f})")
 
 
+def test_a_machine_drift_both_layouts_share_cancels_in_the_paired_ratio() -> None:
+    """Each pass ran 5% faster continuous than static while the machine drifted 20% between passes: the
+    unpaired intervals overlap, the paired ratio finds the 5%."""
+    found = findings_from_documents(layouts("alpha", [105, 115.5, 126], [100, 110, 120], mixed_outputs()))
+    ratio = found.engines["alpha"].continuous_over_static.headline.ratio
+    assert ratio.differs_from_one and ratio.value == pytest.approx(1.05)
+    assert Estimate.of([105, 115.5, 126]).ratio(Estimate.of([100, 110, 120])).differs_from_one is False
+
+
 def test_overlapping_layouts_are_within_noise_with_the_largest_difference_left_open() -> None:
-    found = findings_from_documents(layouts("alpha", [100, 110, 120], [95, 105, 115], mixed_outputs()))
+    found = findings_from_documents(layouts("alpha", [100, 120, 110], [115, 95, 105], mixed_outputs()))
     cos = found.engines["alpha"].continuous_over_static
     assert cos.headline.within_noise
     assert found.to_dict()["engines"]["alpha"]["continuous_over_static"]["headline"]["within_noise"] is True
     open_share = cos.headline.ratio.largest_undetected
     assert decisions(found).answers(None)["batching"].startswith(
         f"no difference larger than {open_share:.0%} detected at batch 8 (x1.05 [")
+    assert cos.headline.ratio.method == "t-ratio-paired"
 
 
 def test_without_static_waves_the_comparison_says_it_cannot_be_made() -> None:

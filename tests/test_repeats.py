@@ -92,6 +92,19 @@ def test_a_ratio_tells_apart_what_differs_and_not_what_overlaps() -> None:
     assert Estimate.of([1.0, 2.0]).ratio(Estimate.of([0.0, 0.0])) is None  # type: ignore[union-attr,arg-type]
 
 
+@given(st.lists(st.tuples(positive, positive), min_size=2, max_size=8), st.floats(min_value=0.5, max_value=2.0))
+def test_a_paired_ratio_is_the_ratio_of_the_means_and_a_shared_drift_does_not_widen_it(
+        pairs: list[tuple[float, float]], drift: float) -> None:
+    r = Estimate.paired_ratio(pairs)
+    assert r is not None and r.method == "t-ratio-paired" and r.n == len(pairs)
+    assert r.value == pytest.approx(statistics.fmean(a for a, _ in pairs) / statistics.fmean(b for _, b in pairs))
+    assert r.low <= r.value * (1 + 1e-9) and r.value <= r.high * (1 + 1e-9)
+    # Both runs of one pair slowed alike: the same ratio, no wider (every pair at one ratio is exact).
+    same = Estimate.paired_ratio([(2.0 * b * drift ** i, b * drift ** i) for i, (_, b) in enumerate(pairs)])
+    assert same is not None and same.value == pytest.approx(2.0) and same.high - same.low == pytest.approx(0, abs=1e-9)
+    assert r.inverse().value == pytest.approx(1 / r.value) and r.inverse().method == "t-ratio-paired"
+
+
 def test_precise_settles_once_the_interval_is_narrow_enough() -> None:
     settled = precise(lambda v: v, 0.05)
     reps: Repeats[float] = Repeats()
@@ -141,6 +154,18 @@ def test_unsettled_measurements_are_measured_again_up_to_the_limit() -> None:
     order.clear()
     RepeatProtocol(repeats=2, max_repeats=4, together=True).run(["a", "b"], measure, load=lambda run: run[1])
     assert order == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
+
+
+def test_extra_passes_measure_only_what_the_focus_names() -> None:
+    order: list[tuple[str, int]] = []
+
+    def measure(key: str, r: int) -> tuple[str, MachineLoad]:
+        order.append((key, r))
+        return key, BUSY  # never settled
+
+    focused = RepeatProtocol(repeats=1, max_repeats=3, focus=lambda series: {"b"})
+    focused.run(["a", "b", "c"], measure, load=lambda run: run[1])
+    assert order == [("a", 0), ("b", 0), ("c", 0), ("b", 1), ("b", 2)]
 
 
 def test_a_spent_budget_stops_extra_passes_and_none_is_not_kept() -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.options import add_engine_arguments, engine_options
 from batchbench.profiles import Profile, get_profile
 from batchbench.progress import Progress
+from batchbench.regimes import SweepPoint, classify_regimes
 from batchbench.repeats import RepeatProtocol, Repeats, precise
 from batchbench.runner import RunResult, run
 from batchbench.slo import Slo
@@ -133,10 +135,8 @@ class Outcome:
     engine_problems: dict[str, str] = field(default_factory=dict)
 
 
-#: The layouts of the sweep: the curve, and static waves of the same requests at the engine's batch size.
-LAYOUTS = ("continuous", "static-waves")
-#: The padding pair, at the engine's batch size: one long prompt among short ones, and all short.
-PADDING_LAYOUTS = ("homogeneous", "padded-mixed")
+#: A measurement of the main job: (layout, concurrency).
+Key = tuple[str, int]
 #: Output tokens of the padding pair: short, because padding is a prefill cost.
 PADDING_OUTPUT = 8
 #: Waves in each of the padding pair's runs: one wave of 8 short requests lasts tens of milliseconds, which a
@@ -153,10 +153,10 @@ class Repetition:
     precision: float
     budget_s: float
 
-    def protocol(self) -> RepeatProtocol:
+    def protocol(self, focus: Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]]) -> RepeatProtocol:
         return RepeatProtocol(repeats=self.repeats, max_repeats=self.max_repeats,
                               settled=precise(_usable_throughput, self.precision), alternate=True,
-                              budget_s=self.budget_s)
+                              budget_s=self.budget_s, focus=focus)
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,8 @@ class EnginePlan:
     design: SweepDesign
     #: The config the engine is started with (None: as it is, for an engine at a URL).
     batching: BatchingConfig | None
-    #: (layout, concurrency) -> the workload of that measurement.
-    workloads: dict[tuple[str, int], Workload]
+    #: (layout, concurrency) -> the workload of that measurement, in the order a pass measures them.
+    workloads: dict[Key, Workload]
 
     def labels(self, layout: str, concurrency: int, repeat: int, precision: float) -> dict[str, Any]:
         """What findings and the report group by; ``kv_fit`` only where the design sized the KV cache."""
@@ -211,12 +211,50 @@ def plan_for(name: str, profile: Profile, options: EngineOptions, levels: tuple[
         base = design.batching if design is not None and not at_url else BatchingConfig()
         design = SweepDesign(name, profile.prompt_median, output, output, profile.concurrency, base)
     batching = None if at_url else design.batching
-    workloads: dict[tuple[str, int], Workload] = {("continuous", c): design.workload(c) for c in levels}
+    # In a pass, each comparison's two runs are measured side by side, so a slow spell of the machine falls on
+    # both (the findings pair them by pass): continuous and static waves at the fit, then the padding pair.
+    # (The curve's own run at the fit only where the levels have it: --levels is the user's.)
     fit = design.workload(design.fit)
-    workloads[("static-waves", design.fit)] = fit.with_arrival(Arrival("waves", concurrency=design.fit))
+    at_fit: dict[Key, Workload] = {("continuous", design.fit): fit} if design.fit in levels else {}
+    at_fit[("static-waves", design.fit)] = fit.with_arrival(Arrival("waves", concurrency=design.fit))
     for layout, wl in padding_pair(design.max_model_len or profile.max_model_len, design.fit).items():
-        workloads[(layout, design.fit)] = wl
+        at_fit[(layout, design.fit)] = wl
+    workloads = {("continuous", c): design.workload(c) for c in levels if c < design.fit}
+    workloads |= at_fit
+    workloads |= {("continuous", c): design.workload(c) for c in levels if c > design.fit}
     return EnginePlan(design, batching, workloads)
+
+
+def deciding(plan: EnginePlan, slo: Slo) -> Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]]:
+    """What the answer is decided by, given the runs so far (:attr:`RepeatProtocol.focus`): everything measured
+    at the fit (the comparisons), and on the curve the sweet spot with its neighbours, the batch of most
+    throughput, and the two batches either side of the SLO's TTFT p99 limit. Extra repeats go there."""
+    fit = plan.design.fit
+    limit = next((o.limit_s for o in slo.objectives if o.metric == "ttft" and o.stat == "p99"), None)
+
+    def focus(series: Mapping[Key, Repeats[RunResult]]) -> set[Key]:
+        keys = {key for key in series if key[0] != "continuous" or key[1] == fit}
+        curve = sorted((c, tok) for (layout, c), runs in series.items()
+                       if layout == "continuous" and (tok := runs.estimate(_usable_throughput)) is not None)
+        if len(curve) < 2:
+            return set(series)
+        levels = [c for c, _ in curve]
+        knee = levels.index(classify_regimes([SweepPoint(c, tok.value, 0.0, 0.0) for c, tok in curve]).sweet_spot)
+        chosen = set(levels[max(0, knee - 1):knee + 2]) | {max(curve, key=lambda ct: ct[1].value)[0]}
+        if limit is not None:
+            ttft = [(c, found.value) for c in levels
+                    if (found := series[("continuous", c)].estimate(_usable_ttft_p99)) is not None]
+            within = [i for i, (_, v) in enumerate(ttft) if v <= limit]
+            last = within[-1] if within else -1
+            chosen |= {c for c, _ in ttft[max(0, last):last + 2]}
+        return keys | {("continuous", c) for c in chosen}
+
+    return focus
+
+
+def _usable_ttft_p99(result: RunResult) -> float | None:
+    return result.summary.ttft.p99 if result.summary.ttft is not None and _usable_throughput(result) is not None \
+        else None
 
 
 def _usable_throughput(result: RunResult) -> float | None:
@@ -232,7 +270,6 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                  results_dir: Path, repetition: Repetition, request_timeout_s: float, scrape_interval_s: float,
                  slo: Slo, outcome: Outcome, progress: Progress) -> None:
     load = LoadConfig(request_timeout_s=request_timeout_s)
-    protocol = repetition.protocol()
     ttft_slo_s, tpot_slo_s = slo.request_limits()
     plans = {name: plan_for(name, profile, options, levels) for name in engines}
     points = sum(len(plan.workloads) for plan in plans.values()) * repetition.repeats
@@ -255,9 +292,9 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                            f"(at most {repetition.max_repeats}, {repetition.budget_s:g} s)")
             # The sweep's own shapes once, unrecorded: the engine's warm-up stops short of them.
             await LoadGenerator(engine, design.workload(design.fit, design.fit), config=load).run()
-            series: dict[tuple[str, int], Repeats[RunResult]] = {key: Repeats() for key in plan.workloads}
+            series: dict[Key, Repeats[RunResult]] = {key: Repeats() for key in plan.workloads}
             # Driven by hand rather than protocol.run: the runs are awaited on this loop.
-            for (layout, c), repeat in protocol.schedule(series):
+            for (layout, c), repeat in repetition.protocol(deciding(plan, slo)).schedule(series):
                 progress.sweep(len(outcome.results) + 1, max(points, len(outcome.results) + 1),
                                f"{name} {layout} c={c} #{repeat}")
                 workload = plan.workloads[(layout, c)]
@@ -289,7 +326,7 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
             await cache.close()
 
 
-def _throughput_lines(engine: str, series: dict[tuple[str, int], Repeats[RunResult]], precision: float) -> list[str]:
+def _throughput_lines(engine: str, series: dict[Key, Repeats[RunResult]], precision: float) -> list[str]:
     """Per measurement, the throughput's mean and interval over its usable runs: the curve at a glance."""
     lines = [f"  {engine}: out tok/s, mean [95% interval] over the usable runs (* not within ±{precision:.0%})"]
     for (layout, c), runs in series.items():

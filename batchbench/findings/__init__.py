@@ -165,8 +165,9 @@ class Findings:
             "parity": {engine: p.to_dict() for engine, p in self.parity.items()},
             "speculation": [sp.to_dict() for sp in self.speculation],
             "intervals": f"the mean of a point's valid repeats with its {CONFIDENCE:.0%} Student-t interval; ratios: "
-                         f"the ratio of the means, {CONFIDENCE:.0%} interval by the delta method on the log scale "
-                         "(Welch's degrees of freedom)",
+                         f"the ratio of the means, {CONFIDENCE:.0%} interval by the delta method on the log scale, "
+                         "paired pass by pass where both were measured side by side (Welch's degrees of freedom "
+                         "otherwise)",
         }
 
 
@@ -202,7 +203,8 @@ def _engine_findings(engine: str, points: Sequence[Point], slo: Slo | None) -> E
     cos, missing = None, None
     if cont is not None and static is not None:
         cos = batching.continuous_over_static(list(cont.points), list(static.points), by_c["continuous"],
-                                              cont.sweet_spot.concurrency if cont.sweet_spot else None)
+                                              by_c["static-waves"], cont.sweet_spot.concurrency if cont.sweet_spot
+                                              else None)
     if cos is None:
         missing = ("no static-waves run" if static is None else "no continuous run" if cont is None
                    else "no batch size with both layouts valid")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchbench.findings.points import Measurement, Point, PointFindings
+from batchbench.findings.points import ratio as points_ratio
 from batchbench.findings.text import ratio as ratio_text
 from batchbench.repeats import Estimate
 from batchbench.theory import continuous_idle_fraction, waves_idle_fraction
@@ -68,15 +69,16 @@ def _ideal_decoding(run: Measurement) -> tuple[float, float] | None:
 
 
 def continuous_over_static(continuous: list[PointFindings], static: list[PointFindings], points: dict[int, Point],
-                           sweet_spot: int | None) -> ContinuousOverStatic | None:
-    """At every concurrency with a valid point in both layouts; ``points``: the continuous layout's, by
-    concurrency (their records give the ideal occupancy)."""
+                           static_points: dict[int, Point], sweet_spot: int | None) -> ContinuousOverStatic | None:
+    """At every concurrency with a valid point in both layouts; ``points`` and ``static_points``: the two layouts'
+    runs, by concurrency (the throughput ratio pairs them pass by pass, :func:`~batchbench.findings.points.ratio`;
+    the continuous records give the ideal occupancy)."""
     by_c = {p.concurrency: p for p in static if p.valid}
     at: dict[int, Occupancy] = {}
     for p in continuous:
         s = by_c.get(p.concurrency)
-        a, b = p.figure("output_tok_s"), s.figure("output_tok_s") if s is not None else None
-        ratio = a.ratio(b) if a is not None and b is not None and p.valid else None
+        ratio = points_ratio(points[p.concurrency], static_points[p.concurrency], "output_tok_s") \
+            if s is not None and p.valid else None
         if ratio is None or s is None:
             continue
         ideal = _ideal_decoding(points[p.concurrency].used[0])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchbench.findings.points import Measurement, Point, PointFindings
+from batchbench.findings.points import ratio as points_ratio
 from batchbench.findings.text import ratio as ratio_text
 from batchbench.repeats import Estimate
 from batchbench.theory import padding_fraction
@@ -95,13 +96,11 @@ def padding_cost(mixed: list[PointFindings], homogeneous: list[PointFindings], m
         if shares is None or plain is None or plain[2] == 0:
             continue
 
-        def ratio(key: str, h: PointFindings = h, p: PointFindings = p) -> Estimate | None:
-            a, b = p.figure(key), h.figure(key)
-            return a.ratio(b) if a is not None and b is not None else None
-
+        mixed_point, plain_point = mixed_points[p.concurrency], homogeneous_points[p.concurrency]
         reported = [v for r in mixed_points[p.concurrency].used
                     if isinstance(v := r.engine_report.get("prompt_pad_fraction"), int | float)]
-        at[p.concurrency] = PaddingAt(shares[0], ratio("e2e_p50_s"), ratio("ttft_p50_s"), shares[2] / plain[2],
+        at[p.concurrency] = PaddingAt(shares[0], points_ratio(mixed_point, plain_point, "e2e_p50_s"),
+                                      points_ratio(mixed_point, plain_point, "ttft_p50_s"), shares[2] / plain[2],
                                       shares[1] / plain[2], statistics.median(reported) if reported else None,
                                       p.run_ids + h.run_ids)
     return PaddingCost(at, max(at)) if at else None

@@ -155,6 +155,18 @@ class Point:
                           peak(p.peak_waiting for p in points))
 
 
+def ratio(a: Point, b: Point, figure: str) -> Estimate | None:
+    """``figure`` of ``a`` over ``b``: paired by pass where at least two passes measured both validly (the main
+    job measures a comparison's two runs side by side: :meth:`Estimate.paired_ratio`), else from their repeats
+    alone (:meth:`Estimate.ratio`). None where either has no such figure."""
+    ours = {r.repeat: v for r in a.used if r.repeat is not None and (v := r.value(figure)) is not None}
+    pairs = [(ours[r.repeat], v) for r in b.used if r.repeat in ours and (v := r.value(figure)) is not None]
+    if a.valid and b.valid and len(pairs) >= 2:
+        return Estimate.paired_ratio(pairs)
+    ea, eb = a.estimate(figure), b.estimate(figure)
+    return ea.ratio(eb) if ea is not None and eb is not None else None
+
+
 class TurnTtft(NamedTuple):
     """One turn of a point's conversations: how long its prompts were, and its TTFT p50."""
 
