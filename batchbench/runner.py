@@ -9,6 +9,7 @@ written however the run ends.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 import uuid
@@ -22,13 +23,14 @@ from batchbench.adapters.base import Engine
 from batchbench.client_load import ClientLoad, ClientMeter
 from batchbench.clock import now
 from batchbench.guardrails import server_summary
-from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.loadgen import SCRAPE_INTERVAL_S, LoadConfig, LoadGenerator
 from batchbench.machine_load import MachineLoad, MachineMeter
 from batchbench.metrics import Summary, summarize
 from batchbench.records import RequestRecord
-from batchbench.results import JournalWriter, LoadSettings, RunFooter, RunHeader, ScrapeStats, Slo
+from batchbench.results import JournalWriter, RunFooter, RunHeader, ScrapeStats
 from batchbench.scraper import Scraper
 from batchbench.server_metrics import ServerMetrics
+from batchbench.slo import Slo
 from batchbench.workers import WorkerPool, partition
 from batchbench.workload import Workload
 
@@ -66,24 +68,24 @@ async def run(
     results_dir: Path,
     tag: str = "",
     load: LoadConfig | None = None,
-    scrape_interval_s: float = 0.25,
-    ttft_slo_s: float | None = None,
-    tpot_slo_s: float | None = None,
+    slo: Slo | None = None,
     labels: dict[str, Any] | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     reset_cache: bool = True,
-    workers: int = 1,
 ) -> RunResult:
     """Replay ``workload`` against the running ``engine`` and write its results document.
 
-    ``on_record`` sees each finished request after it is journalled (a progress display): it runs on the
-    measuring loop, so it must be cheap. ``reset_cache``: empty the engine's prefix cache first, so a cache the
-    previous run warmed is never measured as this run's speed (``False`` only when that is the point).
-    ``workers``: load-generator processes to send from (:mod:`batchbench.workers`); 1 sends from this event loop.
+    ``load``: how it is sent (its ``workers``: load-generator processes to send from, :mod:`batchbench.workers`;
+    1 sends from this event loop). ``slo``: goodput counts the requests within its limits. ``on_record`` sees each
+    finished request after it is journalled (a progress display): it runs on the measuring loop, so it must be
+    cheap. ``reset_cache``: empty the engine's prefix cache first, so a cache the previous run warmed is never
+    measured as this run's speed (``False`` only when that is the point).
     """
     load = load or LoadConfig()
-    if workers > 1:  # as many as the workload can be split into (ValueError for waves: before anything starts)
-        workers = len(partition(workload, workers))
+    if load.workers > 1:  # as many as the workload can be split into (ValueError for waves: before anything starts)
+        load = dataclasses.replace(load, workers=len(partition(workload, load.workers)))
+    workers = load.workers
+    ttft_slo_s, tpot_slo_s = slo.request_limits() if slo is not None else (None, None)
     cache_reset = await engine.reset_cache() if reset_cache else None
     path = results_path(results_dir, engine, workload, tag)
     writer = JournalWriter(path)
@@ -114,9 +116,8 @@ async def run(
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         engine=engine.describe(),
         workload=workload.describe(),
-        load=LoadSettings(request_timeout_s=load.request_timeout_s, max_in_flight=load.max_in_flight,
-                          scrape_interval_s=scrape_interval_s, workers=workers),
-        slo=Slo(ttft_s=ttft_slo_s, tpot_s=tpot_slo_s),
+        load=load,
+        slo=slo,
         environment=environment.capture(),
         labels=labels or {},
         cache_reset=cache_reset,
@@ -127,7 +128,8 @@ async def run(
             raise pool_failed
         await engine.begin_run()
         t0 = now()
-        scraper = Scraper(engine, interval_s=scrape_interval_s, t0=t0, on_sample=writer.sample)
+        scraper = Scraper(engine, interval_s=load.scrape_interval_s or SCRAPE_INTERVAL_S, t0=t0,
+                          on_sample=writer.sample)
         meter = ClientMeter()
         machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())
         machine_meter.start()

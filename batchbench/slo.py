@@ -67,6 +67,15 @@ def _format_s(seconds: float, digits: int = 6) -> str:
     return f"{seconds * 1000:.{digits}g}ms" if seconds < 1 else f"{seconds:.{digits}g}s"
 
 
+def _objective(key: str, limit: Any) -> Objective:
+    metric, _, stat = key.partition("_")
+    if metric not in METRICS or stat not in STATS:
+        raise ValueError(f"not an objective: {key!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0:
+        raise ValueError(f"objective {key}: a limit is a number of seconds above 0, not {limit!r}")
+    return Objective(metric, stat, float(limit))
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Whether one run met an SLO, and by how much each objective passed or failed."""
@@ -143,3 +152,21 @@ class Slo:
 
     def to_dict(self) -> dict[str, Any]:
         return {o.name: o.limit_s for o in self.objectives}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Slo:
+        """The inverse of :meth:`to_dict`; a results document of version 2 stored the per-request limits instead
+        (``{"ttft_s": 0.2, "tpot_s": null}``), read as max objectives, which give the same goodput. ValueError on
+        anything else."""
+        if set(doc) <= {"ttft_s", "tpot_s"}:
+            objectives = tuple(Objective(metric, "max", float(doc[f"{metric}_s"])) for metric in ("ttft", "tpot")
+                               if doc.get(f"{metric}_s") is not None)
+        else:
+            objectives = tuple(_objective(key, value) for key, value in doc.items())
+        return cls(objectives)
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """How :meth:`to_dict` looks in a results document."""
+        return {"type": "object", "description": "seconds, by objective (METRIC_STAT, e.g. ttft_p99)",
+                "additionalProperties": {"type": "number", "exclusiveMinimum": 0}}

@@ -19,6 +19,7 @@ from batchbench.adapters.base import BatchingConfig, Engine
 from batchbench.adapters.registry import get_spec
 from batchbench.guardrails import KV_DANGER
 from batchbench.harness import Harness
+from batchbench.loadgen import LoadConfig
 from batchbench.metrics import ttft_by_bucket
 from batchbench.profiles import chat_workload
 from batchbench.pytest_plugin import skip_unless_capable
@@ -35,7 +36,8 @@ def test_guardrail_metrics_are_exposed(harness: Harness, start_engine: Callable[
     # Poisson arrivals past what one request at a time could serve, so batch sizes vary over the run.
     workload = chat_workload(harness.profile, arrival=Arrival("poisson", rate=4.0 * harness.profile.concurrency))
     result = harness.measure(engine, workload, tag="guardrails", labels={"suite": "guardrails"},
-                             benchmark=benchmark, scrape_interval_s=0.1)
+                             benchmark=benchmark, load=LoadConfig(request_timeout_s=harness.profile.request_timeout_s,
+                                                                  scrape_interval_s=0.1))
     doc = results.load(result.path)
     guard = doc.guardrails()
     buckets = ttft_by_bucket(result.records, lambda r: r.in_flight_at_send, BUCKETS)
@@ -78,14 +80,15 @@ def test_kv_danger_zone_is_flagged_when_entered(harness: Harness, start_engine: 
     prompt, output, concurrency = 64, 128, 16
     block = cls.kv_block_size or 1
     small = max(cls.min_kv_capacity_tokens(max_len), math.ceil(concurrency * (prompt + output) / 2 / block) * block)
-    load = WorkloadSpec("kv-fill", 2 * concurrency, prompt=Lengths.fixed(prompt), output=Lengths.fixed(output),
+    fill = WorkloadSpec("kv-fill", 2 * concurrency, prompt=Lengths.fixed(prompt), output=Lengths.fixed(output),
                         arrival=Arrival("closed", concurrency=concurrency)).build()
     tight = BatchingConfig(kv_capacity_tokens=small, max_batch_size=64)
     flags = {}
     for tag, batching in (("roomy", None), ("tight", tight)):
         engine = start_engine(engine_name, batching)
-        result = harness.measure(engine, load, tag=f"kv-{tag}", labels={"suite": "guardrails", "kv": tag},
-                                 scrape_interval_s=0.05)
+        result = harness.measure(engine, fill, tag=f"kv-{tag}", labels={"suite": "guardrails", "kv": tag},
+                                 load=LoadConfig(request_timeout_s=harness.profile.request_timeout_s,
+                                                 scrape_interval_s=0.05))
         assert result.summary.failed == 0, result.summary.failures
         flags[tag] = results.load(result.path).guardrails()
     harness.release(engine_name, tight)

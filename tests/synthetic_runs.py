@@ -16,7 +16,7 @@ from batchbench.guardrails import server_summary
 from batchbench.machine_load import MachineLoad
 from batchbench.metrics import summarize
 from batchbench.records import RequestRecord
-from batchbench.results import RunDocument, RunFooter, RunHeader, Slo
+from batchbench.results import RunDocument, RunFooter, RunHeader
 from batchbench.server_metrics import ServerMetrics
 
 
@@ -93,7 +93,6 @@ def document(spec: RunSpec) -> RunDocument:
                   "spec": {"arrival": {"kind": arrival, "concurrency": spec.concurrency}}},
         labels={"suite": "main", "layout": spec.layout, "concurrency": spec.concurrency, "repeat": spec.repeat,
                 "warmed_up": True, **spec.labels},
-        slo=Slo(),
     )
     footer = None if spec.status == "partial" else RunFooter(
         status=spec.status, duration_s=duration, summary=summarize(records, duration_s=duration),

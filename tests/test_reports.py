@@ -25,13 +25,14 @@ from hypothesis import strategies as st
 from batchbench.adapters.base import BatchingConfig
 from batchbench.cli import main
 from batchbench.guardrails import server_summary
+from batchbench.loadgen import LoadConfig
 from batchbench.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.records import RequestRecord
 from batchbench.repeats import Estimate
 from batchbench.reports.build import build, build_report
 from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
-from batchbench.results import JournalWriter, LoadSettings, RunDocument, RunFooter, RunHeader, ScrapeStats, Slo
+from batchbench.results import JournalWriter, RunDocument, RunFooter, RunHeader, ScrapeStats
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
 
@@ -106,8 +107,7 @@ def write_run(folder: Path, *, engine: str = "vllm", batching: BatchingConfig | 
     writer.begin(RunHeader(
         run_id=name, started_at="2025-01-01T00:00:00+0000",
         engine={"engine": engine, "batching": batching.to_dict(), "versions": {engine: "1.0"}},
-        workload=workload.describe(), load=LoadSettings(request_timeout_s=60, max_in_flight=None),
-        slo=Slo(ttft_s=None, tpot_s=None), environment=ENV, labels=labels,
+        workload=workload.describe(), load=LoadConfig(request_timeout_s=60), environment=ENV, labels=labels,
     ))
     records = make_records(workload, ttft=ttft, tpot=tpot, concurrency=concurrency, failed=failed)
     samples = make_samples(peak_kv=peak_kv, preempt_step=preempt_step)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from batchbench import results
 from batchbench.client_load import ClientLoad
 from batchbench.guardrails import Guardrails, server_summary
+from batchbench.loadgen import LoadConfig
 from batchbench.machine_load import MachineLoad
 from batchbench.metrics import Distribution, Summary, summarize
 from batchbench.records import RequestRecord
@@ -28,17 +29,16 @@ from batchbench.results import (
     SCHEMA_VERSION,
     DocumentError,
     JournalWriter,
-    LoadSettings,
     NotAResultsDocument,
     Placement,
     RunDocument,
     RunFooter,
     RunHeader,
     ScrapeStats,
-    Slo,
     load,
 )
 from batchbench.server_metrics import ServerMetrics
+from batchbench.slo import Slo
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -394,9 +394,12 @@ headers = st.builds(
                      st.text(min_size=1, max_size=10), json_objects, json_objects),
     workload=st.builds(lambda name, digest, more: {**more, "name": name, "hash": digest},
                        short_text, short_text, json_objects),
-    load=st.builds(LoadSettings, request_timeout_s=maybe_float, max_in_flight=maybe_int,
-                   scrape_interval_s=maybe_float),
-    slo=st.builds(Slo, ttft_s=maybe_float, tpot_s=maybe_float),
+    load=st.builds(LoadConfig, request_timeout_s=st.floats(min_value=1e-3, max_value=1e6),
+                   max_in_flight=st.integers(1, 2**31),
+                   send_until_s=st.none() | st.floats(min_value=1e-3, max_value=1e6),
+                   scrape_interval_s=st.none() | st.floats(min_value=1e-3, max_value=1e3), workers=st.integers(1, 64)),
+    slo=st.none() | st.builds(lambda limit: Slo.parse(f"ttft_p99={limit}ms,tpot_p50={limit / 10}ms"),
+                              st.floats(min_value=1, max_value=1e5)),
     environment=json_objects, labels=json_objects,
     placement=st.none() | st.builds(
         Placement, source=st.sampled_from([None, "default", "--cpus"]), applied=st.booleans(),
@@ -517,12 +520,25 @@ V1_DOCUMENT: dict[str, Any] = {
 }
 
 
+def test_a_version_2_slo_reads_as_the_max_objectives_on_its_limits(tmp_path: Path) -> None:
+    """Version 2 stored the per-request limits goodput counted against; read as max objectives, they give the
+    same limits, and no limit at all is no SLO."""
+    doc = {**V1_DOCUMENT, "schema_version": 2, "slo": {"ttft_s": 0.2, "tpot_s": None}}
+    (tmp_path / "v2.json").write_text(json.dumps(doc), encoding="utf-8")
+    slo = load(tmp_path / "v2.json").header.slo
+    assert slo == Slo.parse("ttft_max=200ms") and slo.request_limits() == (0.2, None)
+    (tmp_path / "bad.json").write_text(json.dumps({**doc, "slo": {"ttft_p101": 1}}), encoding="utf-8")
+    bad = load(tmp_path / "bad.json")
+    assert bad.header.slo is None and any(p.startswith("slo unreadable") for p in bad.problems)
+
+
 def test_a_version_1_document_is_read(tmp_path: Path) -> None:
     path = tmp_path / "old.json"
     path.write_text(json.dumps(V1_DOCUMENT), encoding="utf-8")
     doc = load(path)
     assert doc.read_version == 1 and doc.status == "complete" and doc.header.run_id == "old"
-    assert doc.header.load == LoadSettings(request_timeout_s=60.0, max_in_flight=8, scrape_interval_s=None)
+    assert doc.header.load == LoadConfig(request_timeout_s=60.0, max_in_flight=8, scrape_interval_s=None)
+    assert doc.header.slo is None
     assert doc.records == [make_record(0), make_record(1)]
     assert doc.footer is not None and doc.footer.summary is not None
     assert doc.footer.summary.mean_decoding is None  # not recorded then; never read as 0
@@ -532,8 +548,8 @@ def test_a_version_1_document_is_read(tmp_path: Path) -> None:
     # Guardrails a v1 document did not store come from its samples, through the runner's own function.
     assert doc.guardrails() == server_summary(doc.server_metrics)
     assert doc.guardrails().kv_danger_entered is True and doc.guardrails().preemptions == 2.0
-    # Written again, it is a version 2 document that reads back the same.
-    assert doc.to_dict()["schema_version"] == SCHEMA_VERSION == 2
+    # Written again, it is a version 3 document that reads back the same.
+    assert doc.to_dict()["schema_version"] == SCHEMA_VERSION == 3
     assert RunDocument.from_dict(doc.to_dict()) == doc
 
 
@@ -625,7 +641,8 @@ async def test_a_document_written_by_the_runner_validates_against_the_schema(tmp
         wl = WorkloadSpec("schema", 6, prompt=Lengths.fixed(4), output=Lengths.fixed(8),
                           arrival=Arrival("closed", concurrency=3)).build()
         async with VLLMEngine(model=ModelRef("fake-model"), url=server.url) as engine:
-            result = await run(engine, wl, results_dir=tmp_path, ttft_slo_s=1.0, labels={"suite": "schema"})
+            result = await run(engine, wl, results_dir=tmp_path, slo=Slo.parse("ttft_max=1s"),
+                               labels={"suite": "schema"})
     finally:
         await server.stop_async()
     validator = jsonschema.Draft202012Validator(results.json_schema())

@@ -14,7 +14,7 @@ from batchbench import results
 from batchbench.adapters.base import BatchingConfig, Capabilities, Chunk, Engine, EngineRejected, Usage
 from batchbench.adapters.router import RoutedEngine, UnroutableRequest
 from batchbench.clock import now
-from batchbench.loadgen import LoadGenerator
+from batchbench.loadgen import LoadConfig, LoadGenerator
 from batchbench.runner import run
 from batchbench.server_metrics import ServerMetrics
 from batchbench.workload import Arrival, Lengths, Request, WorkloadSpec, interleave
@@ -201,7 +201,8 @@ async def test_a_run_through_the_router_is_recorded_like_one_engine(
     batch = WorkloadSpec("bulk", 4, prompt=Lengths.fixed(16), output=Lengths.fixed(6),
                          arrival=Arrival("poisson", rate=200.0), seed=2, priority="batch").build()
     router.routed = {"stale": 9}
-    result = await run(router, interleave("mixed", interactive, batch), results_dir=tmp_path, scrape_interval_s=0.01)
+    result = await run(router, interleave("mixed", interactive, batch), results_dir=tmp_path,
+                       load=LoadConfig(scrape_interval_s=0.01))
     assert result.summary.ok == 10
     assert sorted(latency.served) == [r.request_id for r in interactive.requests]
     assert sorted(throughput.served) == [r.request_id for r in batch.requests]

@@ -110,7 +110,7 @@ async def test_scraper_sees_the_engine_busy(vllm_engine: VLLMEngine, tmp_path: P
     # the full-batch phase must outlast such a stall for the scraper to see it.
     wl = WorkloadSpec("busy", 16, prompt=Lengths.fixed(64), output=Lengths.fixed(128),
                       arrival=Arrival("offline")).build()
-    result = await run(vllm_engine, wl, results_dir=tmp_path, scrape_interval_s=0.05)
+    result = await run(vllm_engine, wl, results_dir=tmp_path, load=LoadConfig(scrape_interval_s=0.05))
     assert result.summary.ok == 16
     assert max(s.running or 0 for s in result.samples) > 1
     assert max(s.running or 0 for s in result.samples) <= BATCHING.max_batch_size

@@ -24,6 +24,7 @@ from batchbench.adapters.launch.placement import MAX_CPU, CpuPlacement, usable_c
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_OK, EXIT_USAGE
+from batchbench.loadgen import LoadConfig
 from batchbench.machine_load import MachineMeter
 from batchbench.pinning import Pinned
 from batchbench.records import RequestRecord
@@ -144,7 +145,7 @@ async def test_one_worker_and_two_measure_the_same(engine: VLLMEngine, tmp_path:
     workload = WorkloadSpec("light", 24, prompt=Lengths.fixed(8), output=Lengths.fixed(20),
                             arrival=Arrival("poisson", rate=30.0), seed=3).build()
     one = await runner.run(engine, workload, results_dir=tmp_path, tag="one")
-    two = await runner.run(engine, workload, results_dir=tmp_path, tag="two", workers=2)
+    two = await runner.run(engine, workload, results_dir=tmp_path, tag="two", load=LoadConfig(workers=2))
     assert _no_workers_left()
     for result in (one, two):
         assert result.summary.requests == result.summary.ok == 24

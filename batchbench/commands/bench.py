@@ -117,7 +117,7 @@ async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: Bat
                  timeout_s: float, sweep: Sweep, progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
     cache = engines_here.cache()
-    load = work.load(timeout_s)
+    load = work.load(timeout_s, args.scrape_interval)
     try:
         for name in engines:
             session = EngineSession(engines_here, cache, name, batching)
@@ -125,7 +125,7 @@ async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: Bat
                 for level in levels:
                     for repeat in range(args.repeats):
                         point = await session.measure(work, kind, level, repeat, run_dir=run_dir, suite="bench",
-                                                      slo=args.slo, load=load, scrape_interval_s=args.scrape_interval)
+                                                      slo=args.slo, load=load)
                         sweep.points.append(point)
                         write_summary(run_dir / "bench.json", sweep.document(kind, args.slo, work.notes))
                         if point.status == "failed" and args.stop_on_error:

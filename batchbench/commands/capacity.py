@@ -91,7 +91,7 @@ async def _find(engines: tuple[str, ...], options: EngineOptions, batching: Batc
                 progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
     cache = engines_here.cache()
-    load = work.load(timeout_s)
+    load = work.load(timeout_s, args.scrape_interval)
     try:
         for name in engines:
             session, search = EngineSession(engines_here, cache, name, batching), _search(args, kind)
@@ -99,7 +99,7 @@ async def _find(engines: tuple[str, ...], options: EngineOptions, batching: Batc
                 while (level := search.next_level()) is not None:
                     repeat = sum(len(p.outcomes) for p in search.result().points if p.level == level)
                     point = await session.measure(work, kind, level, repeat, run_dir=run_dir, suite="capacity",
-                                                  slo=args.slo, load=load, scrape_interval_s=args.scrape_interval)
+                                                  slo=args.slo, load=load)
                     found.points.append(point)
                     search.add(level, point.outcome())
                     found.results[name] = search.result()

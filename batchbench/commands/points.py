@@ -9,6 +9,7 @@ measured on a live engine rather than all failing the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -133,21 +134,19 @@ class EngineSession:
         return await self.engines.get(self.cache, self.name, self.batching)
 
     async def measure(self, plan: WorkloadPlan, kind: LevelKind, level: float, repeat: int, *, run_dir: Path,
-                      suite: str, slo: Slo | None, load: LoadConfig, scrape_interval_s: float) -> PointResult:
+                      suite: str, slo: Slo | None, load: LoadConfig) -> PointResult:
         """Warm up, run and judge one level; prints its line (and any warnings) as it ends."""
         engine = await self.engine()
         workload = plan.workload(kind, level)
         if (warm := plan.warmup_workload(workload)) is not None:
             await LoadGenerator(engine, warm, config=load).run()
-        ttft_s, tpot_s = slo.request_limits() if slo else (None, None)
         labels: dict[str, Any] = {"suite": suite, kind: _level_json(kind, level), "repeat": repeat}
         if slo is not None:
             labels["slo"] = str(slo)
         with self.progress.run(len(workload.requests), f"{self.name} {level_text(kind, level)} #{repeat}") as bar:
-            result = await run(engine, workload, results_dir=run_dir, tag=level_text(kind, level), load=load,
-                               scrape_interval_s=scrape_interval_s, ttft_slo_s=ttft_s, tpot_slo_s=tpot_s,
-                               labels=labels, on_record=bar.observe,
-                               workers=plan.workers_for(workload))
+            result = await run(engine, workload, results_dir=run_dir, tag=level_text(kind, level),
+                               load=dataclasses.replace(load, workers=plan.workers_for(workload)), slo=slo,
+                               labels=labels, on_record=bar.observe)
             reason = _why_failed(result, load.request_timeout_s)
             point = PointResult(self.name, kind, level, repeat, result, "failed" if reason else "ok", reason,
                                 slo.check(result.summary) if slo else None, parity.check(result.records))

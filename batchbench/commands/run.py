@@ -267,10 +267,8 @@ def _usable_throughput(result: RunResult) -> float | None:
 
 
 async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, levels: tuple[int, ...],
-                 results_dir: Path, repetition: Repetition, request_timeout_s: float, scrape_interval_s: float,
-                 slo: Slo, outcome: Outcome, progress: Progress) -> None:
-    load = LoadConfig(request_timeout_s=request_timeout_s)
-    ttft_slo_s, tpot_slo_s = slo.request_limits()
+                 results_dir: Path, repetition: Repetition, load: LoadConfig, slo: Slo, outcome: Outcome,
+                 progress: Progress) -> None:
     plans = {name: plan_for(name, profile, options, levels) for name in engines}
     points = sum(len(plan.workloads) for plan in plans.values()) * repetition.repeats
     for name, plan in plans.items():
@@ -300,8 +298,7 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                 workload = plan.workloads[(layout, c)]
                 with progress.run(len(workload.requests), f"{layout:>13} c={c:<3} #{repeat}") as bar:
                     result = await run(engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
-                                       ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
-                                       scrape_interval_s=scrape_interval_s,
+                                       slo=slo,
                                        labels=plan.labels(layout, c, repeat, repetition.precision),
                                        on_record=bar.observe)
                     s = result.summary
@@ -366,7 +363,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         with place_client(options), progress:
             eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, repetition,
-                                 timeout_s, args.scrape_interval, args.slo, outcome, progress))
+                                 LoadConfig(request_timeout_s=timeout_s, scrape_interval_s=args.scrape_interval),
+                                 args.slo, outcome, progress))
     except KeyboardInterrupt:
         # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.
         # Cut short while the first engine started, nothing was measured: progress's one line said it all.

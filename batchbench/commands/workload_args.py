@@ -165,8 +165,10 @@ class WorkloadPlan:
             return self.workers
         return max(auto_workers(self.workload(kind, level)) for level in levels)
 
-    def load(self, request_timeout_s: float) -> LoadConfig:
-        return LoadConfig(request_timeout_s=request_timeout_s, send_until_s=self.duration_s)
+    def load(self, request_timeout_s: float, scrape_interval_s: float) -> LoadConfig:
+        """How every point's load is sent (each point's own number of workers: :meth:`workers_for`)."""
+        return LoadConfig(request_timeout_s=request_timeout_s, send_until_s=self.duration_s,
+                          scrape_interval_s=scrape_interval_s)
 
     def _size(self, kind: LevelKind, level: float) -> int:
         if self.duration_s is None:

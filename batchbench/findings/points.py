@@ -338,7 +338,7 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
     duration = footer.duration_s if footer is not None and footer.duration_s else (
         doc.observed_duration_s() if summary is not None else None)
     limits = slo.request_limits() if slo is not None else None
-    stored = (doc.header.slo.ttft_s, doc.header.slo.tpot_s)
+    stored = doc.header.slo.request_limits() if doc.header.slo is not None else (None, None)
     if summary is not None and limits is not None and limits != stored and duration:
         # Goodput counts requests within the limits; the run counted its own (or none).
         summary = summarize(doc.records, duration_s=duration, ttft_slo_s=limits[0], tpot_slo_s=limits[1])
