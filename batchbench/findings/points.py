@@ -144,15 +144,16 @@ class Point:
         points = [p for r in self.used if (p := r.sweep_point()) is not None]
         if not points:
             return None
-
-        def peak(values: Iterable[float | None]) -> float | None:
-            present = [v for v in values if v is not None]
-            return max(present) if present else None
-
         return SweepPoint(self.concurrency, statistics.fmean(p.throughput for p in points),
                           statistics.fmean(p.ttft_p50 for p in points), statistics.fmean(p.ttft_p99 for p in points),
                           peak(p.peak_kv_usage for p in points), peak(p.preemptions for p in points),
                           peak(p.peak_waiting for p in points))
+
+
+def peak(values: Iterable[float | None]) -> float | None:
+    """The highest of the values given (None: none): memory evidence that happened once did happen."""
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
 
 
 def ratio(a: Point, b: Point, figure: str) -> Estimate | None:
@@ -230,11 +231,6 @@ def point_findings(point: Point, regime: Regime | None) -> PointFindings:
     several = len(point.runs) > 1
     invalid = () if point.valid else tuple(dict.fromkeys(
         f"{r.run_id}: {reason}" if several else reason for r in point.runs for reason in r.validity.reasons))
-
-    def peak(values: Iterable[float | None]) -> float | None:
-        present = [v for v in values if v is not None]
-        return max(present) if present else None
-
     targets = [r.precision_target for r in point.runs if r.precision_target is not None]
     return PointFindings(
         concurrency=point.concurrency,
