@@ -275,6 +275,10 @@ def test_overlapping_layouts_are_within_noise_with_the_largest_difference_left_o
     assert decisions(found).answers(None)["batching"].startswith(
         f"no difference larger than {open_share:.0%} detected at batch 8 (x1.05 [")
     assert cos.headline.ratio.method == "t-ratio-paired"
+    # Continuous kept more requests decoding (0.1 of the run each, against 0.06), for no throughput: the TPOTs
+    # say each step cost more.
+    assert "but at TPOT p50 " in decisions(found).answers(None)["batching"]
+    assert "each step cost more with more requests in it (compute-bound)" in decisions(found).answers(None)["batching"]
 
 
 def test_without_static_waves_the_comparison_says_it_cannot_be_made() -> None:

