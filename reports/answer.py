@@ -62,7 +62,7 @@ def decisions_table(findings: Findings, links: dict[tuple[str, str], str]) -> Ta
         rows.append(cells)
     return Table(["Question", *(d.engine for d in engines)], rows,
                  caption=f"Figures: the mean [{CONFIDENCE:.0%} interval] over n repeats (Student's t; ratios by the "
-                         "delta method); each answer links to the curve it was read from.")
+                         "delta method); each answer links to the curve it was read from.", prose=True)
 
 
 def invalid_table(findings: Findings) -> Table:

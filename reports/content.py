@@ -48,11 +48,23 @@ def status_text(run: Run) -> str:
     return f"⚠ {run.status.upper()}{derived}{missing}"
 
 
-def _danger_text(run: Run) -> str:
-    s = run.server
-    return (f"⚠ {run.display_name()} ({run.workload_name}) entered the KV danger zone: peak KV usage "
-            f"{fmt.pct(s.peak_kv_usage)} ≥ {fmt.pct(KV_DANGER)} in {s.danger_samples} of "
-            f"{s.kv_samples} samples")
+def _danger_lines(runs: list[Run]) -> list[str]:
+    """One line per series (a measurement's repeats) whose runs entered the KV danger zone: how many of them did,
+    their highest peak and how many of their samples were in it."""
+    found = []
+    for series in group_series([r.to_row() for r in runs]):
+        members = [r for r in runs if r.run_id in {str(row["run_id"]) for row in series.rows}]
+        danger = [r for r in members if r.server.danger_zone]
+        if not danger:
+            continue
+        first = danger[0]
+        peak = max(r.server.peak_kv_usage or 0.0 for r in danger)
+        samples = sum(r.server.danger_samples or 0 for r in danger), sum(r.server.kv_samples or 0 for r in danger)
+        runs_text = f"{len(danger)} of {len(members)} runs" if len(members) > 1 else "its run"
+        found.append(f"⚠ {display_name(first.engine, first.batching_label, series_labels(first.to_row()))} "
+                     f"({first.workload_name}) entered the KV danger zone in {runs_text}: peak KV usage "
+                     f"{fmt.pct(peak)} ≥ {fmt.pct(KV_DANGER)} in {samples[0]} of {samples[1]} samples")
+    return found
 
 
 def _partial_text(run: Run) -> str:
@@ -404,9 +416,8 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     failing = [r for r in runs if r.summary is not None and r.summary.failures]
     if failing:
         overview.blocks.append(Bullets([failure_text(r) for r in failing], "bad"))
-    danger = [r for r in runs if r.server.danger_zone]
-    if danger:
-        overview.blocks.append(Bullets([_danger_text(r) for r in danger], "bad"))
+    if danger := _danger_lines(runs):
+        overview.blocks.append(Bullets(danger, "bad"))
     if baseline is not None:
         n = baseline.regressions
         overview.blocks.append(Para(f"Against the baseline: {n} regression{'s' if n != 1 else ''} beyond "

@@ -33,6 +33,8 @@ class Table:
     header: list[str]
     rows: list[list[Cell]]
     caption: str = ""
+    #: Cells that are sentences, not figures: read from the left.
+    prose: bool = False
 
 
 @dataclass(frozen=True)

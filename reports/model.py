@@ -309,9 +309,15 @@ def build_run(source: str, doc: RunDocument) -> Run:
     )
 
 
+#: Labels a run carries for the findings (what suite wrote it, the precision its repeats ran to, the sweep's design)
+#: rather than to tell it from its neighbours: left out of its name, kept in its document and its series.
+BOOKKEEPING_LABELS = frozenset({"suite", "warmed_up", "precision", "design", "fit", "kv_fit", "kv_capacity_tokens"})
+
+
 def labels_text(labels: dict[str, Any]) -> str:
-    """Labels as ``key=value`` words, sorted by key."""
-    return " ".join(f"{k}={v}" for k, v in sorted(labels.items(), key=lambda kv: str(kv[0])))
+    """The labels that tell a run apart, as ``key=value`` words sorted by key (not :data:`BOOKKEEPING_LABELS`)."""
+    return " ".join(f"{k}={v}" for k, v in sorted(labels.items(), key=lambda kv: str(kv[0]))
+                    if k not in BOOKKEEPING_LABELS)
 
 
 def display_name(engine: object, batching_label: object, labels: dict[str, Any]) -> str:

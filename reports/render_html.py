@@ -28,6 +28,7 @@ table { border-collapse: collapse; margin: .8rem 0; font-size: .9rem; }
 th, td { border: 1px solid #ccc; padding: .3rem .6rem; text-align: right; vertical-align: top; }
 th:first-child, td:first-child { text-align: left; }
 thead th { background: #f2f2f2; }
+table.prose td { text-align: left; } table.prose a { color: inherit; text-decoration-color: #bbb; }
 td.best { font-weight: 700; } td.bad, p.bad, li.bad { background: #fde2e1; color: #8a1c14; }
 td.warn, p.warn, li.warn { background: #fff4d6; color: #6b4e00; }
 caption { caption-side: bottom; text-align: left; font-size: .8rem; color: #555; padding-top: .3rem; }
@@ -51,7 +52,8 @@ def _table(table: Table) -> str:
         cells += [f"<td{_style(c.style)}>{_cell_text(c)}</td>" for c in row[1:]]
         body.append("<tr>" + "".join(cells) + "</tr>")
     caption = f"<caption>{escape(table.caption)}</caption>" if table.caption else ""
-    return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    kind = ' class="prose"' if table.prose else ""
+    return f"<table{kind}>{caption}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def _cell_text(cell: Cell) -> str:

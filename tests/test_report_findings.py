@@ -105,6 +105,7 @@ def test_html_links_resolve_and_the_answer_precedes_every_figure(cited_runs: Pat
     answer = html[html.index('id="answer"'):html.index("Overview</h2>")]
     assert answer.count("<svg") == 2 and answer.index("Question") < first_figure(answer)
     assert "sweet spot c=8" in answer and "TTFT p99 SLO" in answer
+    assert '<table class="prose">' in answer  # the decisions are sentences: read from the left
 
 
 def test_without_an_engine_there_is_nothing_to_decide(tmp_path: Path) -> None:

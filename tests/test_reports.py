@@ -274,6 +274,20 @@ def test_danger_zone_flag_exactly_when_a_sample_reaches_085(tmp_path: Path, peak
     assert rows["tgi"]["server"]["danger_zone"] is False
 
 
+def test_a_measurements_repeats_in_the_danger_zone_are_one_line_without_its_bookkeeping(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for i, peak in enumerate((0.95, 0.5, 0.99)):
+        write_run(results, engine="vllm", peak_kv=peak, name=f"vllm_r{i}",
+                  labels={"concurrency": 4, "repeat": i, "suite": "main", "design": {"fit": 8}, "precision": 0.05})
+    build_quiet(results, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    overview = md[md.index("## Overview"):md.index("## Workload")]
+    (line,) = [text for text in overview.splitlines() if "danger zone" in text]
+    assert "vllm \\[continuous-bs4\\] concurrency=4 (chat) entered the KV danger zone in 2 of 3 runs: peak KV " \
+           "usage 99.0%" in line
+    assert "design" not in line and "precision" not in line and "suite" not in line
+
+
 # --------------------------------------------------------------------------- baseline comparison
 
 
