@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -143,6 +144,17 @@ def test_an_slo_already_missed_at_the_lowest_batch_gives_no_latency_pool() -> No
     found = findings_from_documents(sweep(fit=8, repeats=2), slo=Slo.parse("ttft_p99=1ms"))
     assert layout(found).latency_pool.concurrency is None
     assert decisions(found).answers(found.slo)["latency"].startswith("none: batch 1 already misses it (ttft_p99 ")
+
+
+def test_without_an_slo_given_the_one_the_runs_were_measured_under_is_used() -> None:
+    measured = [dataclasses.replace(d, header=dataclasses.replace(d.header, slo=SLO)) for d in sweep(fit=8, repeats=2)]
+    found = findings_from_documents(measured)
+    assert found.slo == SLO and layout(found).latency_pool.concurrency == 8
+    # Runs measured under different SLOs name none the findings could take.
+    mixed = measured[:6] + [dataclasses.replace(d, header=dataclasses.replace(d.header, slo=Slo.parse("ttft_p99=1s")))
+                            for d in measured[6:]]
+    assert findings_from_documents(mixed).slo is None
+    assert findings_from_documents(mixed, slo=SLO).slo == SLO
 
 
 def test_without_an_slo_there_is_no_goodput_and_no_latency_answer() -> None:

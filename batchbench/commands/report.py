@@ -60,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--baseline", type=Path, default=None, metavar="EARLIER",
                      help="an earlier results folder, results document or report.json to compare against")
     rep.add_argument("--slo", type=parsed_by(Slo), default=None, metavar="OBJECTIVES",
-                     help="objectives for the findings' goodput, e.g. ttft_p99=200ms,tpot_p50=50ms")
+                     help="objectives the answer is judged against, e.g. ttft_p99=200ms,tpot_p50=50ms (default: the "
+                          "one the runs were measured under, where they all were under one)")
     rep.add_argument("--no-plots", action="store_true", help="skip the figures (faster; HTML without images)")
     _gate_arguments(rep)
     rep.set_defaults(handler=main)

@@ -284,11 +284,21 @@ def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, ski
                     parities, speculated)
 
 
+def measured_slo(docs: Iterable[RunDocument]) -> Slo | None:
+    """The SLO every one of the runs was measured under (their headers agree on it); None when they name none or
+    differ."""
+    found = {doc.header.slo for doc in docs}
+    return found.pop() if len(found) == 1 else None
+
+
 def findings_from_documents(docs: Iterable[RunDocument | tuple[str, RunDocument]], *, slo: Slo | None = None,
                             suite: str | None = None) -> Findings:
     """The findings of results documents (or (source, document) pairs): the entry point of the CLI and the
-    report. ``slo``: judge the points against it (None: no SLO findings); ``suite``: only runs labelled with
-    this suite."""
+    report. ``slo``: judge the points against it (None: the one the runs were measured under,
+    :func:`measured_slo`, if they agree on one; else no SLO findings); ``suite``: only runs labelled with this
+    suite."""
+    pairs = [d if isinstance(d, tuple) else (None, d) for d in docs]
+    slo = slo if slo is not None else measured_slo(doc for _, doc in pairs)
     skipped: list[str] = []
-    points = points_from_documents(docs, slo=slo, suite=suite, skipped=skipped)
+    points = points_from_documents(pairs, slo=slo, suite=suite, skipped=skipped)
     return findings_from_points(points, slo=slo, skipped=skipped)
