@@ -47,8 +47,8 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from batchbench import eventloop
-from batchbench.clock import now
+from batchbench.core import eventloop
+from batchbench.core.clock import now
 
 #: A request's queue carries decode steps (ints, its tokens so far) or, when its batch failed, the reason.
 Step = int | str

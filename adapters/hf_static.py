@@ -23,25 +23,18 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import (
-    BatchingConfig,
-    Capabilities,
-    EngineCannotRunHere,
-    EngineError,
-    EngineHTTPError,
-    EngineNotHealthy,
-    ModelRef,
-)
+from batchbench.adapters.base import EngineCannotRunHere, EngineError, EngineHTTPError, EngineNotHealthy
 from batchbench.adapters.http import get_json, post_text
 from batchbench.adapters.launch import Launch
 from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec, LocalRun
-from batchbench.clock import now
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, Capabilities, ModelRef
+from batchbench.core.server_metrics import ServerMetrics
 from batchbench.fixtures import tiny_model_dir
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Request
+from batchbench.workload.requests import Request
 
 #: The server program in front of :meth:`HFStaticEngine.server_args`.
 LOCAL_PROGRAM = (sys.executable, "-m", "batchbench.adapters.hf_server")

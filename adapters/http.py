@@ -32,7 +32,7 @@ from batchbench.adapters.base import (
     StreamProtocolError,
 )
 from batchbench.adapters.sse import SSESplitter
-from batchbench.clock import now
+from batchbench.core.clock import now
 
 try:  # orjson parses a stream event several times faster than json; it is optional
     import orjson

@@ -28,7 +28,7 @@ from batchbench.adapters.base import (
 from batchbench.adapters.http import OVERLOAD_STATUSES, dumps, parse_json_event
 from batchbench.adapters.served import ServedEngine
 from batchbench.adapters.stream_client import StreamClient
-from batchbench.workload import Request
+from batchbench.workload.requests import Request
 
 
 class OpenAICompletionsEngine(ServedEngine):

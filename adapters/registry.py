@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Literal
 
 import batchbench.adapters
-from batchbench.adapters.base import BatchingConfig, Engine, ModelRef
-from batchbench.adapters.launch.placement import CpuPlacement
+from batchbench.adapters.base import Engine
 from batchbench.adapters.spec import EngineSpec
+from batchbench.core.config import BatchingConfig, ModelRef
+from batchbench.core.placement import CpuPlacement
 from batchbench.fixtures import tiny_model_dir
-from batchbench.lora import LoraAdapter
+from batchbench.workload.lora import LoraAdapter
 
 LaunchMode = Literal["auto", "local", "docker"]
 

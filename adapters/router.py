@@ -2,7 +2,7 @@
 
 In a real deployment a gateway sends interactive traffic to a latency pool
 (small batches, short queues) and batch traffic to a throughput pool (large
-batches), on a priority header; here :attr:`batchbench.workload.Request.priority`
+batches), on a priority header; here :attr:`batchbench.workload.requests.Request.priority`
 plays that header. The load generator, the runner and the results see one
 engine: records, the scraped series and the engine description cover every
 pool, so a split layout is measured exactly like a single engine.
@@ -18,11 +18,12 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import BatchingConfig, BatchingMode, Capabilities, Chunk, ChunkSink, Engine, EngineError
-from batchbench.adapters.launch.placement import EngineCpus
-from batchbench.clock import now
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Request
+from batchbench.adapters.base import Chunk, ChunkSink, Engine, EngineError
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, BatchingMode, Capabilities
+from batchbench.core.placement import EngineCpus
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.workload.requests import Request
 
 
 class UnroutableRequest(EngineError):

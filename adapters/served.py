@@ -20,23 +20,22 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import (
-    BatchingConfig,
     Engine,
     EngineDied,
     EngineError,
     EngineHTTPError,
     EngineUnreachable,
     HealthPoller,
-    ModelRef,
     StreamProtocolError,
 )
 from batchbench.adapters.http import HttpClient, check_url, get_json, get_text, make_client
 from batchbench.adapters.launch import Launch
-from batchbench.adapters.launch.placement import EngineCpus
 from batchbench.adapters.prometheus import Samples
-from batchbench.clock import now
-from batchbench.lora import LoraAdapter
-from batchbench.server_metrics import ServerMetrics
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, ModelRef
+from batchbench.core.placement import EngineCpus
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.workload.lora import LoraAdapter
 
 
 class ServedEngine(Engine):

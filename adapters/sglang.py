@@ -37,14 +37,15 @@ from __future__ import annotations
 from statistics import fmean
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import BatchingConfig, Capabilities, EngineHTTPError, StreamProtocolError
+from batchbench.adapters.base import EngineHTTPError, StreamProtocolError
 from batchbench.adapters.http import get_json, post_text
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec
-from batchbench.clock import now
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Request
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, Capabilities
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.workload.requests import Request
 
 
 class SGLangEngine(OpenAICompletionsEngine):

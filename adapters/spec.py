@@ -3,7 +3,7 @@
 Each adapter module ends with ``SPEC = EngineSpec(...)``; :mod:`batchbench.adapters.registry` finds
 every such module in this package, so adding an engine is its adapter module, its image pin in
 ``images.toml``, its wire recordings and one row in the shared contract tests. Nothing outside the
-adapter branches on an engine's name: the suites ask :class:`~batchbench.adapters.base.Capabilities`
+adapter branches on an engine's name: the suites ask :class:`~batchbench.core.config.Capabilities`
 and the spec.
 """
 
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import Engine
+from batchbench.core.config import BatchingConfig
 
 
 @dataclass(frozen=True)

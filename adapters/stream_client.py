@@ -26,7 +26,7 @@ import yarl
 from batchbench.adapters.base import EngineHTTPError, EngineRejected, EngineUnreachable, StreamProtocolError
 from batchbench.adapters.http import CONNECT_TIMEOUT_S, OVERLOAD_STATUSES, connect_failure, error_text
 from batchbench.adapters.sse import SSESplitter
-from batchbench.clock import now
+from batchbench.core.clock import now
 
 #: Reuse a kept-alive connection only this long after its last response: uvicorn (vLLM's, SGLang's server)
 #: closes idle connections after 5 s (``timeout_keep_alive``), and other servers and proxies sooner.

@@ -51,24 +51,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import (
-    BatchingConfig,
-    Capabilities,
-    Chunk,
-    EngineError,
-    EngineHTTPError,
-    EngineRejected,
-    ModelRef,
-    StreamProtocolError,
-    Usage,
-)
+from batchbench.adapters.base import Chunk, EngineError, EngineHTTPError, EngineRejected, StreamProtocolError, Usage
 from batchbench.adapters.http import SentStamp, get_json, parse_json_event, post_stream, sse_data
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.served import ServedEngine
 from batchbench.adapters.spec import EngineSpec
-from batchbench.clock import now
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Request
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, Capabilities, ModelRef
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.workload.requests import Request
 
 #: TGI's HTTP status for each error_type (``impl From<InferError> for StatusCode``);
 #: used for error events that arrive inside a 200 stream.

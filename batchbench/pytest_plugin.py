@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, Engine, EngineCannotRunHere
+from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
+from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
 from batchbench.options import add_engine_arguments, batching_grid, engine_options
-from batchbench.profiles import Profile, get_profile
+from batchbench.workload.profiles import Profile, get_profile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,12 +7,12 @@ measures what it did (``GET /batchbench/truth``: its TTFT, the gap between a str
 ticks ran) on the same host clock the client stamps chunks with; each level's errors are the client's
 figures minus the server's. Where the host has two CPUs or more and lets a process choose its CPUs, the
 server runs on one and the client on another (:func:`placement`), so neither takes the other's CPU.
-The client is the real measuring path (:func:`batchbench.runner.run`: load generator, adapter, journal,
+The client is the real measuring path (:func:`batchbench.load.runner.run`: load generator, adapter, journal,
 scraper, client meter). Closed-loop concurrency doubles from 1 until two levels in a row are invalid; one
 open-loop Poisson step follows at the request rate of the highest valid level. Each level reports what the
 client did and cost (chunks/s, CPU per chunk, chunks/s per client core), how far its figures are from the
 truth (ITL p50 and TTFT p50 against the server's; schedule lag for the Poisson step) and whether
-:mod:`batchbench.validity` calls the run valid (loop busy, loop lag, read bursts), and if not, of which kind:
+:mod:`batchbench.analysis.validity` calls the run valid (loop busy, loop lag, read bursts), and if not, of which kind:
 the client's own limit ("client saturated") or other work on the host holding the CPU ("machine
 contention", with who held it: the server runs at a URL, so it counts among the other processes). The
 **saturation point** is the highest valid level before two invalid ones in a row (:func:`saturation_point`):
@@ -35,13 +35,14 @@ from typing import Any
 
 import httpx
 
-from batchbench import eventloop, validity
-from batchbench.adapters.base import Engine, ModelRef
+from batchbench.adapters.base import Engine
 from batchbench.adapters.launch.local import free_port
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.loadgen import LoadConfig
-from batchbench.runner import RunResult, run
-from batchbench.workload import Arrival, Lengths, WorkloadSpec
+from batchbench.analysis import validity
+from batchbench.core import eventloop
+from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.load.runner import RunResult, run
+from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
 #: The served model's name (the server serves no weights).
 MODEL = "selftest"
@@ -103,8 +104,8 @@ class Level:
     burst_share: float | None
     valid: bool
     reasons: tuple[str, ...] = ()
-    #: Each reason's kind (:data:`batchbench.validity.REASON_KINDS`): "client saturated" is this client's limit,
-    #: "machine contention" other work on the host holding the CPU its loop waited for.
+    #: Each reason's kind (:data:`batchbench.analysis.validity.REASON_KINDS`): "client saturated" is this client's
+    #: limit, "machine contention" other work on the host holding the CPU its loop waited for.
     reason_kinds: tuple[str, ...] = ()
 
     @property

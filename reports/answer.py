@@ -1,8 +1,9 @@
-"""The report's first screen: the decisions (:class:`batchbench.findings.Findings`), then the evidence behind them.
+"""The report's first screen: the decisions (:class:`batchbench.analysis.findings.Findings`), then the evidence
+behind them.
 
 A reader opens a report to learn which batch size, which batching strategy and which engine to run;
 the per-run tables come after. The first section answers the questions of
-:data:`batchbench.findings.QUESTIONS`, one line per engine, each linked to the evidence of the curve it
+:data:`batchbench.analysis.findings.QUESTIONS`, one line per engine, each linked to the evidence of the curve it
 was read from; then the engines against each other and how many runs were left out, by cause, linked
 to the table that lists them. Below: every topic's sentence, and per engine and layout the points with
 their figures (the mean [95% interval] over n repeats) and the runs behind each finding.
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from batchbench.findings import QUESTIONS, Findings, LayoutFindings, PointFindings
-from batchbench.findings.decisions import slo_text
-from batchbench.findings.invalid import by_kind
-from batchbench.findings.speculation import Speculation
-from batchbench.repeats import CONFIDENCE, Estimate
+from batchbench.analysis.findings import QUESTIONS, Findings, LayoutFindings, PointFindings
+from batchbench.analysis.findings.decisions import slo_text
+from batchbench.analysis.findings.invalid import by_kind
+from batchbench.analysis.findings.speculation import Speculation
+from batchbench.analysis.repeats import CONFIDENCE, Estimate
 from batchbench.reports import fmt
 from batchbench.reports.document import Block, Bullets, Cell, Para, Section, Table
 
@@ -70,7 +71,7 @@ def invalid_table(findings: Findings) -> Table:
              Cell("; ".join(r.reasons))] for r in findings.invalid_runs]
     return Table(["Point", "Cause", "Run", "Why"], rows,
                  caption="Runs left out of every finding: the cause is the kind of the first reason "
-                         "(batchbench.validity).")
+                         "(batchbench.analysis.validity).")
 
 
 def speculation_table(found: Speculation) -> Table:

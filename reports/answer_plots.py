@@ -17,9 +17,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from batchbench.findings import Findings, PointFindings
-from batchbench.findings.memory import MemoryBound
-from batchbench.repeats import Estimate
+from batchbench.analysis.findings import Findings, PointFindings
+from batchbench.analysis.findings.memory import MemoryBound
+from batchbench.analysis.repeats import Estimate
 from batchbench.reports import plots
 from batchbench.reports.answer import layouts
 from batchbench.reports.document import Block, Para, Plot, Section

@@ -4,7 +4,7 @@ Used by ``batchbench report`` and by ``batchbench run`` once its runs are
 written. Problems with individual files are warnings (the report is still
 built from the rest); having nothing to report at all is an error, raised as
 :class:`ReportError` so callers print one clear message, not a traceback. The
-report leads with the findings (``batchbench.findings``) when they can be drawn.
+report leads with the findings (``batchbench.analysis.findings``) when they can be drawn.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchbench.findings import Findings, findings_from_documents
-from batchbench.guardrails import KV_DANGER
+from batchbench.analysis.findings import Findings, findings_from_documents
+from batchbench.measures.guardrails import KV_DANGER
+from batchbench.measures.slo import Slo
 from batchbench.reports import markdown, render_html
 from batchbench.reports.compare import (
     DEFAULT_THRESHOLD_PCT,
@@ -34,7 +35,6 @@ from batchbench.reports.content import build_document, group_by_workload
 from batchbench.reports.inputs import Inputs, discover
 from batchbench.reports.model import KEY_METRICS
 from batchbench.reports.series import group_series
-from batchbench.slo import Slo
 
 
 class ReportError(Exception):
@@ -84,7 +84,7 @@ def load_rows(path: Path, exclude: Path | None, warn: Callable[[str], None],
 
 
 def compute_findings(inputs: Inputs, slo: Slo | None = None) -> Findings:
-    """:mod:`batchbench.findings` over the documents: the answer the report leads with."""
+    """:mod:`batchbench.analysis.findings` over the documents: the answer the report leads with."""
     return findings_from_documents(inputs.documents, slo=slo)
 
 
@@ -126,7 +126,7 @@ def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = No
                  findings: Findings | None = FROM_DOCUMENTS) -> BuildResult:
     """Read every results document under ``results_dir`` and write the three report files to ``out_dir``.
 
-    ``findings`` are drawn from the documents (under ``slo``, a :class:`batchbench.slo.Slo`) unless given
+    ``findings`` are drawn from the documents (under ``slo``, a :class:`batchbench.measures.slo.Slo`) unless given
     (None: a report without its answer section).
     """
     results_dir, out_dir = Path(results_dir), Path(out_dir)

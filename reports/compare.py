@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchbench.repeats import Estimate
+from batchbench.analysis.repeats import Estimate
 from batchbench.reports.fmt import num
 from batchbench.reports.model import KEY_METRICS, METRICS_BY_KEY, canonical
 from batchbench.reports.series import group_series
@@ -130,7 +130,7 @@ def delta(metric: str, baseline: float | None, current: float | None, threshold_
 
     From a baseline of exactly 0 (a rejection rate, say) there is no percent
     change; any move away from 0 in the worse direction is a regression.
-    Where both sides were repeated (their :class:`~batchbench.repeats.Estimate`
+    Where both sides were repeated (their :class:`~batchbench.analysis.repeats.Estimate`
     s have intervals), a change is flagged only if it is also beyond noise: the
     interval of current over baseline excludes 1, the rule every "A beats B" of
     batchbench follows. Where only the baseline was repeated, the current value

@@ -13,9 +13,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from batchbench.findings import Findings
-from batchbench.guardrails import KV_DANGER
-from batchbench.metrics import ttft_by_bucket
+from batchbench.analysis.findings import Findings
+from batchbench.measures.guardrails import KV_DANGER
+from batchbench.measures.metrics import ttft_by_bucket
 from batchbench.reports import answer, answer_plots, fmt, plots
 from batchbench.reports.compare import BaselineComparison, best_by_metric
 from batchbench.reports.document import Bullets, Cell, Details, Document, Para, Plot, Section, Table
@@ -30,7 +30,7 @@ from batchbench.reports.model import (
     display_name,
 )
 from batchbench.reports.series import group_series, series_labels
-from batchbench.results import Placement
+from batchbench.results.document import Placement
 
 _UNIT_FORMAT: dict[str, Callable[[object], str]] = {"ms": fmt.ms, "rate": fmt.rate, "fraction": fmt.pct}
 

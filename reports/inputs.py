@@ -1,6 +1,6 @@
 """Finding and reading results documents, tolerating everything else that lives in a results folder.
 
-The walk itself is :func:`batchbench.results.discover` (shared with :mod:`batchbench.findings`):
+The walk itself is :func:`batchbench.results.document.discover` (shared with :mod:`batchbench.analysis.findings`):
 foreign files are ignored quietly; a file that claims to be a batchbench result but cannot be read
 is skipped with a warning that names it, so one bad file never costs the report of every other run.
 """
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchbench.reports.model import Run, build_run
-from batchbench.results import RunDocument, unreadable_reason
-from batchbench.results import discover as discover_documents
+from batchbench.results.document import RunDocument, unreadable_reason
+from batchbench.results.document import discover as discover_documents
 
 
 @dataclass
@@ -20,7 +20,7 @@ class Inputs:
     """What was found under a results folder."""
 
     runs: list[Run] = field(default_factory=list)
-    #: The documents the runs were read from, in the same order (what ``batchbench.findings`` reads).
+    #: The documents the runs were read from, in the same order (what ``batchbench.analysis.findings`` reads).
     documents: list[RunDocument] = field(default_factory=list)
     #: One line per skipped batchbench file, naming it and why.
     warnings: list[str] = field(default_factory=list)
@@ -29,7 +29,7 @@ class Inputs:
 
 
 def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") -> Inputs:
-    """Every results document under ``results_dir`` (:func:`batchbench.results.discover`) as a :class:`Run`.
+    """Every results document under ``results_dir`` (:func:`batchbench.results.document.discover`) as a :class:`Run`.
 
     ``exclude`` (the report's own output folder) is not read; ``what`` prefixes warnings (e.g. "baseline: ").
     """

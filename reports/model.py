@@ -1,10 +1,10 @@
 """One run as the report sees it: the stored summary plus the few figures a document does not store.
 
-The harness already summarised each run (``batchbench.metrics.summarize``
-and ``batchbench.guardrails.server_summary``, stored in the document's
+The harness already summarised each run (``batchbench.measures.metrics.summarize``
+and ``batchbench.measures.guardrails.server_summary``, stored in the document's
 footer); the report reads those numbers and never recomputes them its own
 way, so a report can never disagree with the harness. It reads documents
-only through :class:`batchbench.results.RunDocument`. Only what a document
+only through :class:`batchbench.results.document.RunDocument`. Only what a document
 does not hold is derived here, with the harness's own helpers: TTFT per
 batch-size bucket, and (for a journal left by a killed run, which has no
 footer) the summary via ``summarize`` and the guardrails via
@@ -18,12 +18,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from batchbench.adapters.base import BatchingConfig
-from batchbench.guardrails import Guardrails
-from batchbench.metrics import Summary, summarize, ttft_by_bucket
+from batchbench.core.config import BatchingConfig
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.measures.guardrails import Guardrails
+from batchbench.measures.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.reports.fmt import num
-from batchbench.results import Placement, RunDocument
-from batchbench.server_metrics import ServerMetrics
+from batchbench.results.document import Placement, RunDocument
 
 #: Batch-size bucket edges for TTFT: buckets 1, 2-3, 4-7, 8-15, 16+.
 BUCKET_EDGES = (1, 2, 4, 8, 16)
@@ -270,7 +270,7 @@ def build_run(source: str, doc: RunDocument) -> Run:
                 if summary is not None:
                     summary_source = "derived"
                     notes.append("no stored summary (run cut short): summarised from the journal's records "
-                                 "with batchbench.metrics.summarize over the observed duration")
+                                 "with batchbench.measures.metrics.summarize over the observed duration")
     if footer is not None and footer.client is not None:
         notes += footer.client.warnings()
     if footer is not None and footer.machine is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from batchbench.guardrails import KV_DANGER
+from batchbench.measures.guardrails import KV_DANGER
 from batchbench.reports.fmt import num
 from batchbench.reports.model import Run
 from batchbench.reports.svg import to_svg

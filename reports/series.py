@@ -8,7 +8,7 @@ that agree on everything else (engine, batching configuration, workload
 hash, other labels) form a *series*. Comparisons use the series' mean and
 the report shows its interval, so a reader sees how far to trust a
 difference. The statistic is the repeat protocol's
-(:class:`batchbench.repeats.Estimate`, the same as the findings'); every run
+(:class:`batchbench.analysis.repeats.Estimate`, the same as the findings'); every run
 of a series counts here, disturbed or not: the report flags a disturbed run
 beside it.
 """
@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from batchbench.repeats import Estimate
+from batchbench.analysis.repeats import Estimate
 from batchbench.reports.fmt import num
 from batchbench.reports.model import KEY_METRICS, canonical
 

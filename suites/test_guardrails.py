@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from batchbench import results
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import get_spec
-from batchbench.guardrails import KV_DANGER
+from batchbench.core.config import BatchingConfig, LoadConfig
 from batchbench.harness import Harness
-from batchbench.loadgen import LoadConfig
-from batchbench.metrics import ttft_by_bucket
-from batchbench.profiles import chat_workload
+from batchbench.measures.guardrails import KV_DANGER
+from batchbench.measures.metrics import ttft_by_bucket
 from batchbench.pytest_plugin import skip_unless_capable
-from batchbench.workload import Arrival, Lengths, WorkloadSpec
+from batchbench.results import document as results
+from batchbench.workload.profiles import chat_workload
+from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
 BUCKETS = (1, 2, 4, 8, 16)
 

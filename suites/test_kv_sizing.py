@@ -1,10 +1,10 @@
 """Suite: KV-cache sizing from the model config predicts the engine's capacity, and regime 3's onset.
 
-The calculator (:func:`batchbench.theory.kv_cache_bytes_per_token`,
-:func:`batchbench.theory.kv_capacity_tokens`) works from the model config
+The calculator (:func:`batchbench.analysis.theory.kv_cache_bytes_per_token`,
+:func:`batchbench.analysis.theory.kv_capacity_tokens`) works from the model config
 alone: 2 (K and V) x layers x *KV* heads x head_dim x bytes per element, and
 whole blocks of the engine's block size. Its predictions, rounded and reported
-the way the engine says it does (:class:`batchbench.adapters.base.KVLayout`),
+the way the engine says it does (:class:`batchbench.core.config.KVLayout`),
 are compared, exactly, with the capacity the engine reports
 (``ServerMetrics.kv_capacity_tokens``):
 
@@ -31,12 +31,13 @@ from typing import Any
 
 import pytest
 
-from batchbench.adapters.base import Engine, KVLayout
+from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import engine_class
+from batchbench.analysis.theory import kv_bytes_per_token_of_config, kv_capacity_tokens, kv_fit_concurrency
+from batchbench.core.config import KVLayout
 from batchbench.fixtures import tiny_model_dir
-from batchbench.guardrails import KV_DANGER
 from batchbench.harness import Harness
-from batchbench.theory import kv_bytes_per_token_of_config, kv_capacity_tokens, kv_fit_concurrency
+from batchbench.measures.guardrails import KV_DANGER
 from suites.test_regimes import Sweep, get_sweep
 
 GiB = 1 << 30

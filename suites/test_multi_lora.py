@@ -5,7 +5,7 @@ engine step serves at most ``max_loras`` distinct adapters: a waiting request
 whose adapter is not among those running, when the slots are full, is passed
 over until one of them drains completely, and its adapter may then have to be
 loaded again. The adapters are made here, PEFT-format with seeded random
-weights at ranks 8, 16, 32 and 64 (:mod:`batchbench.lora`), and the engine is
+weights at ranks 8, 16, 32 and 64 (:mod:`batchbench.workload.lora`), and the engine is
 started once with two adapter slots (``BatchingConfig.max_loras=2``,
 ``max_lora_rank=64``). Three traffic splits are sent closed loop, interleaved
 and repeated:
@@ -42,14 +42,15 @@ from typing import Any
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, EngineCannotRunHere
+from batchbench.adapters.base import EngineCannotRunHere
 from batchbench.adapters.registry import engine_class
+from batchbench.analysis.repeats import RepeatProtocol
+from batchbench.core.config import BatchingConfig
 from batchbench.fixtures import tiny_model_dir
 from batchbench.harness import Harness
-from batchbench.lora import LoraAdapter, make_adapter
-from batchbench.repeats import RepeatProtocol
-from batchbench.runner import RunResult
-from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.load.runner import RunResult
+from batchbench.workload.lora import LoraAdapter, make_adapter
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 RANKS = (8, 16, 32, 64)
 SLOTS = 2

@@ -37,15 +37,16 @@ from typing import Any
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import engine_class
+from batchbench.analysis.repeats import RepeatProtocol
+from batchbench.core.config import BatchingConfig
+from batchbench.core.records import RequestRecord
+from batchbench.core.server_metrics import ServerMetrics, prefix_cache_hit_rate
 from batchbench.harness import Harness
-from batchbench.profiles import Profile, get_profile
-from batchbench.records import RequestRecord
-from batchbench.repeats import RepeatProtocol
-from batchbench.runner import RunResult
-from batchbench.server_metrics import ServerMetrics, prefix_cache_hit_rate
-from batchbench.workload import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec
+from batchbench.load.runner import RunResult
+from batchbench.workload.profiles import Profile, get_profile
+from batchbench.workload.requests import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec
 
 SESSIONS = 4
 TURNS = 7

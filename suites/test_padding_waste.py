@@ -8,7 +8,7 @@ CI time allow (1024 and 25). An engine that pads must report exactly the
 analytic pad fraction and pay for it in latency; an engine that packs
 variable-length sequences (continuous batching over paged KV) pays only for
 the real tokens. Each layout is measured twice (the repeat protocol,
-:mod:`batchbench.repeats`) and the faster run counts: interference on a
+:mod:`batchbench.analysis.repeats`) and the faster run counts: interference on a
 shared machine only ever adds time.
 """
 
@@ -21,11 +21,11 @@ import pytest
 
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import get_spec
+from batchbench.analysis.repeats import RepeatProtocol
+from batchbench.analysis.theory import padding_fraction
 from batchbench.harness import Harness
-from batchbench.repeats import RepeatProtocol
-from batchbench.runner import RunResult
-from batchbench.theory import padding_fraction
-from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.load.runner import RunResult
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 BATCH = 32
 OUTPUT_TOKENS = 8  # short outputs: the suite is about prefill

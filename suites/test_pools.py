@@ -64,16 +64,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import engine_class
 from batchbench.adapters.router import RoutedEngine
+from batchbench.analysis.repeats import RepeatProtocol
+from batchbench.core.config import BatchingConfig
+from batchbench.core.records import RequestRecord
 from batchbench.harness import Harness
-from batchbench.metrics import Distribution
-from batchbench.profiles import Profile, get_profile
-from batchbench.records import RequestRecord
-from batchbench.repeats import RepeatProtocol
-from batchbench.runner import RunResult
-from batchbench.workload import Arrival, Lengths, Request, Workload, WorkloadSpec, interleave
+from batchbench.load.runner import RunResult
+from batchbench.measures.metrics import Distribution
+from batchbench.workload.profiles import Profile, get_profile
+from batchbench.workload.requests import Arrival, Lengths, Request, Workload, WorkloadSpec, interleave
 
 INTERACTIVE, BATCH = "interactive", "batch"
 #: Measured repetitions per layout, alternating; each metric is the best of these.

@@ -1,7 +1,7 @@
 """Suite: the three regimes of the latency-throughput curve, per engine.
 
 A closed-loop concurrency sweep (the profile's ``sweep``) is classified by
-:func:`batchbench.regimes.classify_regimes`: under-utilised (throughput still
+:func:`batchbench.analysis.regimes.classify_regimes`: under-utilised (throughput still
 grows about linearly), the sweet spot (the knee), then regime 3, where extra
 requests only queue. Regime 3 is reached inside the sweep on purpose:
 
@@ -26,18 +26,18 @@ fit) before its prefill starts, on top of the TTFT it would have had at the
 sweet spot: TTFT p99 spikes by that much (a third of it is asserted). TTFTs
 are the closed loop's steady state: the ``c`` requests a run opens with are
 prefilled all at once, a burst the loop never meets again
-(:func:`batchbench.regimes.steady_state_ttfts`).
+(:func:`batchbench.analysis.regimes.steady_state_ttfts`).
 
 Small CPU machines are noisy: on two vCPUs, a busy-polling CPU engine stalls
 every process for up to ~1.5 s now and then, and the speed a run sees varies
 by 2x from one minute to the next. So every level is measured ``REPEATS``
 times, interleaved, and again (up to ``MAX_REPEATS``, within
 ``SWEEP_BUDGET_S``) until two *quiet* runs agree within ``AGREEMENT``, and
-the quiet runs' medians are kept (the repeat protocol, :mod:`batchbench.repeats`;
-:func:`batchbench.regimes.median_of`):
+the quiet runs' medians are kept (the repeat protocol, :mod:`batchbench.analysis.repeats`;
+:func:`batchbench.analysis.regimes.median_of`):
 neither one stalled run nor one unusually fast one moves them. A run is
 quiet when other processes (another engine someone is running) took at
-most ``BUSY_SHARE`` of the CPU during it (:mod:`batchbench.machine_load`). If some level never had two
+most ``BUSY_SHARE`` of the CPU during it (:mod:`batchbench.measures.machine_load`). If some level never had two
 quiet runs, the machine was too busy to measure the curve's shape and the
 test is skipped, saying so, rather than asserting on the machine's load.
 
@@ -58,12 +58,9 @@ from typing import Any
 
 import pytest
 
-from batchbench import environment
-from batchbench.adapters.base import Engine, EngineCannotRunHere, KVLayout
+from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import get_spec, specs
-from batchbench.harness import Harness
-from batchbench.machine_load import BUSY_SHARE, MachineLoad
-from batchbench.regimes import (
+from batchbench.analysis.regimes import (
     REGIME_RANK,
     RegimeReport,
     SweepPoint,
@@ -72,13 +69,17 @@ from batchbench.regimes import (
     median_of,
     point_from_run,
 )
-from batchbench.repeats import RepeatProtocol, Repeats, median
-from batchbench.sweep import SweepDesign, sweep_design
+from batchbench.analysis.repeats import RepeatProtocol, Repeats, median
+from batchbench.core import environment
+from batchbench.core.config import KVLayout
+from batchbench.harness import Harness
+from batchbench.load.sweep import SweepDesign, sweep_design
+from batchbench.measures.machine_load import BUSY_SHARE, MachineLoad
 
 #: Interleaved repeats of every level; their median is kept (see the module docstring).
 REPEATS = 2
 #: A level is measured again, up to MAX_REPEATS in all, until two of its runs were quiet (other processes
-#: took at most BUSY_SHARE of the machine's CPU, batchbench.machine_load) and their throughputs agree within
+#: took at most BUSY_SHARE of the machine's CPU, batchbench.measures.machine_load) and their throughputs agree within
 #: AGREEMENT: quiet repeats mostly agree within ~15%, and a stall shows up as a disagreement.
 AGREEMENT = 0.25
 MAX_REPEATS = 6

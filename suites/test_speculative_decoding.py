@@ -4,7 +4,7 @@ N-gram speculation (prompt lookup) needs no draft model: it proposes the tokens 
 n-gram's earlier occurrence in the request's own tokens, and one model step verifies them all. The same engine
 runs with it on and off (two live engines, runs alternated), closed loop at each batch size of ``BATCHES``;
 TPOT and ITL come from the client's clock, the acceptance rate from the engine's own counters
-(:class:`batchbench.speculation.SpecCounters`), and the findings (:mod:`batchbench.findings`) name the
+(:class:`batchbench.measures.speculation.SpecCounters`), and the findings (:mod:`batchbench.analysis.findings`) name the
 crossover batch size from which speculation stops paying.
 
 The workload: random prompts and greedy decoding. With the embedded tiny random-weight model greedy decoding
@@ -21,7 +21,7 @@ What the mechanism predicts, and is asserted:
   ``CHUNK_SLACK``: a draft accepted past max_tokens is counted but not sent);
 - on an accelerator host, at batch 1, where a step's cost hardly grows with its tokens, TPOT with speculation
   is below TPOT without, and the gain is at most the tokens a drafted step emits (a verifying step costs no
-  less than a plain one); judged on quiet runs only (:mod:`batchbench.validity`). On two vCPUs it is measured
+  less than a plain one); judged on quiet runs only (:mod:`batchbench.analysis.validity`). On two vCPUs it is measured
   and reported, not asserted: a tiny-model step takes about a millisecond, the idle engine of the pair
   busy-polls the same cores, and the client often reads several steps' chunks at once, so TPOT there moved
   from x0.84 to x140 between runs (a figure the upper bound rightly refuses).
@@ -40,18 +40,19 @@ from typing import Any
 
 import pytest
 
-from batchbench import environment
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import engine_class
-from batchbench.findings import findings_from_documents
+from batchbench.analysis.findings import findings_from_documents
+from batchbench.analysis.repeats import RepeatProtocol
+from batchbench.analysis.validity import check_run
+from batchbench.core import environment
+from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
-from batchbench.profiles import Profile
-from batchbench.repeats import RepeatProtocol
-from batchbench.results import RunDocument
-from batchbench.runner import RunResult
-from batchbench.speculation import SpecCounters, speedup
-from batchbench.validity import check_run
-from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.load.runner import RunResult
+from batchbench.measures.speculation import SpecCounters, speedup
+from batchbench.results.document import RunDocument
+from batchbench.workload.profiles import Profile
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 METHOD = "ngram"
 DRAFT_TOKENS = 4

@@ -10,7 +10,7 @@ those slots to new requests, a static engine cannot.
 
 What that buys depends on the hardware. The mechanism, slots refilled, is
 measured the same way everywhere: the mean number of requests decoding
-(:func:`batchbench.metrics.mean_decoding`), which a continuous engine raises
+(:func:`batchbench.measures.metrics.mean_decoding`), which a continuous engine raises
 towards N and a static one cannot. Throughput follows only where a decode
 step costs about the same for 5 or 8 sequences (an accelerator, memory-bound
 at these batch sizes). On a CPU a step's compute grows with the batch: the
@@ -28,17 +28,18 @@ from typing import Any
 
 import pytest
 
-from batchbench import environment
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import get_spec
+from batchbench.analysis.repeats import RepeatProtocol
+from batchbench.analysis.theory import continuous_idle_fraction, waves_idle_fraction
+from batchbench.core import environment
+from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
-from batchbench.machine_load import BUSY_SHARE
-from batchbench.metrics import percentile
+from batchbench.load.runner import RunResult
+from batchbench.measures.machine_load import BUSY_SHARE
+from batchbench.measures.metrics import percentile
 from batchbench.pytest_plugin import skip_unless_capable
-from batchbench.repeats import RepeatProtocol
-from batchbench.runner import RunResult
-from batchbench.theory import continuous_idle_fraction, waves_idle_fraction
-from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 #: Share of the ideal gain (the idle wave slots refilled) that counts as "continuous batching works".
 #: The ideal counts decode steps; measured over time, the steps with more sequences weigh more when a
@@ -65,7 +66,7 @@ def engine_config(engine_name: str, n: int) -> BatchingConfig | None:
 REPEATS = 2
 #: Runs during which other work took over BUSY_SHARE of the machine do not count (with one core of two
 #: kept busy, a busy-polling CPU engine streamed whole responses in one burst); the pair of layouts is run
-#: again, up to MAX_REPEATS times in all (the repeat protocol, batchbench.repeats), and the test is
+#: again, up to MAX_REPEATS times in all (the repeat protocol, batchbench.analysis.repeats), and the test is
 #: skipped, saying so, if a layout never had a quiet run.
 MAX_REPEATS = 4
 

@@ -96,15 +96,16 @@ from typing import Any
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import engine_class, specs
+from batchbench.analysis.repeats import RepeatProtocol
+from batchbench.core.config import BatchingConfig
+from batchbench.core.records import RequestRecord
 from batchbench.harness import Harness
-from batchbench.metrics import Distribution, itl_samples
-from batchbench.profiles import Profile, get_profile
-from batchbench.records import RequestRecord
-from batchbench.repeats import RepeatProtocol
-from batchbench.runner import RunResult
-from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec, interleave
+from batchbench.load.runner import RunResult
+from batchbench.measures.metrics import Distribution, itl_samples
+from batchbench.workload.profiles import Profile, get_profile
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec, interleave
 
 #: Long prompts in the burst (K): unchunked, a short request behind them waits K long steps. 16, not 10: with
 #: ~25-35 ms per 1920-token step on CI's cores, 10 long steps (~0.3 s) were within the machine's stalls.

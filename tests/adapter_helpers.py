@@ -10,7 +10,7 @@ from batchbench.adapters.base import Chunk, Engine
 from batchbench.adapters.http import HttpClient
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.stream_client import StreamClient, _Connection
-from batchbench.workload import Request
+from batchbench.workload.requests import Request
 
 
 def request(rid: str = "req-1", prompt: tuple[int, ...] = (11, 12, 13, 14), max_tokens: int = 6) -> Request:

@@ -11,13 +11,13 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchbench.client_load import ClientLoad
-from batchbench.guardrails import server_summary
-from batchbench.machine_load import MachineLoad
-from batchbench.metrics import summarize
-from batchbench.records import RequestRecord
-from batchbench.results import RunDocument, RunFooter, RunHeader
-from batchbench.server_metrics import ServerMetrics
+from batchbench.core.records import RequestRecord
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.measures.client_load import ClientLoad
+from batchbench.measures.guardrails import server_summary
+from batchbench.measures.machine_load import MachineLoad
+from batchbench.measures.metrics import summarize
+from batchbench.results.document import RunDocument, RunFooter, RunHeader
 
 
 @dataclass

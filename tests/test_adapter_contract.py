@@ -24,7 +24,6 @@ from batchbench.adapters.base import (
     EngineNotHealthy,
     EngineRejected,
     EngineUnreachable,
-    ModelRef,
     StreamProtocolError,
     Usage,
 )
@@ -35,6 +34,7 @@ from batchbench.adapters.sglang import SGLangEngine
 from batchbench.adapters.tgi import TGIEngine
 from batchbench.adapters.trtllm import TRTLLMEngine
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.core.config import ModelRef
 from batchbench.fixtures import wire_dir
 from batchbench.fixtures.protocol import ProtocolServer, personalities, read_sse
 from tests.adapter_helpers import collect, replay, request

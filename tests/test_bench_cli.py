@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.adapters.launch.placement import usable_cpus
+from batchbench.analysis.validity import samples_needed
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_ENGINE, EXIT_FAILURES, EXIT_USAGE
 from batchbench.commands.workload_args import slo_samples
-from batchbench.slo import Slo
-from batchbench.validity import samples_needed
+from batchbench.core.placement import usable_cpus
+from batchbench.measures.slo import Slo
 from tests.server_process import serving
 
 needs_two_cpus = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(usable_cpus()) < 2,

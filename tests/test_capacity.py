@@ -1,4 +1,5 @@
-"""The capacity search (:mod:`batchbench.capacity`): exact on monotone models, logarithmic, sane under noise."""
+"""The capacity search (:mod:`batchbench.analysis.capacity`): exact on monotone models, logarithmic, sane under
+noise."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.capacity import Measurement, Search, search
+from batchbench.analysis.capacity import Measurement, Search, search
 
 
 def _threshold(limit: float, calls: list[float]) -> object:

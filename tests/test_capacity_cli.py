@@ -20,13 +20,14 @@ import pytest
 
 from batchbench import options
 from batchbench.adapters import registry
-from batchbench.adapters.base import Capabilities, Chunk, Engine, Usage
+from batchbench.adapters.base import Chunk, Engine, Usage
 from batchbench.adapters.spec import EngineSpec
 from batchbench.cli import main
-from batchbench.clock import now
 from batchbench.commands import common
 from batchbench.commands.common import EXIT_OK
-from batchbench.workload import Request
+from batchbench.core.clock import now
+from batchbench.core.config import Capabilities
+from batchbench.workload.requests import Request
 
 A, B = 0.010, 0.005  # TTFT = 10 ms + 5 ms per request in flight
 TPOT = 0.001

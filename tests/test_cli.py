@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from batchbench.adapters.registry import EngineOptions
+from batchbench.analysis.repeats import Repeats
 from batchbench.cli import main
-from batchbench.client_load import ClientLoad
 from batchbench.commands.common import EXIT_USAGE, died, failure_lines
 from batchbench.commands.run import deciding, plan_for
-from batchbench.machine_load import MachineLoad
-from batchbench.metrics import Distribution, summarize
-from batchbench.profiles import get_profile
-from batchbench.records import RequestRecord
-from batchbench.repeats import Repeats
-from batchbench.runner import RunResult
-from batchbench.slo import Slo
+from batchbench.core.records import RequestRecord
+from batchbench.load.runner import RunResult
+from batchbench.measures.client_load import ClientLoad
+from batchbench.measures.machine_load import MachineLoad
+from batchbench.measures.metrics import Distribution, summarize
+from batchbench.measures.slo import Slo
+from batchbench.workload.profiles import get_profile
 from tests.server_process import serving
 
 

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchbench import results, validity
-from batchbench.client_load import (
+from batchbench.analysis import validity
+from batchbench.core.records import RequestRecord
+from batchbench.measures.client_load import (
     BURST_FRACTION,
     BURST_LAG_S,
     BUSY_LIMIT,
@@ -28,10 +29,10 @@ from batchbench.client_load import (
     ClientMeter,
     read_bursts,
 )
-from batchbench.metrics import Summary, summarize
-from batchbench.records import RequestRecord
+from batchbench.measures.metrics import Summary, summarize
 from batchbench.reports.model import build_run
-from batchbench.results import RunDocument, RunFooter, RunHeader
+from batchbench.results import document as results
+from batchbench.results.document import RunDocument, RunFooter, RunHeader
 
 
 def client_notes(client: dict[str, object]) -> list[str]:
@@ -101,11 +102,11 @@ def test_warnings_and_the_document() -> None:
 
 
 async def test_every_results_document_says_how_busy_the_client_was(tmp_path: Path) -> None:
-    from batchbench.adapters.base import ModelRef
     from batchbench.adapters.vllm import VLLMEngine
+    from batchbench.core.config import ModelRef
     from batchbench.fixtures.protocol.vllm import VLLMServer
-    from batchbench.runner import run
-    from batchbench.workload import Arrival, Lengths, WorkloadSpec
+    from batchbench.load.runner import run
+    from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
     server = VLLMServer(model="fake-model", token_delay=0.002, max_running=1024)
     await server.start_async()
@@ -291,7 +292,7 @@ def test_workers_keep_the_late_loop_s_account_with_its_lag() -> None:
 #: priority, idle for 0.8 s while other processes spin on that CPU; prints its client load.
 IDLE_LOOP = """
 import asyncio, json, os, sys
-from batchbench.client_load import ClientMeter
+from batchbench.measures.client_load import ClientMeter
 os.sched_setaffinity(0, {int(sys.argv[1])})
 os.nice(19)
 async def idle():

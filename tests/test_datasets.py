@@ -13,12 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench import datasets, loadgen, parity, tokenizer
-from batchbench.adapters.base import Capabilities, Chunk, Engine
+from batchbench.adapters.base import Chunk, Engine
+from batchbench.core.config import Capabilities, LoadConfig
+from batchbench.core.records import RequestRecord
 from batchbench.fixtures import tiny_model_dir
-from batchbench.loadgen import LoadConfig, LoadGenerator
-from batchbench.records import RequestRecord
-from batchbench.workload import Arrival, Lengths, Request, WorkloadSpec
+from batchbench.load import loadgen
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.measures import parity
+from batchbench.workload import datasets, tokenizer
+from batchbench.workload.requests import Arrival, Lengths, Request, WorkloadSpec
 
 
 @given(value=st.integers(1, 10_000))

@@ -7,18 +7,11 @@ from typing import ClassVar
 
 import pytest
 
-from batchbench.adapters.base import (
-    BatchingConfig,
-    Capabilities,
-    Chunk,
-    Engine,
-    EngineCannotRunHere,
-    EngineNotHealthy,
-    Usage,
-)
-from batchbench.clock import now
-from batchbench.engines import WARM_UP, EngineCache
-from batchbench.workload import Request
+from batchbench.adapters.base import Chunk, Engine, EngineCannotRunHere, EngineNotHealthy, Usage
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, Capabilities
+from batchbench.load.engines import WARM_UP, EngineCache
+from batchbench.workload.requests import Request
 
 
 class Fake(Engine):

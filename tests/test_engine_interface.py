@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, Capabilities, Chunk, Engine, KVLayout, ModelRef
+from batchbench.adapters.base import Chunk, Engine
 from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.registry import specs
@@ -16,10 +16,11 @@ from batchbench.adapters.router import RoutedEngine
 from batchbench.adapters.tgi import TGIEngine
 from batchbench.adapters.trtllm import TRTLLMEngine
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.clock import now
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, Capabilities, KVLayout, ModelRef
+from batchbench.core.server_metrics import ServerMetrics
 from batchbench.fixtures import wire_dir
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Request
+from batchbench.workload.requests import Request
 
 MODEL = ModelRef("m", max_model_len=2048)
 

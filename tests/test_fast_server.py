@@ -21,12 +21,12 @@ import pytest
 
 from batchbench import selftest
 from batchbench.adapters import stream_client
-from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.core.config import ModelRef
+from batchbench.core.records import RequestRecord
 from batchbench.fixtures.protocol import fast
-from batchbench.loadgen import LoadGenerator
-from batchbench.records import RequestRecord
-from batchbench.workload import Arrival, Lengths, WorkloadSpec
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
 SETTINGS = selftest.Settings(ttft_s=0.02, interval_s=0.01)
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from batchbench.findings import findings_from_documents, points_from_documents
+from batchbench.analysis.findings import findings_from_documents, points_from_documents
+from batchbench.analysis.repeats import Estimate
+from batchbench.analysis.theory import continuous_idle_fraction, waves_idle_fraction
 from batchbench.fixtures import tiny_model_dir
-from batchbench.metrics import meets_slos
-from batchbench.repeats import Estimate
-from batchbench.results import discover
-from batchbench.slo import Slo
-from batchbench.theory import continuous_idle_fraction, waves_idle_fraction
+from batchbench.measures.metrics import meets_slos
+from batchbench.measures.slo import Slo
+from batchbench.results.document import discover
 from tests.synthetic_runs import RunSpec, document, sweep
 
 SLO = Slo.parse("ttft_p99=200ms")

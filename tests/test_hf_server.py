@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, EngineHTTPError
+from batchbench.adapters.base import EngineHTTPError
 from batchbench.adapters.hf_server import ServerInfo, StaticBatcher, make_app, serve
 from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.adapters.http import make_client
-from batchbench.clock import now
-from batchbench.workload import Request
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig
+from batchbench.workload.requests import Request
 
 pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[cpu]')")
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[cpu]')")

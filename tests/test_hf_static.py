@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, EngineNotHealthy, ModelRef
+from batchbench.adapters.base import EngineNotHealthy
 from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.analysis.theory import decode_idle_fraction, padding_fraction
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_OK
-from batchbench.loadgen import LoadGenerator
-from batchbench.results import RunDocument
-from batchbench.runner import run
-from batchbench.theory import decode_idle_fraction, padding_fraction
-from batchbench.workload import Arrival, Lengths, Request, WorkloadSpec
+from batchbench.core.config import BatchingConfig, ModelRef
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.runner import run
+from batchbench.results.document import RunDocument
+from batchbench.workload.requests import Arrival, Lengths, Request, WorkloadSpec
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[cpu]')")
 pytestmark = pytest.mark.engine

@@ -22,16 +22,17 @@ from pathlib import Path
 import pytest
 
 import docker
-from batchbench.adapters.base import Capabilities, EngineDied, EngineError, EngineUnreachable, ModelRef
+from batchbench.adapters.base import EngineDied, EngineError, EngineUnreachable
 from batchbench.adapters.launch import __main__ as launch_cli
 from batchbench.adapters.launch import docker as docker_launch
 from batchbench.adapters.launch.cleanup import CleanupRegistry
 from batchbench.adapters.launch.docker import LABEL_ENGINE, LABEL_RUN, DockerLaunch, ImagePullError, cleanup_leftovers
 from batchbench.adapters.launch.images import load_specs
-from batchbench.adapters.launch.placement import EngineCpus
 from batchbench.adapters.served import ServedEngine
-from batchbench.clock import now
-from batchbench.server_metrics import ServerMetrics
+from batchbench.core.clock import now
+from batchbench.core.config import Capabilities, ModelRef
+from batchbench.core.placement import EngineCpus
+from batchbench.core.server_metrics import ServerMetrics
 from tests.docker_stub import DockerStub
 
 TOKEN = "hf_SeCrEtToKeN_1234567890"

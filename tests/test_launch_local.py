@@ -19,7 +19,7 @@ import pytest
 
 from batchbench.adapters.launch.cleanup import CleanupRegistry
 from batchbench.adapters.launch.local import LocalProcess
-from batchbench.adapters.launch.placement import MAX_CPU, EngineCpus, usable_cpus
+from batchbench.core.placement import MAX_CPU, EngineCpus, usable_cpus
 
 #: Prints its options file (if any), starts a child in its group, names it, and sleeps.
 SERVER = textwrap.dedent("""

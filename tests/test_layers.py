@@ -1,61 +1,74 @@
-"""The structure holds: layers import one way, and the suites choose engines by capability, never by name."""
+"""The structure holds: every module is in one stage, stages import only downwards, nothing imports in a cycle,
+and the suites choose engines by capability, never by name."""
 
 from __future__ import annotations
 
-import ast
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from batchbench.adapters.registry import specs
+from tests.layering import PACKAGE_DIRS, STAGES, check, stage_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The harness and front ends: the adapter layer below them must not reach up into any of these.
-ABOVE_ADAPTERS = ("batchbench.runner", "batchbench.loadgen", "batchbench.engines", "batchbench.harness",
-                  "batchbench.cli", "batchbench.commands", "batchbench.options", "batchbench.pytest_plugin",
-                  "batchbench.repeats", "batchbench.reports", "batchbench.scraper", "batchbench.results",
-                  "batchbench.slo", "batchbench.findings", "batchbench.validity", "batchbench.progress")
-#: The core types at the bottom import nothing of batchbench but each other.
-CORE = ("batchbench.workload", "batchbench.clock", "batchbench.records", "batchbench.server_metrics")
+
+def test_the_package_keeps_its_stages() -> None:
+    layering = check(ROOT)
+    assert len(layering.modules) > 100, "the checker must see the whole package"
+    assert not layering.problems, "\n".join(layering.problems)
 
 
-def imports_of(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
+def test_every_stage_has_modules_and_the_pipeline_reads_bottom_up() -> None:
+    placed = {STAGES[stage_of(m)][0] for m in check(ROOT).modules if stage_of(m) is not None}
+    assert placed == {name for name, _ in STAGES}
+    names = [name for name, _ in STAGES]
+    assert names.index("workload") < names.index("load") < names.index("analysis") < names.index("reports")
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "adapters").rglob("*.py")), ids=lambda p: p.name)
-def test_the_adapter_layer_imports_nothing_above_it(path: Path) -> None:
-    above = {m for m in imports_of(path) if m.startswith(ABOVE_ADAPTERS)}
-    assert not above, f"{path.relative_to(ROOT)} imports {sorted(above)}"
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the package's sources, to plant violations in."""
+    for folder in PACKAGE_DIRS.values():
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.json",
+                                                                                          "*.safetensors", "wire"))
+    return tmp_path
 
 
-@pytest.mark.parametrize("module", CORE)
-def test_the_core_types_are_at_the_bottom(module: str) -> None:
-    path = ROOT / "batchbench" / f"{module.rsplit('.', 1)[1]}.py"
-    ours = {m for m in imports_of(path) if m.startswith("batchbench")}
-    assert ours <= set(CORE), f"{module} imports {sorted(ours - set(CORE))}"
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text(encoding="utf-8") + f"\n{line}\n", encoding="utf-8")
 
 
-#: What reads findings (the report, the front ends) or measures runs: findings and validity are pure code over
-#: results documents, below all of these, so the CLI, the suites and the report can all use them.
-ABOVE_FINDINGS = ("batchbench.reports", "batchbench.cli", "batchbench.commands", "batchbench.options",
-                  "batchbench.pytest_plugin", "batchbench.harness", "batchbench.engines", "batchbench.runner",
-                  "batchbench.loadgen", "batchbench.scraper")
+def test_an_upward_import_fails(tree: Path) -> None:
+    _append(tree / "batchbench" / "core" / "clock.py", "from batchbench.analysis.repeats import Estimate")
+    assert check(tree).upward == ["batchbench.core.clock (core) imports batchbench.analysis.repeats (analysis), "
+                                  "a stage above it"]
 
 
-@pytest.mark.parametrize("path", [*sorted((ROOT / "batchbench" / "findings").glob("*.py")),
-                                  ROOT / "batchbench" / "validity.py"], ids=lambda p: p.stem)
-def test_findings_read_documents_and_nothing_above_them(path: Path) -> None:
-    above = {m for m in imports_of(path) if any(m == name or m.startswith(f"{name}.") for name in ABOVE_FINDINGS)}
-    assert not above, f"{path.relative_to(ROOT)} imports {sorted(above)}"
+def test_an_adapter_reaching_into_the_load_stage_fails(tree: Path) -> None:
+    _append(tree / "adapters" / "sse.py", "def late():\n    from batchbench.load import workers")
+    assert [p for p in check(tree).upward if p.startswith("batchbench.adapters.sse")]
+
+
+def test_a_cycle_within_one_stage_fails(tree: Path) -> None:
+    _append(tree / "batchbench" / "core" / "records.py", "from batchbench.core import clock")
+    _append(tree / "batchbench" / "core" / "clock.py", "from batchbench.core.records import RequestRecord")
+    assert ["batchbench.core.clock", "batchbench.core.records"] in check(tree).cycles
+
+
+def test_an_import_only_for_type_checking_is_no_cycle(tree: Path) -> None:
+    _append(tree / "batchbench" / "core" / "records.py", "from batchbench.core import clock")
+    _append(tree / "batchbench" / "core" / "clock.py",
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from batchbench.core.records import RequestRecord")
+    assert not check(tree).problems
+
+
+def test_a_module_in_no_stage_fails(tree: Path) -> None:
+    (tree / "batchbench" / "helpers.py").write_text('"""Somewhere to put things."""\n', encoding="utf-8")
+    assert check(tree).unplaced == ["batchbench.helpers"]
 
 
 def test_no_suite_names_an_engine() -> None:

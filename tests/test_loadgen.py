@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from batchbench import results
-from batchbench.adapters.base import EngineNotHealthy, EngineUnreachable, ModelRef
+from batchbench.adapters.base import EngineNotHealthy, EngineUnreachable
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.clock import now
+from batchbench.core.clock import now
+from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.core.records import RequestRecord
 from batchbench.fixtures.protocol.vllm import VLLMServer
-from batchbench.loadgen import LoadConfig, LoadGenerator
-from batchbench.metrics import itl_samples, summarize
-from batchbench.records import RequestRecord
-from batchbench.runner import run
-from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.runner import run
+from batchbench.measures.metrics import itl_samples, summarize
+from batchbench.results import document as results
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 
 def workload(n: int, *, out: int = 5, arrival: Arrival | None = None, name: str = "t") -> Workload:

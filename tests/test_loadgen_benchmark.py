@@ -28,15 +28,16 @@ from typing import Any
 
 import pytest
 
-from batchbench import eventloop, selftest
-from batchbench.adapters.base import ModelRef
+from batchbench import selftest
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.core import eventloop
+from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.core.records import RequestRecord
 from batchbench.harness import LoopThread
-from batchbench.loadgen import LoadConfig, LoadGenerator
-from batchbench.metrics import percentile
-from batchbench.records import RequestRecord
-from batchbench.results import JournalWriter, RunHeader
-from batchbench.workload import Arrival, Lengths, WorkloadSpec
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.measures.metrics import percentile
+from batchbench.results.document import JournalWriter, RunHeader
+from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 from tests.server_process import serving
 
 TOKENS = 64

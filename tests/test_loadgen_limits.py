@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import ClassVar
 
-from batchbench.adapters.base import Capabilities, Chunk, Engine
-from batchbench.clock import now
-from batchbench.loadgen import LoadConfig, LoadGenerator
-from batchbench.workload import Arrival, Lengths, Request, WorkloadSpec
+from batchbench.adapters.base import Chunk, Engine
+from batchbench.core.clock import now
+from batchbench.core.config import Capabilities, LoadConfig
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.workload.requests import Arrival, Lengths, Request, WorkloadSpec
 
 
 class EndlessEngine(Engine):

@@ -10,22 +10,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.numpy import load_file
 
-from batchbench import results
-from batchbench.adapters.base import BatchingConfig, ModelRef
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.registry import EngineOptions, engine_names, make_engine
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE
+from batchbench.core.config import BatchingConfig, LoadConfig, ModelRef
+from batchbench.core.records import RequestRecord
 from batchbench.fixtures import tiny_model_dir
 from batchbench.fixtures.protocol.vllm import VLLMServer
-from batchbench.loadgen import LoadConfig
-from batchbench.lora import AdapterSpec, LoraAdapter, make_adapter, materialize
-from batchbench.metrics import jain_index, summarize
-from batchbench.records import RequestRecord
+from batchbench.load.runner import run
+from batchbench.measures.metrics import jain_index, summarize
 from batchbench.reports.build import build_report
-from batchbench.runner import run
-from batchbench.workload import Arrival, Lengths, WorkloadSpec, split_traffic
+from batchbench.results import document as results
+from batchbench.workload.lora import AdapterSpec, LoraAdapter, make_adapter, materialize
+from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec, split_traffic
 
 MODEL = ModelRef("tiny", max_model_len=512)
 allocations = st.lists(st.one_of(st.just(0.0), st.floats(min_value=1e-6, max_value=1e9)),

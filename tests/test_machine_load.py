@@ -12,12 +12,12 @@ from contextlib import contextmanager
 
 import pytest
 
-from batchbench.adapters.base import ModelRef
 from batchbench.adapters.router import RoutedEngine
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.machine_load import BUSY_SHARE, MachineLoad, MachineMeter
+from batchbench.core.config import ModelRef
+from batchbench.measures.machine_load import BUSY_SHARE, MachineLoad, MachineMeter
 from batchbench.reports.model import build_run
-from batchbench.results import RunDocument, RunFooter, RunHeader
+from batchbench.results.document import RunDocument, RunFooter, RunHeader
 
 pytestmark = pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="reads /proc (Linux only)")
 

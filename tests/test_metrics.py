@@ -1,4 +1,4 @@
-"""Tests for batchbench.metrics: worked examples plus properties a wrong definition would break."""
+"""Tests for batchbench.measures.metrics: worked examples plus properties a wrong definition would break."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.metrics import (
+from batchbench.analysis.theory import (
+    continuous_idle_fraction,
+    decode_idle_fraction,
+    kv_cache_bytes_per_token,
+    kv_capacity_tokens,
+    padding_fraction,
+    waves_idle_fraction,
+)
+from batchbench.core.records import RequestRecord
+from batchbench.measures.metrics import (
     Distribution,
     itl_samples,
     mean_decoding,
@@ -18,15 +27,6 @@ from batchbench.metrics import (
     summarize,
     tpot,
     ttft_by_bucket,
-)
-from batchbench.records import RequestRecord
-from batchbench.theory import (
-    continuous_idle_fraction,
-    decode_idle_fraction,
-    kv_cache_bytes_per_token,
-    kv_capacity_tokens,
-    padding_fraction,
-    waves_idle_fraction,
 )
 
 finite = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_infinity=False)

@@ -10,17 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchbench import results
-from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE
+from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.core.records import RequestRecord
 from batchbench.fixtures.protocol.vllm import VLLMServer
-from batchbench.loadgen import LoadConfig, LoadGenerator
-from batchbench.metrics import Distribution, summarize, ttft_by_turn
-from batchbench.records import RequestRecord
-from batchbench.runner import run
-from batchbench.workload import Arrival, Lengths, ThinkTime, WorkloadSpec
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.runner import run
+from batchbench.measures.metrics import Distribution, summarize, ttft_by_turn
+from batchbench.results import document as results
+from batchbench.workload.requests import Arrival, Lengths, ThinkTime, WorkloadSpec
 from tests.server_process import serving
 
 

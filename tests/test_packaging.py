@@ -37,9 +37,14 @@ def _run(args: list[str], *, cwd: Path, timeout: float = 300, env: dict[str, str
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Built from a copy: setuptools writes build/ and *.egg-info/ into the tree it builds.
     src = tmp_path_factory.mktemp("src") / "batchbench"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "results", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache",
-        ".benchmarks"))
+    generated = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
+                                       ".pytest_cache", ".benchmarks")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        # results/ at the top is run output; batchbench/results/ is the package.
+        return set(generated(folder, names)) | ({"results"} if Path(folder) == ROOT else set())
+
+    shutil.copytree(ROOT, src, ignore=ignore)
     out = tmp_path_factory.mktemp("dist")
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(src)],
          cwd=out, timeout=600)

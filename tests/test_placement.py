@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.adapters.launch.placement import (
+from batchbench.adapters.registry import EngineOptions
+from batchbench.core.placement import (
     MAX_CPU,
     ONE_CPU,
     CpuPlacement,
@@ -24,11 +25,10 @@ from batchbench.adapters.launch.placement import (
     parse_placement,
     usable_cpus,
 )
-from batchbench.adapters.registry import EngineOptions
 from batchbench.harness import Harness
+from batchbench.load.pinning import ClientPin, Pinned, affinity, current, pinned_process, placement_record
 from batchbench.options import choose_placement, with_load_processes
-from batchbench.pinning import ClientPin, Pinned, affinity, current, pinned_process, placement_record
-from batchbench.profiles import get_profile
+from batchbench.workload.profiles import get_profile
 
 cpu_sets = st.frozensets(st.integers(0, 300), min_size=1, max_size=40)
 needs_two = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(usable_cpus()) < 2,

@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchbench import cli
-from batchbench.adapters.base import ModelRef
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.analysis.planner import GiB, Plan, PlanError, fit_in_capacity, plan
+from batchbench.analysis.theory import kv_bytes_per_token_of_config, kv_capacity_tokens, kv_fit_concurrency
 from batchbench.commands.plan import load_config, memory_size, shipped_models
+from batchbench.core.config import ModelRef
 from batchbench.fixtures import model_configs_dir, tiny_model_dir
-from batchbench.planner import GiB, Plan, PlanError, fit_in_capacity, plan
-from batchbench.theory import kv_bytes_per_token_of_config, kv_capacity_tokens, kv_fit_concurrency
 
 TiB = 1 << 40
 #: Enough memory for any shipped model's weights on one GPU, so KV figures are checked without TP.

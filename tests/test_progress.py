@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from batchbench.core.records import RequestRecord
 from batchbench.progress import Progress, last_log_line
-from batchbench.records import RequestRecord
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 USER_SUITE = '''
-from batchbench.workload import Arrival, Lengths, WorkloadSpec
+from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
 
 def test_my_workload(start_engine, harness, engine_name):

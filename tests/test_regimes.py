@@ -1,4 +1,4 @@
-"""Tests for batchbench.regimes: synthetic sweeps whose regimes are known by construction."""
+"""Tests for batchbench.analysis.regimes: synthetic sweeps whose regimes are known by construction."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from batchbench.guardrails import KV_DANGER
-from batchbench.metrics import summarize
-from batchbench.records import RequestRecord
-from batchbench.regimes import (
+from batchbench.analysis.regimes import (
     REGIME_RANK,
     SCALING_GAIN,
     SweepPoint,
@@ -23,8 +20,11 @@ from batchbench.regimes import (
     point_from_run,
     steady_state_ttfts,
 )
-from batchbench.server_metrics import ServerMetrics
-from batchbench.theory import kv_fit_concurrency
+from batchbench.analysis.theory import kv_fit_concurrency
+from batchbench.core.records import RequestRecord
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.measures.guardrails import KV_DANGER
+from batchbench.measures.metrics import summarize
 
 #: Sweeps of 2..10 powers of two from 1, like the profiles' sweeps.
 levels = st.integers(min_value=2, max_value=10).map(lambda n: [2**i for i in range(n)])

@@ -7,13 +7,13 @@ from dataclasses import replace
 import pytest
 
 from batchbench.adapters import registry
-from batchbench.adapters.base import BatchingConfig
 from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.adapters.launch.docker import DockerLaunch
 from batchbench.adapters.launch.local import LocalProcess
-from batchbench.adapters.launch.placement import CpuPlacement
 from batchbench.adapters.registry import EngineOptions, get_spec, make_engine, parse_engine_urls
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.core.config import BatchingConfig
+from batchbench.core.placement import CpuPlacement
 
 
 def test_engine_urls_name_their_engine() -> None:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.machine_load import BUSY_SHARE, MachineLoad
-from batchbench.repeats import Estimate, RepeatProtocol, Repeats, median, precise, t_quantile
+from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, median, precise, t_quantile
+from batchbench.measures.machine_load import BUSY_SHARE, MachineLoad
 
 QUIET, BUSY = MachineLoad(0.01), MachineLoad(BUSY_SHARE + 0.1)
 positive = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.guardrails import server_summary
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.measures.guardrails import server_summary
 from batchbench.reports.build import build_report
-from batchbench.results import RunDocument
-from batchbench.server_metrics import ServerMetrics
+from batchbench.results.document import RunDocument
 from tests.synthetic_runs import RunSpec, document
 from tests.test_report_findings import SLO, cited_runs, first_figure  # noqa: F401 (a fixture)
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from batchbench.analysis.findings import QUESTIONS
 from batchbench.cli import main
-from batchbench.findings import QUESTIONS
+from batchbench.measures.slo import Slo
 from batchbench.reports.build import build_report
-from batchbench.results import RunDocument
-from batchbench.slo import Slo
+from batchbench.results.document import RunDocument
 from tests.synthetic_runs import RunSpec, document, sweep
 from tests.test_reports import _repeated, column, md_table_after, write_run
 

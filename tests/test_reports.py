@@ -22,19 +22,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.adapters.base import BatchingConfig
+from batchbench.analysis.repeats import Estimate
 from batchbench.cli import main
-from batchbench.guardrails import server_summary
-from batchbench.loadgen import LoadConfig
-from batchbench.metrics import Summary, summarize, ttft_by_bucket
-from batchbench.records import RequestRecord
-from batchbench.repeats import Estimate
+from batchbench.core.config import BatchingConfig, LoadConfig
+from batchbench.core.records import RequestRecord
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.measures.guardrails import server_summary
+from batchbench.measures.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.reports.build import build, build_report
 from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
-from batchbench.results import JournalWriter, RunDocument, RunFooter, RunHeader, ScrapeStats
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.results.document import JournalWriter, RunDocument, RunFooter, RunHeader, ScrapeStats
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"hostname": "bench-01", "platform": "Linux-6.8-x86_64", "python": "3.11.9", "cpu": "Test CPU",
@@ -98,7 +97,8 @@ def write_run(folder: Path, *, engine: str = "vllm", batching: BatchingConfig | 
               tpot: float = 0.005, concurrency: int = 4, failed: int = 0, peak_kv: float | None = 0.5,
               preempt_step: float = 0.0, stored: dict[str, Any] | None = None,
               engine_report: dict[str, Any] | None = None, finish: bool = True, name: str | None = None) -> Path:
-    """Write one run exactly as batchbench.runner does; ``stored`` overrides summary fields ("ttft.p50": 0.0123)."""
+    """Write one run exactly as batchbench.load.runner does;
+    ``stored`` overrides summary fields ("ttft.p50": 0.0123)."""
     batching = batching or BatchingConfig("continuous", max_batch_size=concurrency)
     workload = workload or chat_workload(concurrency)
     labels = {"concurrency": concurrency} if labels is None else labels

@@ -1,4 +1,4 @@
-"""Tests for batchbench.results: nothing measured is lost, whatever happens to the run."""
+"""Tests for batchbench.results.document: nothing measured is lost, whatever happens to the run."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchbench import results
-from batchbench.client_load import ClientLoad
-from batchbench.guardrails import Guardrails, server_summary
-from batchbench.loadgen import LoadConfig
-from batchbench.machine_load import MachineLoad
-from batchbench.metrics import Distribution, Summary, summarize
-from batchbench.records import RequestRecord
-from batchbench.results import (
+from batchbench.core.config import LoadConfig
+from batchbench.core.records import RequestRecord
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.measures.client_load import ClientLoad
+from batchbench.measures.guardrails import Guardrails, server_summary
+from batchbench.measures.machine_load import MachineLoad
+from batchbench.measures.metrics import Distribution, Summary, summarize
+from batchbench.measures.slo import Slo
+from batchbench.results import document as results
+from batchbench.results.document import (
     SCHEMA,
     SCHEMA_VERSION,
     DocumentError,
@@ -37,8 +39,6 @@ from batchbench.results import (
     ScrapeStats,
     load,
 )
-from batchbench.server_metrics import ServerMetrics
-from batchbench.slo import Slo
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -329,8 +329,8 @@ def test_load_rejects_a_journal_without_header(tmp_path: Path) -> None:
 CHILD = """
 import os, signal, sys, time
 from pathlib import Path
-from batchbench.results import JournalWriter, RunHeader
-from batchbench.records import RequestRecord
+from batchbench.results.document import JournalWriter, RunHeader
+from batchbench.core.records import RequestRecord
 
 writer = JournalWriter(Path(sys.argv[1]))
 writer.begin(RunHeader(run_id="crashed", engine={"engine": "stub", "batching": {}},
@@ -629,11 +629,11 @@ def test_the_schema_command_prints_it() -> None:
 
 
 async def test_a_document_written_by_the_runner_validates_against_the_schema(tmp_path: Path) -> None:
-    from batchbench.adapters.base import ModelRef
     from batchbench.adapters.vllm import VLLMEngine
+    from batchbench.core.config import ModelRef
     from batchbench.fixtures.protocol.vllm import VLLMServer
-    from batchbench.runner import run
-    from batchbench.workload import Arrival, Lengths, WorkloadSpec
+    from batchbench.load.runner import run
+    from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
     server = VLLMServer(model="fake-model", token_delay=0.001)
     await server.start_async()

@@ -10,14 +10,15 @@ from typing import Any, ClassVar
 
 import pytest
 
-from batchbench import results
-from batchbench.adapters.base import BatchingConfig, Capabilities, Chunk, Engine, EngineRejected, Usage
+from batchbench.adapters.base import Chunk, Engine, EngineRejected, Usage
 from batchbench.adapters.router import RoutedEngine, UnroutableRequest
-from batchbench.clock import now
-from batchbench.loadgen import LoadConfig, LoadGenerator
-from batchbench.runner import run
-from batchbench.server_metrics import ServerMetrics
-from batchbench.workload import Arrival, Lengths, Request, WorkloadSpec, interleave
+from batchbench.core.clock import now
+from batchbench.core.config import BatchingConfig, Capabilities, LoadConfig
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.runner import run
+from batchbench.results import document as results
+from batchbench.workload.requests import Arrival, Lengths, Request, WorkloadSpec, interleave
 
 
 class FakeEngine(Engine):

@@ -7,9 +7,9 @@ from itertools import pairwise
 from typing import cast
 
 from batchbench.adapters.base import Engine, EngineUnreachable
-from batchbench.clock import now
-from batchbench.scraper import Scraper
-from batchbench.server_metrics import ServerMetrics, prefix_cache_hit_rate
+from batchbench.core.clock import now
+from batchbench.core.server_metrics import ServerMetrics, prefix_cache_hit_rate
+from batchbench.load.scraper import Scraper
 
 INTERVAL_S = 0.02
 

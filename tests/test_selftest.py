@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from batchbench import cli, eventloop, selftest
-from batchbench.adapters.base import ModelRef
+from batchbench import cli, selftest
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.workload import Arrival
+from batchbench.core import eventloop
+from batchbench.core.config import ModelRef
+from batchbench.workload.requests import Arrival
 
 SETTINGS = selftest.Settings(interval_s=0.01, ttft_s=0.02, tokens=16, level_s=1.0)
 #: Far below where the client saturates (hundreds of streams here at 10 ms per token, selftest measured).

@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, EngineHTTPError, ModelRef
+from batchbench.adapters.base import EngineHTTPError
 from batchbench.adapters.sglang import SGLangEngine
+from batchbench.core.config import BatchingConfig, ModelRef
 from batchbench.fixtures import wire_dir
 from batchbench.fixtures.protocol.sglang import SGLangServer
 from tests.adapter_helpers import collect, recorded, request

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.metrics import summarize
-from batchbench.records import RequestRecord
-from batchbench.slo import Slo, parse_duration
+from batchbench.core.records import RequestRecord
+from batchbench.measures.metrics import summarize
+from batchbench.measures.slo import Slo, parse_duration
 
 
 def record(i: int, ttft: float, gap: float, tokens: int = 4) -> RequestRecord:

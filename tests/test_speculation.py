@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.adapters.base import DEFAULT_SPECULATIVE_TOKENS, BatchingConfig, ModelRef
 from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.registry import engine_class
@@ -20,16 +19,17 @@ from batchbench.adapters.sglang import SGLangEngine
 from batchbench.adapters.tgi import TGIEngine
 from batchbench.adapters.trtllm import TRTLLMEngine
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.analysis.findings import findings_from_documents
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE
-from batchbench.findings import findings_from_documents
-from batchbench.machine_load import MachineLoad
+from batchbench.core.config import DEFAULT_SPECULATIVE_TOKENS, BatchingConfig, ModelRef
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.measures.machine_load import MachineLoad
+from batchbench.measures.speculation import SpecCounters, crossover, speedup
 from batchbench.reports import markdown
 from batchbench.reports.answer import details_section
 from batchbench.reports.document import Document
-from batchbench.results import RunDocument
-from batchbench.server_metrics import ServerMetrics
-from batchbench.speculation import SpecCounters, crossover, speedup
+from batchbench.results.document import RunDocument
 from tests.synthetic_runs import RunSpec, document
 
 MODEL = ModelRef("org/model")

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, EngineHTTPError, ModelRef, Usage
+from batchbench.adapters.base import EngineHTTPError, Usage
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.tgi import TGIEngine, token_ids_text
+from batchbench.core.config import BatchingConfig, ModelRef
 from batchbench.fixtures import wire_dir
 from batchbench.fixtures.protocol.tgi import TGIServer
 from tests.adapter_helpers import collect, recorded, request

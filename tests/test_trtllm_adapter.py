@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from batchbench.adapters.base import BatchingConfig, ModelRef, StreamProtocolError, Usage
+from batchbench.adapters.base import StreamProtocolError, Usage
 from batchbench.adapters.http import make_client
 from batchbench.adapters.trtllm import TRTLLMEngine, to_yaml
+from batchbench.core.config import BatchingConfig, ModelRef
 from batchbench.fixtures import wire_dir
 from batchbench.fixtures.protocol import read_sse
 from batchbench.fixtures.protocol.trtllm import TRTLLMServer

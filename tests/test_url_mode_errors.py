@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.adapters.base import EngineError, EngineNotHealthy, ModelRef
+from batchbench.adapters.base import EngineError, EngineNotHealthy
 from batchbench.adapters.http import check_url
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.core.config import ModelRef
 
 
 @pytest.fixture(scope="module")

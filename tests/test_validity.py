@@ -8,11 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.client_load import ClientLoad
-from batchbench.machine_load import MachineLoad
-from batchbench.metrics import Summary
-from batchbench.slo import Slo
-from batchbench.validity import (
+from batchbench.analysis.validity import (
     MAX_SCHEDULE_LAG_S,
     REASON_KINDS,
     STANDARD_PERCENTILES,
@@ -28,6 +24,10 @@ from batchbench.validity import (
     supported_percentile,
     supports,
 )
+from batchbench.measures.client_load import ClientLoad
+from batchbench.measures.machine_load import MachineLoad
+from batchbench.measures.metrics import Summary
+from batchbench.measures.slo import Slo
 from tests.synthetic_runs import RunSpec, document
 
 

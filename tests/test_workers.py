@@ -1,4 +1,4 @@
-"""Several load-generator processes (batchbench.workers): one clock, an exact schedule, the same figures,
+"""Several load-generator processes (batchbench.load.workers): one clock, an exact schedule, the same figures,
 nothing lost and nothing left running when a worker dies or the run is stopped."""
 
 from __future__ import annotations
@@ -18,19 +18,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench import runner
-from batchbench.adapters.base import ModelRef
-from batchbench.adapters.launch.placement import MAX_CPU, CpuPlacement, usable_cpus
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_OK, EXIT_USAGE
-from batchbench.loadgen import LoadConfig
-from batchbench.machine_load import MachineMeter
-from batchbench.pinning import Pinned
-from batchbench.records import RequestRecord
-from batchbench.results import RunDocument
-from batchbench.workers import WORKER_DIED, WorkerPool, auto_workers, partition, shares
-from batchbench.workload import Arrival, Lengths, Request, Workload, WorkloadSpec
+from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.core.placement import MAX_CPU, CpuPlacement, usable_cpus
+from batchbench.core.records import RequestRecord
+from batchbench.load import runner
+from batchbench.load.pinning import Pinned
+from batchbench.load.workers import WORKER_DIED, WorkerPool, auto_workers, partition, shares
+from batchbench.measures.machine_load import MachineMeter
+from batchbench.results.document import RunDocument
+from batchbench.workload.requests import Arrival, Lengths, Request, Workload, WorkloadSpec
 from tests.server_process import serving
 
 TOKEN_DELAY_S = 0.01

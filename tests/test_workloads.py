@@ -1,4 +1,4 @@
-"""Tests for batchbench.workload: reproducible, valid, correctly distributed workloads."""
+"""Tests for batchbench.workload.requests: reproducible, valid, correctly distributed workloads."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchbench import workload as wl
-from batchbench.workload import (
+from batchbench.workload import requests as wl
+from batchbench.workload.requests import (
     FIRST_ORDINARY_TOKEN,
     Arrival,
     Lengths,
@@ -166,7 +166,7 @@ SUBPROCESS_SPEC = (
 )
 SUBPROCESS_CODE = (
     "import json, dataclasses\n"
-    "from batchbench.workload import *\n"
+    "from batchbench.workload.requests import *\n"
     f"w = {SUBPROCESS_SPEC}.build()\n"
     "print(json.dumps([w.hash(), [dataclasses.astuple(r) for r in w.requests]]))\n"
 )

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from batchbench.adapters.launch.placement import EngineCpus
+from batchbench.core.placement import EngineCpus
 
 
 class Launch(Protocol):

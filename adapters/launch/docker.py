@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 from batchbench.adapters.base import EngineCannotRunHere, EngineDied, EngineError
 from batchbench.adapters.launch.cleanup import REGISTRY, CleanupRegistry
 from batchbench.adapters.launch.images import ContainerSpec, load_specs, specs_path
-from batchbench.adapters.launch.placement import EngineCpus, format_cpu_list
 from batchbench.adapters.launch.secrets import is_secret_name, redact, redact_env, token_env
+from batchbench.core.placement import EngineCpus, format_cpu_list
 
 if TYPE_CHECKING:  # pragma: no cover
     import docker

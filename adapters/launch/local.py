@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.adapters.launch.cleanup import REGISTRY, CleanupRegistry
-from batchbench.adapters.launch.placement import EngineCpus, can_pin, format_cpu_list, usable_cpus
+from batchbench.core.placement import EngineCpus, can_pin, format_cpu_list, usable_cpus
 
 
 def free_port() -> int:

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchbench import eventloop
-from batchbench.adapters.base import BatchingConfig, EngineError
+from batchbench.adapters.base import EngineError
 from batchbench.adapters.registry import EngineOptions
 from batchbench.commands.common import (
     EXIT_INTERRUPTED,
@@ -45,10 +44,12 @@ from batchbench.commands.common import (
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan
+from batchbench.core import eventloop
+from batchbench.core.config import BatchingConfig
+from batchbench.measures.slo import Slo
 from batchbench.options import add_engine_arguments, engine_options, with_load_processes
-from batchbench.profiles import get_profile
 from batchbench.progress import Progress
-from batchbench.slo import Slo
+from batchbench.workload.profiles import get_profile
 
 
 def concurrency_list(text: str) -> list[float]:

@@ -1,6 +1,6 @@
 """``batchbench capacity --slo ttft_p99=200ms,...``: the highest concurrency (or rate) that meets the SLO.
 
-The search (:mod:`batchbench.capacity`) doubles the level from ``--start`` while it meets the SLO (up to
+The search (:mod:`batchbench.analysis.capacity`) doubles the level from ``--start`` while it meets the SLO (up to
 ``--max``), then bisects between the last level that met it and the first that did not: to the exact
 whole number for concurrency (``--by concurrency``, the default), to ``--tolerance`` (relative) for
 rates (``--by rate``). Each level is run up to ``--repeats`` times and meets the SLO only if every
@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchbench import eventloop
-from batchbench.adapters.base import BatchingConfig, EngineError
+from batchbench.adapters.base import EngineError
 from batchbench.adapters.registry import EngineOptions
-from batchbench.capacity import CapacityResult, Search
+from batchbench.analysis.capacity import CapacityResult, Search
 from batchbench.commands.common import (
     EXIT_FAILURES,
     EXIT_INTERRUPTED,
@@ -41,9 +40,11 @@ from batchbench.commands.common import (
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan, positive_number
+from batchbench.core import eventloop
+from batchbench.core.config import BatchingConfig
 from batchbench.options import add_engine_arguments, engine_options, with_load_processes
-from batchbench.profiles import get_profile
 from batchbench.progress import Progress
+from batchbench.workload.profiles import get_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:

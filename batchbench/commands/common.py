@@ -12,18 +12,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from batchbench import validity
-from batchbench.adapters.base import BatchingConfig, Engine
+from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import EngineOptions, engine_class, make_engine
-from batchbench.engines import EngineCache
-from batchbench.findings import QUESTIONS, Findings
-from batchbench.findings.decisions import slo_text
+from batchbench.analysis import validity
+from batchbench.analysis.findings import QUESTIONS, Findings
+from batchbench.analysis.findings.decisions import slo_text
+from batchbench.core.config import BatchingConfig
 from batchbench.fixtures import tiny_model_dir
-from batchbench.lora import AdapterSpec, LoraAdapter, materialize
-from batchbench.pinning import pinned_process
+from batchbench.load.engines import EngineCache
+from batchbench.load.pinning import pinned_process
+from batchbench.load.runner import RunResult
+from batchbench.measures.slo import Slo
 from batchbench.progress import EngineStart, Progress
-from batchbench.runner import RunResult
-from batchbench.slo import Slo
+from batchbench.workload.lora import AdapterSpec, LoraAdapter, materialize
 
 #: Exit statuses (the README lists them).
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENGINE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -159,7 +160,7 @@ def failure_lines(result: RunResult, timeout_s: float) -> list[str]:
 
 
 def verdict_lines(result: RunResult) -> list[str]:
-    """The run's verdict as it ends, from its client and machine loads through :mod:`batchbench.validity`:
+    """The run's verdict as it ends, from its client and machine loads through :mod:`batchbench.analysis.validity`:
     ``INVALID (kind): sentence`` per rule they broke, then ``warning: ...`` per caveat that does not invalidate
     it (chunks the server delivered together). Failed requests have lines of their own (:func:`failure_lines`)."""
     return ([reason.line() for reason in validity.load_reasons(result.client, result.machine)]
@@ -199,7 +200,7 @@ def write_report(run_dir: Path, status: int, slo: Slo | None, *, details: bool =
 
 
 class StartingEngines:
-    """Engines for a command's :class:`~batchbench.engines.EngineCache`, each start shown on the progress display.
+    """Engines for a command's :class:`~batchbench.load.engines.EngineCache`, each start shown on the progress display.
 
     The cache makes an engine (this class is its factory) inside its own ``get``, so the start is shown around
     that call and the engine, once made, gives the display its timeout and server log to follow.

@@ -1,7 +1,7 @@
 """``batchbench plan --model MODEL``: how much KV cache, and so how many sequences, fit, before measuring anything.
 
 MODEL is a config.json, a folder holding one, or the name of a config batchbench ships
-(``batchbench plan --model list`` names them). From it the planner (:mod:`batchbench.planner`) works out,
+(``batchbench plan --model list`` names them). From it the planner (:mod:`batchbench.analysis.planner`) works out,
 step by step: the parameters and the weights' bytes per GPU, the KV bytes per token (GQA and MQA through
 num_key_value_heads, MLA through kv_lora_rank + qk_rope_head_dim, sliding windows counted), the memory left
 for KV per GPU (--memory x --memory-fraction - weights), the KV capacity in tokens and blocks, the most
@@ -22,10 +22,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from batchbench.analysis.planner import DEFAULT_CONTEXT, GiB, Plan, PlanError, plan
+from batchbench.analysis.theory import DTYPE_BYTES, dtype_bytes
 from batchbench.commands.common import EXIT_OK, EXIT_USAGE, positive_int
 from batchbench.fixtures import model_configs_dir
-from batchbench.planner import DEFAULT_CONTEXT, GiB, Plan, PlanError, plan
-from batchbench.theory import DTYPE_BYTES, dtype_bytes
 
 #: Units --memory takes: decimal (GB) and binary (GiB), as GPU vendors and engines use both.
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from batchbench import parity
-from batchbench.adapters.base import BatchingConfig, Engine
-from batchbench.capacity import Measurement
+from batchbench.adapters.base import Engine
+from batchbench.analysis.capacity import Measurement
 from batchbench.commands.common import (
     EXIT_ENGINE,
     EXIT_FAILURES,
@@ -31,10 +30,12 @@ from batchbench.commands.common import (
     write_report,
 )
 from batchbench.commands.workload_args import LevelKind, WorkloadPlan
-from batchbench.engines import EngineCache
-from batchbench.loadgen import LoadConfig, LoadGenerator
-from batchbench.runner import RunResult, run
-from batchbench.slo import Slo, Verdict
+from batchbench.core.config import BatchingConfig, LoadConfig
+from batchbench.load.engines import EngineCache
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.runner import RunResult, run
+from batchbench.measures import parity
+from batchbench.measures.slo import Slo, Verdict
 
 
 @dataclass(frozen=True)

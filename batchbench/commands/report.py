@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.commands.common import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, answer_lines, parsed_by
+from batchbench.measures.slo import Slo
 from batchbench.reports import fmt
 from batchbench.reports.build import ReportError, build_report, load_rows
 from batchbench.reports.compare import DEFAULT_THRESHOLD_PCT, BaselineComparison, Delta, compare
 from batchbench.reports.content import format_metric
 from batchbench.reports.model import METRICS_BY_KEY, display_name
-from batchbench.slo import Slo
 
 
 def _threshold(text: str) -> float:

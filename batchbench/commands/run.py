@@ -2,7 +2,7 @@
 
 For each selected engine (default: the embedded ones) it measures the sweep
 that crosses all three regimes of the latency-throughput curve
-(:mod:`batchbench.sweep`: concurrency 1, 2, 4, ... past the point where the
+(:mod:`batchbench.load.sweep`: concurrency 1, 2, 4, ... past the point where the
 engine cannot take more sequences, with the KV cache made small where the
 engine allows it, the same design the regimes suite asserts on) as continuous
 closed-loop load; the same requests as static waves at the engine's batch size
@@ -13,7 +13,7 @@ Every measurement is repeated, interleaved, at least ``--repeats`` times and
 then again until its throughput's 95% interval is within ``--precision`` of
 its mean, or until the engine's ``--time-budget`` is spent (the point then
 says it did not reach the target), because one run on a shared machine is one
-sample of its noise. The answer (:mod:`batchbench.findings`: the batch size for
+sample of its noise. The answer (:mod:`batchbench.analysis.findings`: the batch size for
 the most throughput, the largest within the SLO, continuous vs static, the cost
 of padding, where it becomes memory-bound) is judged against ``--slo``, or the
 stated default :data:`DEFAULT_SLO`.
@@ -42,9 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchbench import eventloop, validity
-from batchbench.adapters.base import BatchingConfig, EngineError
+from batchbench.adapters.base import EngineError
 from batchbench.adapters.registry import EngineOptions, get_spec
+from batchbench.analysis import validity
+from batchbench.analysis.regimes import SweepPoint, classify_regimes
+from batchbench.analysis.repeats import RepeatProtocol, Repeats, precise
 from batchbench.commands.common import (
     EXIT_ENGINE,
     EXIT_FAILURES,
@@ -63,16 +65,16 @@ from batchbench.commands.common import (
     verdict_lines,
     write_report,
 )
-from batchbench.loadgen import LoadConfig, LoadGenerator
+from batchbench.core import eventloop
+from batchbench.core.config import BatchingConfig, LoadConfig
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.runner import RunResult, run
+from batchbench.load.sweep import SweepDesign, sweep_design
+from batchbench.measures.slo import Slo
 from batchbench.options import add_engine_arguments, engine_options
-from batchbench.profiles import Profile, get_profile
 from batchbench.progress import Progress
-from batchbench.regimes import SweepPoint, classify_regimes
-from batchbench.repeats import RepeatProtocol, Repeats, precise
-from batchbench.runner import RunResult, run
-from batchbench.slo import Slo
-from batchbench.sweep import SweepDesign, sweep_design
-from batchbench.workload import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.workload.profiles import Profile, get_profile
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 #: The SLO the answer is judged against when ``--slo`` is not given: a first token within half a second for 99 of
 #: 100 requests, a common interactive target (and, for the tiny model on a small CPU, one the sweep crosses).
@@ -263,7 +265,7 @@ def _usable_ttft_p99(result: RunResult) -> float | None:
 
 def _usable_throughput(result: RunResult) -> float | None:
     """A run's output tokens/s where the findings will use it (no failed request, the client's clock kept, the
-    machine quiet: :func:`batchbench.validity.load_reasons`); None otherwise, so an invalid run never settles a
+    machine quiet: :func:`batchbench.analysis.validity.load_reasons`); None otherwise, so an invalid run never settles a
     measurement."""
     if result.summary.failed or validity.load_reasons(result.client, result.machine):
         return None

@@ -14,16 +14,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from batchbench import datasets, tokenizer
+from batchbench.analysis.validity import samples_needed, stat_percentile
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
+from batchbench.core.config import LoadConfig
 from batchbench.fixtures import tiny_model_dir
-from batchbench.loadgen import LoadConfig
-from batchbench.lora import AdapterSpec, TrafficSplit
-from batchbench.profiles import Profile
-from batchbench.slo import Slo
-from batchbench.validity import samples_needed, stat_percentile
-from batchbench.workers import auto_workers
-from batchbench.workload import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec, split_traffic
+from batchbench.load.workers import auto_workers
+from batchbench.measures.slo import Slo
+from batchbench.workload import datasets, tokenizer
+from batchbench.workload.lora import AdapterSpec, TrafficSplit
+from batchbench.workload.profiles import Profile
+from batchbench.workload.requests import (
+    Arrival,
+    Lengths,
+    ThinkTime,
+    Workload,
+    WorkloadSpec,
+    split_traffic,
+)
 
 #: How a level is applied: requests kept in flight (closed loop) or sent per second (open loop).
 LevelKind = Literal["concurrency", "rate"]
@@ -103,7 +110,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                         help="per-request deadline over the whole stream (default: the profile's)")
     parser.add_argument("--workers", type=workers_option, default=1, metavar="N|auto",
                         help="load-generator processes, each with its own event loop (default 1: this one); auto "
-                             "chooses per level from the expected chunk rate (batchbench/workers.py)")
+                             "chooses per level from the expected chunk rate (batchbench/load/workers.py)")
     parser.add_argument("--no-report", action="store_true", help="write results only")
     parser.add_argument("--lora-adapters", type=AdapterSpec.parse_list, default=(), metavar="ADAPTERS",
                         help="LoRA adapters served beside the model, requests shared among them: ranks to make with "
@@ -128,7 +135,7 @@ class WorkloadPlan:
     #: Builds ``n`` requests (released all at once; each level gives its own arrivals).
     build: Callable[[int], Workload]
     notes: list[str] = field(default_factory=list)
-    #: Load-generator processes per run (None: :func:`batchbench.workers.auto_workers` per level).
+    #: Load-generator processes per run (None: :func:`batchbench.load.workers.auto_workers` per level).
     workers: int | None = 1
     _built: dict[int, Workload] = field(default_factory=dict)
 
@@ -186,7 +193,7 @@ class WorkloadPlan:
 
 def slo_samples(slo: Slo | None) -> int:
     """Requests a run needs for every percentile the SLO names to be more than its maximum (p99: 200;
-    :func:`batchbench.validity.samples_needed`): the default request count is raised to it, so an SLO's
+    :func:`batchbench.analysis.validity.samples_needed`): the default request count is raised to it, so an SLO's
     verdict is not withheld for want of samples unless the user asked for fewer."""
     quantiles = [q for o in (slo.objectives if slo else ()) if (q := stat_percentile(o.stat)) is not None]
     return max((samples_needed(q) for q in quantiles), default=0)

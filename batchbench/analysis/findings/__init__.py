@@ -1,0 +1,306 @@
+"""Findings: what a folder of runs says, as typed decisions and sentences. Takes results documents, gives
+:class:`Findings` (the CLI prints them, the suites check them, the report shows them).
+
+One package turns runs into the answer, so none of its users reads a curve its own way. Each topic
+keeps its type, its computation and its sentence together:
+
+- :mod:`~batchbench.analysis.findings.points`: runs read into points (engine, layout, concurrency), each figure an
+  :class:`~batchbench.analysis.repeats.Estimate` over the point's valid runs (the mean with a 95% t-interval);
+- :mod:`~batchbench.analysis.findings.regimes`: the curve's regimes, its sweet spot, the batch size of most throughput;
+- :mod:`~batchbench.analysis.findings.memory`: where it becomes memory-bound, against the KV plan;
+- :mod:`~batchbench.analysis.findings.batching`: continuous over static batching, and its mechanism;
+- :mod:`~batchbench.analysis.findings.padding`: what a batch with one long prompt costs;
+- :mod:`~batchbench.analysis.findings.slo`: each point against the SLO, the most goodput, the largest batch within it;
+- :mod:`~batchbench.analysis.findings.comparisons`: engines against each other;
+- :mod:`~batchbench.analysis.findings.speculation`, :mod:`~batchbench.analysis.findings.turns`: speculative
+  decoding, conversations;
+- :mod:`~batchbench.analysis.findings.invalid`: the runs left out, by cause;
+- :mod:`~batchbench.analysis.findings.decisions`: the answer, one line per question and engine.
+
+Every run is judged by :mod:`batchbench.analysis.validity` first. A point is valid when at least one of its runs
+is; its figures come from its valid runs only. Invalid runs stay in the output with their reasons and
+are left out of every finding, never dropped silently; a finding that cannot be drawn (one concurrency,
+no static layout, an interval that straddles a limit) says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchbench.analysis.findings import batching, comparisons, invalid, memory, padding, regimes, speculation, turns
+from batchbench.analysis.findings.batching import ContinuousOverStatic
+from batchbench.analysis.findings.comparisons import Comparison
+from batchbench.analysis.findings.decisions import QUESTIONS, EngineDecisions, precision_sentence
+from batchbench.analysis.findings.invalid import InvalidRun
+from batchbench.analysis.findings.memory import MemoryBound
+from batchbench.analysis.findings.padding import PaddingCost
+from batchbench.analysis.findings.points import (
+    LAYOUTS,
+    PADDING_LAYOUTS,
+    Measurement,
+    Point,
+    PointFindings,
+    layout_rank,
+    point_findings,
+    points_from_documents,
+)
+from batchbench.analysis.findings.regimes import MostThroughput, SweetSpot
+from batchbench.analysis.findings.slo import LatencyPool, MaxGoodput, SloAt, latency_pool, max_goodput, slo_at
+from batchbench.analysis.findings.speculation import Speculation
+from batchbench.analysis.repeats import CONFIDENCE
+from batchbench.measures import parity
+from batchbench.measures.parity import Parity
+from batchbench.measures.slo import Slo
+from batchbench.results.document import RunDocument
+
+__all__ = [
+    "LAYOUTS",
+    "PADDING_LAYOUTS",
+    "QUESTIONS",
+    "EngineDecisions",
+    "EngineFindings",
+    "Findings",
+    "LayoutFindings",
+    "Measurement",
+    "Point",
+    "PointFindings",
+    "findings_from_documents",
+    "findings_from_points",
+    "points_from_documents",
+]
+
+
+@dataclass(frozen=True)
+class LayoutFindings:
+    """One engine's findings in one layout."""
+
+    engine: str
+    layout: str
+    points: tuple[PointFindings, ...]
+    sweet_spot: SweetSpot | None
+    memory_bound: MemoryBound | None
+    most_throughput: MostThroughput | None
+    #: Each point against the SLO, by concurrency (empty without an SLO).
+    slo_points: dict[int, SloAt]
+    max_goodput: MaxGoodput | None
+    latency_pool: LatencyPool | None
+    #: Whether the engine reported KV usage (what regime 3 is called: memory-bound or saturated).
+    has_kv_data: bool
+    #: Why there is no curve to read (one valid point, a padding layout); None when there is one.
+    no_curve: str | None = None
+
+    def point(self, concurrency: int) -> PointFindings | None:
+        return next((p for p in self.points if p.concurrency == concurrency), None)
+
+    @property
+    def valid_points(self) -> list[PointFindings]:
+        return [p for p in self.points if p.valid]
+
+    def to_dict(self) -> dict[str, Any]:
+        def d(x: Any) -> Any:
+            return None if x is None else x.to_dict()
+
+        return {"points": [p.to_dict() | {"slo": d(self.slo_points.get(p.concurrency))} for p in self.points],
+                "sweet_spot": d(self.sweet_spot), "memory_bound": d(self.memory_bound),
+                "most_throughput": d(self.most_throughput), "max_goodput": d(self.max_goodput),
+                "latency_pool": d(self.latency_pool), "no_curve": self.no_curve}
+
+
+@dataclass(frozen=True)
+class EngineFindings:
+    """Every layout of one engine, what compares its layouts, and its decisions."""
+
+    engine: str
+    layouts: dict[str, LayoutFindings]
+    continuous_over_static: ContinuousOverStatic | None
+    padding_cost: PaddingCost | None
+    decisions: EngineDecisions
+
+
+@dataclass(frozen=True)
+class Findings:
+    """Everything the runs say (module docstring); :meth:`to_dict` is what report.json stores."""
+
+    slo: Slo | None
+    engines: dict[str, EngineFindings]
+    comparisons: tuple[Comparison, ...]
+    #: The answer's sentences after the decisions: engines against each other, runs left out, precision (≤ ~10).
+    answer: tuple[str, ...]
+    #: Every topic's sentence, per engine and layout: what the report gives below the answer.
+    details: tuple[str, ...]
+    invalid_runs: tuple[InvalidRun, ...] = ()
+    runs: int = 0
+    #: Documents that are no point of a curve, each named with why.
+    skipped: tuple[str, ...] = ()
+    #: Per engine, whether it served the workload as written, by its own token counts
+    #: (:mod:`batchbench.measures.parity`).
+    parity: dict[str, Parity] = field(default_factory=dict)
+    speculation: tuple[Speculation, ...] = ()
+
+    def layout(self, engine: str, layout: str) -> LayoutFindings | None:
+        found = self.engines.get(engine)
+        return None if found is None else found.layouts.get(layout)
+
+    @property
+    def decisions(self) -> list[EngineDecisions]:
+        return [e.decisions for e in self.engines.values()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slo": None if self.slo is None else self.slo.to_dict(),
+            "questions": dict(QUESTIONS),
+            "decisions": [d.to_dict(self.slo) for d in self.decisions],
+            "answer": list(self.answer),
+            "details": list(self.details),
+            "engines": {name: {"layouts": {layout: f.to_dict() for layout, f in e.layouts.items()},
+                               "continuous_over_static": None if e.continuous_over_static is None
+                               else e.continuous_over_static.to_dict(),
+                               "padding_cost": None if e.padding_cost is None else e.padding_cost.to_dict()}
+                        for name, e in self.engines.items()},
+            "comparisons": [c.to_dict() for c in self.comparisons],
+            "runs": self.runs,
+            "invalid_runs": [r.to_dict() for r in self.invalid_runs],
+            "invalid_by_kind": invalid.by_kind(self.invalid_runs),
+            "skipped": list(self.skipped),
+            "parity": {engine: p.to_dict() for engine, p in self.parity.items()},
+            "speculation": [sp.to_dict() for sp in self.speculation],
+            "intervals": f"the mean of a point's valid repeats with its {CONFIDENCE:.0%} Student-t interval; ratios: "
+                         f"the ratio of the means, {CONFIDENCE:.0%} interval by the delta method on the log scale, "
+                         "paired pass by pass where both were measured side by side (Welch's degrees of freedom "
+                         "otherwise)",
+        }
+
+
+def _layout_findings(engine: str, layout: str, points: Sequence[Point], slo: Slo | None) -> LayoutFindings:
+    report, no_curve = (None, f"{layout} is a padding comparison, not a curve") if layout in PADDING_LAYOUTS \
+        else regimes.classify(points)
+    labels = report.labels if report is not None else {}
+    found = tuple(point_findings(p, labels.get(p.concurrency) if p.valid else None) for p in points)
+    by_c = {p.concurrency: p for p in found}
+    slos = {p.concurrency: slo_at(p, slo) for p in points} if slo is not None else {}
+    curve = report is not None
+    return LayoutFindings(
+        engine, layout, found,
+        sweet_spot=regimes.sweet_spot(report, by_c) if report is not None else None,
+        memory_bound=memory.memory_bound(report, points, found) if report is not None else None,
+        most_throughput=regimes.most_throughput(found) if curve else None,
+        slo_points=slos,
+        max_goodput=max_goodput(found, slos) if slo is not None and curve else None,
+        latency_pool=latency_pool(found, slos) if slo is not None and curve else None,
+        has_kv_data=report.has_kv_data if report is not None else False,
+        no_curve=no_curve)
+
+
+def _engine_findings(engine: str, points: Sequence[Point], slo: Slo | None) -> EngineFindings:
+    grouped: dict[str, list[Point]] = {}
+    for p in points:
+        grouped.setdefault(p.layout, []).append(p)
+    ordered = {layout: sorted(ps, key=lambda p: p.concurrency)
+               for layout, ps in sorted(grouped.items(), key=lambda kv: layout_rank(kv[0]))}
+    layouts = {layout: _layout_findings(engine, layout, ps, slo) for layout, ps in ordered.items()}
+    by_c = {layout: {p.concurrency: p for p in ps} for layout, ps in ordered.items()}
+    cont, static = layouts.get("continuous"), layouts.get("static-waves")
+    cos, missing = None, None
+    if cont is not None and static is not None:
+        cos = batching.continuous_over_static(list(cont.points), list(static.points), by_c["continuous"],
+                                              by_c["static-waves"], cont.sweet_spot.concurrency if cont.sweet_spot
+                                              else None)
+    if cos is None:
+        missing = ("no static-waves run" if static is None else "no continuous run" if cont is None
+                   else "no batch size with both layouts valid")
+    mixed, plain = layouts.get("padded-mixed"), layouts.get("homogeneous")
+    cost = padding.padding_cost(list(mixed.points), list(plain.points), by_c["padded-mixed"], by_c["homogeneous"]) \
+        if mixed is not None and plain is not None else None
+    curve = cont if cont is not None and cont.no_curve is None else next(
+        (f for f in layouts.values() if f.no_curve is None), cont)
+    imprecise = tuple(p.concurrency for p in curve.points if p.valid and p.precise is False) if curve else ()
+    targets = [p.precision_target for p in curve.points if p.precision_target is not None] if curve else []
+    decisions = EngineDecisions(
+        engine, curve.layout if curve else None, curve.most_throughput if curve else None,
+        curve.sweet_spot if curve else None, curve.latency_pool if curve else None, cos, cost,
+        curve.memory_bound if curve else None, curve.has_kv_data if curve else False, missing, imprecise,
+        min(targets) if targets else None)
+    return EngineFindings(engine, layouts, cos, cost, decisions)
+
+
+def _details(engines: dict[str, EngineFindings], slo: Slo | None) -> list[str]:
+    """Every topic's sentence, engine by engine: the curve of each layout (with where it becomes memory-bound),
+    continuous against static, padding, the SLO, conversations."""
+    out: list[str] = []
+    for name, e in engines.items():
+        for layout, f in e.layouts.items():
+            if layout in PADDING_LAYOUTS:
+                continue
+            text = regimes.curve_sentence(name, layout, f.points, f.sweet_spot, f.no_curve)
+            out.append(text if f.no_curve is not None
+                       else text + (memory.clause(f.memory_bound) if f.memory_bound else "") + ".")
+            if slo is not None and f.no_curve is None:
+                out.append(f"{name}, {layout}, under {slo}: " + _goodput_text(f) + ".")
+        out.append(f"{name}: continuous vs static batching: {e.decisions.answers(slo)['batching']}.")
+        if e.padding_cost is not None:
+            out.append(f"{name}: padding: {padding.decision(e.padding_cost)}.")
+        out += [text for layout, f in e.layouts.items() for p in f.points
+                if (text := turns.sentence(name, layout, p)) is not None]
+    return out
+
+
+def _goodput_text(f: LayoutFindings) -> str:
+    g = f.max_goodput
+    if g is None:
+        judged = [s for s in f.slo_points.values() if s.valid]
+        if not judged:
+            return "no valid point to judge"
+        return f"no valid point clearly meets it; batch {judged[0].concurrency}: {'; '.join(judged[0].failed())}"
+    text = f"the most goodput is at batch {g.concurrency}"
+    if g.goodput_req_s is not None:
+        text += f" ({g.goodput_req_s.format(lambda v: f'{v:.2f}')} req/s)"
+    if g.first_failing is not None:
+        text += f"; batch {g.first_failing.concurrency}: {'; '.join(g.first_failing.failed())}"
+    return text
+
+
+def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, skipped: Sequence[str] = ()) -> Findings:
+    """Findings of grouped points (:func:`~batchbench.analysis.findings.points.points_from_documents`)."""
+    names = sorted({p.engine for p in points})
+    engines = {name: _engine_findings(name, [p for p in points if p.engine == name], slo) for name in names}
+    compared = comparisons.comparisons({name: e.layouts for name, e in engines.items()})
+    gone = invalid.invalid_runs(points)
+    runs = sum(len(p.runs) for p in points)
+    parities = {name: parity.check([r for p in points if p.engine == name for run in p.runs for r in run.records])
+                for name in names}
+    speculated = tuple(speculation.speculation(points))
+    # The answer's sentences: the engines against each other on the curve a server runs, then what was left out.
+    answer = [c.sentence() for c in compared if c.layout == "continuous"] or [c.sentence() for c in compared][:4]
+    answer += [text for text in (invalid.sentence(gone, runs), precision_sentence([e.decisions
+                                                                                    for e in engines.values()]))
+               if text is not None]
+    details = _details(engines, slo)
+    details += [c.sentence() for c in compared if c.layout != "continuous"]
+    details += [speculation.sentence(sp) for sp in speculated]
+    details += [f"{name}: {warning}." for name, served in parities.items() if (warning := served.warning())]
+    if skipped:
+        details.append(f"{len(skipped)} document(s) not used: {'; '.join(skipped)}.")
+    return Findings(slo, engines, tuple(compared), tuple(answer), tuple(details), gone, runs, tuple(skipped),
+                    parities, speculated)
+
+
+def measured_slo(docs: Iterable[RunDocument]) -> Slo | None:
+    """The SLO every one of the runs was measured under (their headers agree on it); None when they name none or
+    differ."""
+    found = {doc.header.slo for doc in docs}
+    return found.pop() if len(found) == 1 else None
+
+
+def findings_from_documents(docs: Iterable[RunDocument | tuple[str, RunDocument]], *, slo: Slo | None = None,
+                            suite: str | None = None) -> Findings:
+    """The findings of results documents (or (source, document) pairs): the entry point of the CLI and the
+    report. ``slo``: judge the points against it (None: the one the runs were measured under,
+    :func:`measured_slo`, if they agree on one; else no SLO findings); ``suite``: only runs labelled with this
+    suite."""
+    pairs = [d if isinstance(d, tuple) else (None, d) for d in docs]
+    slo = slo if slo is not None else measured_slo(doc for _, doc in pairs)
+    skipped: list[str] = []
+    points = points_from_documents(pairs, slo=slo, suite=suite, skipped=skipped)
+    return findings_from_points(points, slo=slo, skipped=skipped)

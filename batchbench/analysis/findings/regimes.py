@@ -1,0 +1,109 @@
+"""The curve: each layout's regimes, its sweet spot, and the batch size that gives the most throughput.
+
+The regimes come from :func:`batchbench.analysis.regimes.classify_regimes` over the points' means. Two answers are
+read off the curve, and they are different questions:
+
+- the **sweet spot** is the knee: the last batch size whose doubling still paid for itself
+  (:data:`batchbench.analysis.regimes.SCALING_GAIN`); past it, more requests buy little throughput and only add
+  latency;
+- the **most throughput** is the batch size with the highest mean, and beside it every batch size whose
+  throughput the data cannot tell apart from it (the ratio's interval contains 1). The smallest of those is
+  the one to run for throughput: no slower, and it queues fewer requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from batchbench.analysis.findings.points import Point, PointFindings
+from batchbench.analysis.findings.text import estimate
+from batchbench.analysis.regimes import RegimeReport, classify_regimes
+from batchbench.analysis.repeats import Estimate
+
+
+def classify(points: Sequence[Point]) -> tuple[RegimeReport | None, str | None]:
+    """The regimes of a layout's valid points, or why there are none."""
+    swept = [sp for p in points if p.valid and (sp := p.sweep_point()) is not None]
+    if len(swept) < 2:
+        measured = ", ".join(str(sp.concurrency) for sp in swept) or "none"
+        return None, f"{len(swept)} valid concurrency measured ({measured}): no curve to read regimes from"
+    return classify_regimes(swept), None
+
+
+def _ivd(found: Estimate | None) -> dict[str, Any] | None:
+    return None if found is None else found.to_dict()
+
+
+@dataclass(frozen=True)
+class SweetSpot:
+    concurrency: int
+    output_tok_s: Estimate | None
+    ttft_p99_s: Estimate | None
+    evidence: tuple[str, ...]
+    #: The sweep still scaled at its last point: the knee lies beyond what was measured.
+    end_of_sweep: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "output_tok_s": _ivd(self.output_tok_s),
+                "ttft_p99_s": _ivd(self.ttft_p99_s), "evidence": list(self.evidence), "end_of_sweep": self.end_of_sweep}
+
+
+def sweet_spot(report: RegimeReport, by_c: dict[int, PointFindings]) -> SweetSpot:
+    s = by_c[report.sweet_spot]
+    return SweetSpot(s.concurrency, s.figure("output_tok_s"), s.figure("ttft_p99_s"), s.run_ids,
+                     end_of_sweep=report.sweet_spot == report.points[-1].concurrency)
+
+
+@dataclass(frozen=True)
+class MostThroughput:
+    """The valid point of highest mean throughput, and the points within noise of it (module docstring)."""
+
+    concurrency: int
+    output_tok_s: Estimate
+    #: Every valid concurrency whose throughput cannot be told apart from the best's, the best included.
+    within_noise: tuple[int, ...]
+    evidence: tuple[str, ...]
+
+    @property
+    def smallest(self) -> int:
+        """The batch size to run for throughput: the smallest that gives as much as the best, within noise."""
+        return min(self.within_noise)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "output_tok_s": self.output_tok_s.to_dict(),
+                "within_noise": list(self.within_noise), "smallest": self.smallest, "evidence": list(self.evidence)}
+
+
+def most_throughput(points: Sequence[PointFindings]) -> MostThroughput | None:
+    measured = [(p, e) for p in points if p.valid and (e := p.figure("output_tok_s")) is not None]
+    if not measured:
+        return None
+    best, top = max(measured, key=lambda pe: (pe[1].value, -pe[0].concurrency))
+    tied = []
+    for p, e in measured:
+        r = e.ratio(top)
+        if p is best or (r is not None and r.differs_from_one is False):
+            tied.append(p.concurrency)
+    return MostThroughput(best.concurrency, top, tuple(sorted(tied)), best.run_ids)
+
+
+def curve_sentence(engine: str, layout: str, points: Sequence[PointFindings], sweet: SweetSpot | None,
+                   no_curve: str | None) -> str:
+    """``vllm, continuous: under-utilised up to batch 2, sweet spot at 4 (593 [560–626] tok/s).`` (the memory
+    topic adds where regime 3 begins)."""
+    head = f"{engine}, {layout}:"
+    if no_curve is not None or sweet is None:
+        return f"{head} {no_curve or 'no curve'}."
+    parts: list[str] = []
+    under = [p.concurrency for p in points if p.regime == "under-utilised"]
+    if under:
+        parts.append(f"under-utilised up to batch {max(under)}")
+    tok = f" ({estimate(sweet.output_tok_s)})" if sweet.output_tok_s is not None else ""
+    if sweet.end_of_sweep:
+        parts.append(f"still scaling at batch {sweet.concurrency}{tok}, the largest measured: no knee within the "
+                     "sweep")
+    else:
+        parts.append(f"sweet spot at {sweet.concurrency}{tok}")
+    return f"{head} {', '.join(parts)}"

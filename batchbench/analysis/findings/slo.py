@@ -1,0 +1,157 @@
+"""The SLO: each point judged against it, the most goodput under it, and the largest batch that holds it.
+
+A point's value of an objective (``ttft_p99``) is the estimate over its runs of each run's own statistic
+(:class:`~batchbench.analysis.repeats.Estimate`). It **meets** the objective when the whole interval is within
+the limit, **fails** it when the whole interval is beyond, and is **near the limit** when the interval
+straddles it: the data cannot tell, and a decision built on it says so rather than picking a side. A
+point with one run has no interval and is judged on its value (the estimate says n=1).
+
+The latency pool is sized by walking up the curve while every point meets the SLO's TTFT objectives
+(all of its objectives when it has none on TTFT): the last such point is the largest batch that holds
+them, and the first other point says why the walk stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from batchbench.analysis.findings.points import Point, PointFindings
+from batchbench.analysis.findings.text import ms, ms_estimate
+from batchbench.analysis.repeats import Estimate
+from batchbench.measures.slo import Objective, Slo
+
+Judgement = Literal["meets", "fails", "near the limit", "unknown"]
+
+
+@dataclass(frozen=True)
+class ObjectiveAt:
+    """One objective at one point: its value over the runs and the judgement."""
+
+    objective: Objective
+    value: Estimate | None
+
+    @property
+    def judgement(self) -> Judgement:
+        v, limit = self.value, self.objective.limit_s
+        if v is None:
+            return "unknown"
+        low, high = (v.low, v.high) if v.low is not None and v.high is not None else (v.value, v.value)
+        return "meets" if high <= limit else "fails" if low > limit else "near the limit"
+
+    def text(self) -> str:
+        """``ttft_p99 84 ms [70–98] vs 500 ms``."""
+        value = "no samples" if self.value is None else ms_estimate(self.value)
+        return f"{self.objective.name} {value} vs {ms(self.objective.limit_s)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"objective": self.objective.name, "limit_s": self.objective.limit_s,
+                "value": None if self.value is None else self.value.to_dict(), "judgement": self.judgement}
+
+
+@dataclass(frozen=True)
+class SloAt:
+    """Every objective of the SLO at one point."""
+
+    concurrency: int
+    objectives: tuple[ObjectiveAt, ...]
+    valid: bool
+
+    @property
+    def judgement(self) -> Judgement:
+        """Meets when every objective does; fails when any does; unknown for an invalid point or a missing value."""
+        found = {o.judgement for o in self.objectives}
+        if not self.valid or "unknown" in found:
+            return "unknown"
+        return "fails" if "fails" in found else "near the limit" if "near the limit" in found else "meets"
+
+    def only(self, metric: str) -> SloAt:
+        """The objectives on one metric (``ttft``); all of them where the SLO has none on it."""
+        mine = tuple(o for o in self.objectives if o.objective.metric == metric)
+        return SloAt(self.concurrency, mine or self.objectives, self.valid)
+
+    def failed(self) -> tuple[str, ...]:
+        """The objectives that do not clearly hold, with their values."""
+        return tuple(f"{o.text()} ({o.judgement})" for o in self.objectives if o.judgement != "meets")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "judgement": self.judgement,
+                "objectives": [o.to_dict() for o in self.objectives]}
+
+
+def slo_at(point: Point, slo: Slo) -> SloAt:
+    """The SLO at a point: each objective's value over the used runs (their own verdicts' values)."""
+    objectives = []
+    for objective in slo.objectives:
+        values = [v for r in point.used if r.verdict is not None
+                  and (v := r.verdict.values.get(objective.name)) is not None]
+        objectives.append(ObjectiveAt(objective, Estimate.of(values)))
+    return SloAt(point.concurrency, tuple(objectives), point.valid)
+
+
+@dataclass(frozen=True)
+class MaxGoodput:
+    """The point of most goodput among those that meet the SLO, and the first point above it that does not."""
+
+    concurrency: int
+    goodput_req_s: Estimate | None
+    output_tok_s: Estimate | None
+    #: The first valid point above it that does not meet the SLO, with what it missed.
+    first_failing: SloAt | None
+    evidence: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency,
+                "goodput_req_s": None if self.goodput_req_s is None else self.goodput_req_s.to_dict(),
+                "output_tok_s": None if self.output_tok_s is None else self.output_tok_s.to_dict(),
+                "first_failing": None if self.first_failing is None else self.first_failing.to_dict(),
+                "evidence": list(self.evidence)}
+
+
+def max_goodput(points: Sequence[PointFindings], slos: dict[int, SloAt]) -> MaxGoodput | None:
+    meeting = [p for p in points if p.valid and slos[p.concurrency].judgement == "meets"
+               and p.figure("goodput_req_s") is not None]
+    if not meeting:
+        return None
+    best = max(meeting, key=lambda p: (p.figure("goodput_req_s").value, -p.concurrency))  # type: ignore[union-attr]
+    failing = next((slos[p.concurrency] for p in points if p.valid and p.concurrency > best.concurrency
+                    and slos[p.concurrency].judgement != "meets"), None)
+    return MaxGoodput(best.concurrency, best.figure("goodput_req_s"), best.figure("output_tok_s"), failing,
+                      best.run_ids)
+
+
+@dataclass(frozen=True)
+class LatencyPool:
+    """The largest batch whose TTFT objectives hold (a latency pool's max_num_seqs), and where that stops."""
+
+    #: The objectives walked (the SLO's TTFT ones, or all of them where it has none on TTFT).
+    objectives: tuple[str, ...]
+    #: The largest concurrency up to which every valid point meets them (None: not even the lowest).
+    concurrency: int | None
+    #: That point's objectives.
+    at: SloAt | None
+    #: The first point that does not clearly meet them (None: every valid point does).
+    stopped_at: SloAt | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"objectives": list(self.objectives), "concurrency": self.concurrency,
+                "at": None if self.at is None else self.at.to_dict(),
+                "stopped_at": None if self.stopped_at is None else self.stopped_at.to_dict()}
+
+
+def latency_pool(points: Sequence[PointFindings], slos: dict[int, SloAt]) -> LatencyPool | None:
+    """The walk up the curve (module docstring); None without a valid point."""
+    valid = [slos[p.concurrency].only("ttft") for p in points if p.valid]
+    if not valid:
+        return None
+    last: SloAt | None = None
+    for found in valid:
+        if found.judgement != "meets":
+            return LatencyPool(_names(found), last.concurrency if last else None, last, found)
+        last = found
+    return LatencyPool(_names(valid[0]), valid[-1].concurrency, valid[-1], None)
+
+
+def _names(found: SloAt) -> tuple[str, ...]:
+    return tuple(str(o.objective) for o in found.objectives)

@@ -1,0 +1,50 @@
+"""How figures read in the findings' sentences: one formatter per kind of number, so every topic says a figure
+the same way."""
+
+from __future__ import annotations
+
+import math
+
+from batchbench.analysis.repeats import Estimate
+
+
+def tok(v: float) -> str:
+    """Tokens (or requests) per second: ``1234``, ``56.7``, ``8.90``."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def _ms_number(seconds: float) -> str:
+    v = seconds * 1000
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.2f}"
+
+
+def ms(seconds: float) -> str:
+    """A latency in milliseconds: ``84 ms``, ``5.2 ms``."""
+    return f"{_ms_number(seconds)} ms"
+
+
+def ms_estimate(e: Estimate) -> str:
+    """A latency with its interval: ``84 [70–98] ms``."""
+    return f"{e.format(_ms_number)} ms"
+
+
+def times(v: float) -> str:
+    """A ratio: ``x1.39``; ``x∞`` for an unbounded one."""
+    return f"x{v:.2f}" if math.isfinite(v) else "x∞"
+
+
+def ratio(r: Estimate) -> str:
+    """A ratio with its interval: ``x1.39 [1.21–1.60]`` (``x1.39, n=1`` without one)."""
+    if r.low is None or r.high is None:
+        return f"{times(r.value)} (n={r.n}, no interval)"
+    return f"{times(r.value)} [{times(r.low)[1:]}–{times(r.high)[1:]}]"
+
+
+def estimate(e: Estimate, unit: str = "tok/s") -> str:
+    """A figure with its interval and unit: ``1,050 [1,000–1,100] tok/s``."""
+    return e.format(tok) + f" {unit}"
+
+
+def share(v: float) -> str:
+    """A share as a percentage: ``12%``."""
+    return f"{v:.0%}"

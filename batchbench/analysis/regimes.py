@@ -1,0 +1,371 @@
+"""The three regimes of the latency-throughput curve, read off a concurrency sweep.
+
+A closed-loop sweep (1, 2, 4, ... requests in flight) traces how an engine
+trades latency for throughput. Three regimes appear in order:
+
+1. **under-utilised**: the engine has idle capacity; adding concurrency still
+   buys roughly proportional throughput (a decode step costs about the same
+   whatever its batch size, so a batch twice as large is nearly twice as
+   productive) at little latency cost.
+2. **sweet-spot**: the knee, the last point that still paid for itself: from
+   here no higher concurrency buys a worthwhile gain.
+3. **memory-bound** (an engine that reports its KV cache): the cache is full
+   (usage >= :data:`~batchbench.measures.guardrails.KV_DANGER`, preemptions, requests waiting for blocks), so extra
+   requests queue instead of joining the batch; throughput is flat or falls (preempted
+   requests are recomputed) while TTFT p99 rises sharply: a request at the
+   back of the queue waits whole generations for blocks to free.
+   **saturated**: the same plateau on an engine without KV data (a static
+   batcher past its padded batch size, a compute-bound engine): queueing, not
+   memory, is what the numbers can show.
+
+Everything here is a pure function of the measured points, so the rules can
+be tested on synthetic curves and applied to any engine's sweep.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from batchbench.analysis.repeats import median
+from batchbench.core.records import RequestRecord
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.measures.guardrails import KV_DANGER
+from batchbench.measures.metrics import Distribution, Summary
+
+__all__ = [
+    "REGIME_RANK",
+    "SCALING_GAIN",
+    "LabelledPoint",
+    "Regime",
+    "RegimeReport",
+    "SweepPoint",
+    "best_of",
+    "classify_regimes",
+    "corroborated_best",
+    "gain_per_doubling",
+    "median_of",
+    "point_from_run",
+    "steady_state_ttfts",
+]
+
+Regime = Literal["under-utilised", "sweet-spot", "memory-bound", "saturated"]
+
+#: Regimes in the order a sweep meets them; the two names of regime 3 share a rank.
+REGIME_RANK: dict[Regime, int] = {"under-utilised": 0, "sweet-spot": 1, "memory-bound": 2, "saturated": 2}
+
+#: "Still worth it": a doubling of concurrency must buy at least x sqrt(2) throughput. This is
+#: Kleinrock's optimal operating point: power = throughput / latency peaks at the knee of the
+#: curve, and in a closed loop latency = concurrency / throughput (Little's law), so power is
+#: throughput^2 / concurrency and a doubling raises it exactly when throughput grows by more than
+#: sqrt(2). Past that point each doubling costs more latency (x 2 / gain) than it buys throughput.
+SCALING_GAIN = math.sqrt(2) - 1
+
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One concurrency level of a sweep, as measured (or best-of-k over repeats).
+
+    ``peak_kv_usage`` (fraction of capacity), ``preemptions`` (during the run)
+    and ``peak_waiting`` (requests queued engine-side) are None when the engine
+    does not expose them.
+    """
+
+    concurrency: int
+    throughput: float
+    ttft_p50: float
+    ttft_p99: float
+    peak_kv_usage: float | None = None
+    preemptions: float | None = None
+    peak_waiting: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, not {self.concurrency!r}")
+        for name in ("throughput", "ttft_p50", "ttft_p99", "peak_kv_usage", "preemptions", "peak_waiting"):
+            value = getattr(self, name)
+            if value is not None and (math.isnan(value) or value < 0):
+                raise ValueError(f"{name} must be a number >= 0, not {value!r}")
+
+
+@dataclass(frozen=True)
+class LabelledPoint:
+    """A sweep point with its regime and the evidence the label rests on."""
+
+    point: SweepPoint
+    regime: Regime
+    #: Throughput gain per doubling of concurrency from the previous point (None for the first).
+    gain_from_previous: float | None
+    #: The best gain per doubling any higher concurrency of the sweep offers from here (None for the last).
+    best_gain_ahead: float | None
+    #: KV usage >= KV_DANGER or preemptions during the run.
+    memory_pressure: bool
+    #: More requests waiting engine-side at the peak than at the sweet spot.
+    growing_queue: bool
+    #: TTFT p99 over the sweet spot's TTFT p99 (inf when the sweet spot's is 0).
+    ttft_p99_ratio: float
+
+    @property
+    def concurrency(self) -> int:
+        return self.point.concurrency
+
+
+@dataclass(frozen=True)
+class RegimeReport:
+    """Every point labelled, in increasing concurrency, and the sweet spot."""
+
+    points: tuple[LabelledPoint, ...]
+    sweet_spot: int
+    #: What regime 3 is called for this engine: "memory-bound" with KV data, else "saturated".
+    has_kv_data: bool
+    scaling_gain: float
+    kv_danger: float
+
+    @property
+    def labels(self) -> dict[int, Regime]:
+        return {p.concurrency: p.regime for p in self.points}
+
+    @property
+    def sweet(self) -> LabelledPoint:
+        return next(p for p in self.points if p.regime == "sweet-spot")
+
+    def in_regime(self, *regimes: Regime) -> list[LabelledPoint]:
+        return [p for p in self.points if p.regime in regimes]
+
+    def table(self) -> list[dict[str, object]]:
+        """One JSON-able row per point, for benchmark extra_info and reports."""
+        return [
+            {
+                "concurrency": p.concurrency,
+                "regime": p.regime,
+                "throughput": p.point.throughput,
+                "ttft_p50": p.point.ttft_p50,
+                "ttft_p99": p.point.ttft_p99,
+                "peak_kv_usage": p.point.peak_kv_usage,
+                "preemptions": p.point.preemptions,
+                "peak_waiting": p.point.peak_waiting,
+                "gain_from_previous": p.gain_from_previous,
+                "ttft_p99_ratio": p.ttft_p99_ratio,
+            }
+            for p in self.points
+        ]
+
+
+def gain_per_doubling(c_from: int, t_from: float, c_to: int, t_to: float) -> float:
+    """Throughput gain per doubling of concurrency between two points: (t_to/t_from)^(1/log2(c_to/c_from)) - 1.
+
+    Normalising per doubling makes steps of different sizes comparable
+    (1 → 4 is two doublings), and a perfectly linear curve gives 1.0 for
+    every pair. A zero starting throughput gains infinitely from any
+    positive one (and nothing from zero).
+    """
+    if c_to <= c_from:
+        raise ValueError(f"c_to must exceed c_from, not {c_from} → {c_to}")
+    if t_from <= 0:
+        return math.inf if t_to > 0 else 0.0
+    return float((t_to / t_from) ** (1.0 / math.log2(c_to / c_from)) - 1.0)
+
+
+def classify_regimes(
+    points: Sequence[SweepPoint], *, scaling_gain: float = SCALING_GAIN, kv_danger: float = KV_DANGER
+) -> RegimeReport:
+    """Label each sweep point with its regime and find the sweet spot.
+
+    Rules, in increasing concurrency:
+
+    - A point is **under-utilised** while some higher concurrency of the
+      sweep still gains at least ``scaling_gain`` per doubling over it. The
+      comparison looks at every higher point, not only the next one, so a
+      single stalled (low) measurement past a point does not end its
+      under-utilised regime early: a stall only lowers throughput, never
+      raises it.
+    - The **sweet spot** is the first point no higher concurrency improves on
+      by that much: the knee, the best point before gains flatten. A sweep
+      that scales to its end has its sweet spot at the last point (regime 3
+      was not reached).
+    - Every point past the sweet spot is in **regime 3**: more concurrency no
+      longer buys throughput, so it only adds latency. It is **memory-bound**
+      on an engine that reports KV usage when the point shows why: KV usage
+      >= ``kv_danger``, preemptions, or more requests waiting than at the sweet
+      spot (requests held back for blocks). Otherwise (no KV data at all, or
+      a plateau with a cache that is not full) it is **saturated**: queueing
+      or compute, not memory.
+
+    The labels therefore always come out in regime order, and memory-bound
+    never precedes under-utilised. The TTFT spike that marks regime 3 is
+    reported per point (``ttft_p99_ratio``) for the caller to check against
+    its own physics rather than being a threshold buried here.
+    """
+    if not points:
+        raise ValueError("a sweep needs at least one point")
+    if not 0 < scaling_gain:
+        raise ValueError(f"scaling_gain must be > 0, not {scaling_gain!r}")
+    if not 0 < kv_danger <= 1:
+        raise ValueError(f"kv_danger must be in (0, 1], not {kv_danger!r}")
+    ordered = sorted(points, key=lambda p: p.concurrency)
+    levels = [p.concurrency for p in ordered]
+    if len(set(levels)) != len(levels):
+        raise ValueError(f"each concurrency must appear once (combine repeats with best_of first), not {levels}")
+
+    ahead: list[float | None] = []
+    for i, p in enumerate(ordered):
+        gains = [gain_per_doubling(p.concurrency, p.throughput, q.concurrency, q.throughput) for q in ordered[i + 1:]]
+        ahead.append(max(gains) if gains else None)
+    knee = next(i for i, best in enumerate(ahead) if best is None or best < scaling_gain)
+    sweet = ordered[knee]
+    has_kv = any(p.peak_kv_usage is not None for p in ordered)
+
+    labelled = []
+    for i, p in enumerate(ordered):
+        pressure = (p.peak_kv_usage is not None and p.peak_kv_usage >= kv_danger) or bool(p.preemptions)
+        queue = p.peak_waiting is not None and p.peak_waiting > (sweet.peak_waiting or 0)
+        regime: Regime
+        if i < knee:
+            regime = "under-utilised"
+        elif i == knee:
+            regime = "sweet-spot"
+        elif has_kv and (pressure or queue):
+            regime = "memory-bound"
+        else:
+            regime = "saturated"
+        previous = None if i == 0 else gain_per_doubling(
+            ordered[i - 1].concurrency, ordered[i - 1].throughput, p.concurrency, p.throughput)
+        ratio = p.ttft_p99 / sweet.ttft_p99 if sweet.ttft_p99 > 0 else math.inf
+        labelled.append(LabelledPoint(p, regime, previous, ahead[i], pressure, queue, ratio))
+    return RegimeReport(tuple(labelled), sweet.concurrency, has_kv, scaling_gain, kv_danger)
+
+
+def corroborated_best(values: Sequence[float], agreement: float) -> float | None:
+    """The highest value that another repeat comes within ``agreement`` of (from below); None if none does.
+
+    A measurement whose repeats never agree has not converged: one lucky or
+    unlucky second decided it. Whether this exists says when to stop
+    repeating.
+    """
+    if not 0 <= agreement < 1:
+        raise ValueError(f"agreement must be in [0, 1), not {agreement!r}")
+    ordered = sorted(values, reverse=True)
+    for best, runner_up in zip(ordered, ordered[1:]):
+        if runner_up >= (1 - agreement) * best:
+            return best
+    return None
+
+
+def best_of(repeats: Sequence[SweepPoint]) -> SweepPoint:
+    """Combine repeated measurements of one concurrency into its best-of-k point.
+
+    On a machine where other processes stall the engine now and then, a stall
+    only ever lowers throughput and raises latency. So the best repeat is the
+    closest to what the engine does: the highest throughput and the lowest
+    TTFTs. Memory evidence is the opposite: KV usage, preemptions and queue
+    depth that happened once did happen, so the highest is kept.
+    """
+    if not repeats:
+        raise ValueError("best_of needs at least one repeat")
+    levels = {p.concurrency for p in repeats}
+    if len(levels) != 1:
+        raise ValueError(f"repeats of one point must share a concurrency, not {sorted(levels)}")
+
+    def peak(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    return SweepPoint(
+        concurrency=repeats[0].concurrency,
+        throughput=max(p.throughput for p in repeats),
+        ttft_p50=min(p.ttft_p50 for p in repeats),
+        ttft_p99=min(p.ttft_p99 for p in repeats),
+        peak_kv_usage=peak([p.peak_kv_usage for p in repeats]),
+        preemptions=peak([p.preemptions for p in repeats]),
+        peak_waiting=peak([p.peak_waiting for p in repeats]),
+    )
+
+
+def median_of(repeats: Sequence[SweepPoint]) -> SweepPoint:
+    """Combine repeated measurements of one concurrency by their medians (memory evidence: the highest).
+
+    The median is the repeat protocol's (:mod:`batchbench.analysis.repeats`); which repeats to combine (the
+    quiet ones) is the caller's :meth:`~batchbench.analysis.repeats.Repeats.kept`.
+
+    Where the speed a run sees varies both ways (a stall slows a run; a short
+    run can also land in an unusually fast second), the median is the
+    estimate that neither a single stalled nor a single lucky repeat moves:
+    the knee of a sweep is decided by ratios between neighbouring points, and
+    one fluke at one point would shift it.
+    """
+    if not repeats:
+        raise ValueError("median_of needs at least one repeat")
+    levels = {p.concurrency for p in repeats}
+    if len(levels) != 1:
+        raise ValueError(f"repeats of one point must share a concurrency, not {sorted(levels)}")
+
+    def peak(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    return SweepPoint(
+        concurrency=repeats[0].concurrency,
+        throughput=median([p.throughput for p in repeats]),
+        ttft_p50=median([p.ttft_p50 for p in repeats]),
+        ttft_p99=median([p.ttft_p99 for p in repeats]),
+        peak_kv_usage=peak([p.peak_kv_usage for p in repeats]),
+        preemptions=peak([p.preemptions for p in repeats]),
+        peak_waiting=peak([p.peak_waiting for p in repeats]),
+    )
+
+
+def steady_state_ttfts(records: Sequence[RequestRecord], concurrency: int) -> list[float]:
+    """TTFTs of a closed-loop run's ok requests, without its opening burst.
+
+    A closed loop starts by sending ``concurrency`` requests at once, so
+    their prompts are prefilled together, a cost (and, on a static batcher,
+    an alignment) that the loop never sees again once requests come and go
+    one by one. Those first ``concurrency`` sends are left out, unless
+    nothing else is left.
+    """
+    ok = sorted((r for r in records if r.ok and r.ttft_s is not None), key=lambda r: r.sent_s)
+    steady = ok[concurrency:] or ok
+    return [r.ttft_s for r in steady if r.ttft_s is not None]
+
+
+def point_from_run(
+    concurrency: int,
+    summary: Summary,
+    samples: Sequence[ServerMetrics],
+    baseline: ServerMetrics | None = None,
+    *,
+    records: Sequence[RequestRecord] | None = None,
+) -> SweepPoint:
+    """The sweep point one run measured: its summary plus the peaks of its scraped server metrics.
+
+    With ``records``, TTFT percentiles are the closed loop's steady state
+    (:func:`steady_state_ttfts`); else the summary's. Preemptions are a
+    counter since engine start, so the run's own are the last sample minus
+    ``baseline`` (a scrape taken just before the run; the first sample of the
+    run when none is given).
+    """
+    ttfts = steady_state_ttfts(records, concurrency) if records is not None else None
+    ttft = Distribution.of(ttfts) if ttfts is not None else summary.ttft
+    if ttft is None:
+        raise ValueError(f"the run at concurrency {concurrency} has no successful request to take TTFT from")
+
+    def peak(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    preemptions = None
+    start = baseline if baseline is not None else (samples[0] if samples else None)
+    if samples and start is not None and samples[-1].preemptions is not None and start.preemptions is not None:
+        preemptions = max(0.0, samples[-1].preemptions - start.preemptions)
+    return SweepPoint(
+        concurrency=concurrency,
+        throughput=summary.output_token_throughput,
+        ttft_p50=ttft.p50,
+        ttft_p99=ttft.p99,
+        peak_kv_usage=peak([s.kv_usage for s in samples]),
+        preemptions=preemptions,
+        peak_waiting=peak([s.waiting for s in samples]),
+    )

@@ -1,0 +1,95 @@
+"""What was measured for one request: the unit every metric is computed from.
+
+All times are seconds on the harness clock (:func:`batchbench.core.clock.now`),
+relative to the run's start, so records from one run line up with each other
+and with the scraped server time series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request as the client saw it.
+
+    ``scheduled_s`` is when the workload said to send it (open loop) or when
+    its slot/wave freed (closed loop, waves); ``sent_s`` is when it actually
+    went out. The gap is client-side queueing, kept so latency can be reported
+    both with it (no coordinated omission) and without it.
+    """
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    scheduled_s: float
+    sent_s: float = 0.0
+    #: When the request ended: its last chunk that carried tokens for a successful request (the end of
+    #: generation; the stream closes 1-2 ms later, after ``[DONE]``), else when it failed.
+    done_s: float | None = None
+    #: Arrival time of every chunk that carried output tokens, and how many each carried.
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    #: The engine's own usage report, when it sends one.
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    ok: bool = False
+    error_kind: str | None = None
+    error: str | None = None
+    priority: str | None = None
+    #: Static waves: which wave the request belonged to.
+    wave: int | None = None
+    #: Requests in flight from this client when this one was sent (itself included):
+    #: the batch-size bucket its TTFT belongs to.
+    in_flight_at_send: int = 0
+    #: When the client saw the stream close (after the engine's end-of-stream marker); kept apart from
+    #: ``done_s`` so that closing the connection is not counted as the engine's latency.
+    closed_s: float | None = None
+    #: A turn of a multi-turn conversation: its session and turn (1 first); None for a single request.
+    session: int | None = None
+    turn: int | None = None
+    #: The LoRA adapter the request asked for (None: the base model).
+    adapter: str | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens: the engine's usage report when given, else its per-chunk counts."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return sum(self.chunk_tokens)
+
+    @property
+    def schedule_lag_s(self) -> float:
+        return self.sent_s - self.scheduled_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time from send to the first chunk that carried tokens."""
+        return self.chunk_times[0] - self.sent_s if self.chunk_times else None
+
+    @property
+    def e2e_s(self) -> float | None:
+        """End-to-end latency from the actual send (engine latency)."""
+        return None if self.done_s is None else self.done_s - self.sent_s
+
+    @property
+    def e2e_from_schedule_s(self) -> float | None:
+        """End-to-end latency from the scheduled send (includes client queueing)."""
+        return None if self.done_s is None else self.done_s - self.scheduled_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields by name, lists copied. Not ``dataclasses.asdict``: its deep copy of every chunk time cost
+        more than the rest of journalling a record."""
+        doc = {name: getattr(self, name) for name in _FIELDS}
+        doc["chunk_times"], doc["chunk_tokens"] = list(self.chunk_times), list(self.chunk_tokens)
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RequestRecord:
+        return cls(**doc)
+
+
+_FIELDS = tuple(f.name for f in fields(RequestRecord))

@@ -1,0 +1,177 @@
+"""One measured run: workload → load generator → engine → records → results file.
+
+The engine is already started (engines are expensive to start and are shared
+across runs); this module wires the load generator, the metrics scraper and
+the results writer together and guarantees that the results document is
+written however the run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchbench.adapters.base import Engine
+from batchbench.core import environment
+from batchbench.core.clock import now
+from batchbench.core.config import SCRAPE_INTERVAL_S, LoadConfig
+from batchbench.core.records import RequestRecord
+from batchbench.core.server_metrics import ServerMetrics
+from batchbench.load import pinning
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.scraper import Scraper
+from batchbench.load.workers import WorkerPool, partition
+from batchbench.measures.client_load import ClientLoad, ClientMeter
+from batchbench.measures.guardrails import server_summary
+from batchbench.measures.machine_load import MachineLoad, MachineMeter
+from batchbench.measures.metrics import Summary, summarize
+from batchbench.measures.slo import Slo
+from batchbench.results.document import JournalWriter, RunFooter, RunHeader, ScrapeStats
+from batchbench.workload.requests import Workload
+
+
+@dataclass
+class RunResult:
+    """Everything one run measured, as written to ``path``."""
+
+    path: Path
+    records: list[RequestRecord]
+    samples: list[ServerMetrics]
+    summary: Summary
+    engine_report: dict[str, Any]
+    duration_s: float
+    status: str
+    #: How busy the load generator itself was (is the harness the bottleneck?).
+    client: ClientLoad
+    #: Who held the machine's CPU (were these the engine's figures?). Whether these two loads make the run
+    #: invalid is the analysis stage's verdict (``batchbench.analysis.validity.load_reasons``), not the runner's.
+    machine: MachineLoad
+
+
+def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str = "") -> Path:
+    """A unique, readable file name: engine, config, workload, tag, time."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    name = "_".join(p for p in (engine.name, engine.batching.label(), workload.name, tag, stamp) if p)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+    return Path(results_dir) / f"{name}-{uuid.uuid4().hex[:6]}.json"
+
+
+async def run(
+    engine: Engine,
+    workload: Workload,
+    *,
+    results_dir: Path,
+    tag: str = "",
+    load: LoadConfig | None = None,
+    slo: Slo | None = None,
+    labels: dict[str, Any] | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    reset_cache: bool = True,
+) -> RunResult:
+    """Replay ``workload`` against the running ``engine`` and write its results document.
+
+    ``load``: how it is sent (its ``workers``: load-generator processes to send from, :mod:`batchbench.load.workers`;
+    1 sends from this event loop). ``slo``: goodput counts the requests within its limits. ``on_record`` sees each
+    finished request after it is journalled (a progress display): it runs on the measuring loop, so it must be
+    cheap. ``reset_cache``: empty the engine's prefix cache first, so a cache the previous run warmed is never
+    measured as this run's speed (``False`` only when that is the point).
+    """
+    load = load or LoadConfig()
+    if load.workers > 1:  # as many as the workload can be split into (ValueError for waves: before anything starts)
+        load = dataclasses.replace(load, workers=len(partition(workload, load.workers)))
+    workers = load.workers
+    ttft_slo_s, tpot_slo_s = slo.request_limits() if slo is not None else (None, None)
+    cache_reset = await engine.reset_cache() if reset_cache else None
+    path = results_path(results_dir, engine, workload, tag)
+    writer = JournalWriter(path)
+    client_pin = pinning.current()
+
+    def record(r: RequestRecord) -> None:
+        writer.record(r)
+        if on_record is not None:
+            on_record(r)
+
+    pool: WorkerPool | None = None
+    generator: LoadGenerator | WorkerPool
+    if workers > 1:
+        # The processes start before t0 (they take a moment, and the schedule must not wait for them) and before
+        # the header, which records the CPUs each one reports; one that fails still leaves a partial document.
+        generator = pool = WorkerPool(engine, workload, workers=workers, on_record=record, config=load,
+                                      placement=client_pin.placement if client_pin is not None else None)
+    else:
+        generator = LoadGenerator(engine, workload, on_record=record, config=load)
+    pool_failed: BaseException | None = None
+    if pool is not None:
+        try:
+            await pool.start()
+        except BaseException as exc:  # start() stopped every child
+            pool_failed = exc
+    writer.begin(RunHeader(
+        run_id=path.stem,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        engine=engine.describe(),
+        workload=workload.describe(),
+        load=load,
+        slo=slo,
+        environment=environment.capture(),
+        labels=labels or {},
+        cache_reset=cache_reset,
+        placement=pinning.placement_record(engine, client_pin, pool.pinned if pool is not None else ()),
+    ))
+    try:
+        if pool_failed is not None:
+            raise pool_failed
+        await engine.begin_run()
+        t0 = now()
+        scraper = Scraper(engine, interval_s=load.scrape_interval_s or SCRAPE_INTERVAL_S, t0=t0,
+                          on_sample=writer.sample)
+        meter = ClientMeter()
+        machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())
+        machine_meter.start()
+    except BaseException:
+        if pool is not None:
+            await pool.close()
+        writer.close()  # the journal's writer thread stops with the header written: a partial run
+        raise
+    status, error = "complete", None
+    try:
+        with meter:
+            async with scraper:
+                await generator.run(t0)
+    except (Exception, asyncio.CancelledError) as exc:
+        status, error = "interrupted", f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        try:
+            duration = now() - t0
+            machine = machine_meter.result()  # while the workers still run: an ended process is not seen
+            if pool is not None:
+                await pool.close()
+            summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
+                                tpot_slo_s=tpot_slo_s)
+            report = await engine.report()
+            client = meter.result(generator.records) if pool is None else \
+                ClientLoad.combined([meter.result(), *pool.client_loads])
+            writer.finish(RunFooter(
+                status=status,
+                error=error,
+                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                duration_s=duration,
+                engine_report=report,
+                scrape=ScrapeStats(failures=scraper.failures, last_error=scraper.last_error, scrapes=scraper.scrapes,
+                                   mean_scrape_s=scraper.scrape_time_s / scraper.scrapes if scraper.scrapes else None),
+                summary=summary,
+                guardrails=server_summary(scraper.samples),
+                client=client,
+                machine=machine,
+            ))
+        finally:
+            writer.close()  # where the footer could not be written: every record handed over still is (partial)
+    return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client, machine)
