@@ -2,7 +2,9 @@
 
 Each adapter module ends with ``SPEC = EngineSpec(...)``; :mod:`batchbench.adapters.registry` finds
 every such module in this package, so adding an engine is its adapter module, its image pin in
-``images.toml``, its wire recordings and one row in the shared contract tests. Nothing outside the
+``images.toml``, its wire recordings (``fixtures/wire/ENGINE/``), the protocol server's personality for it
+(``fixtures/protocol/``, which the URL-mode and contract tests serve it with) and one row in the shared
+contract tests. Nothing outside the
 adapter branches on an engine's name: the suites ask :class:`~batchbench.core.config.Capabilities`
 and the spec.
 """

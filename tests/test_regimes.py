@@ -12,7 +12,6 @@ from batchbench.analysis.regimes import (
     REGIME_RANK,
     SCALING_GAIN,
     SweepPoint,
-    best_of,
     classify_regimes,
     corroborated_best,
     gain_per_doubling,
@@ -206,15 +205,6 @@ def test_rejects_bad_sweeps() -> None:
         classify_regimes([SweepPoint(1, 1, 0.1, 0.1)], kv_danger=0)
 
 
-def test_best_of_keeps_the_best_performance_and_the_worst_memory_evidence() -> None:
-    runs = [SweepPoint(8, 100, 0.2, 1.5, 0.9, 0, 2), SweepPoint(8, 140, 0.1, 0.4, 0.95, 3, None),
-            SweepPoint(8, 120, 0.3, 0.3, None, 1, 5)]
-    assert best_of(runs) == SweepPoint(8, 140, 0.1, 0.3, 0.95, 3, 5)
-    assert best_of([SweepPoint(1, 5, 0.1, 0.1)]) == SweepPoint(1, 5, 0.1, 0.1)
-    with pytest.raises(ValueError):
-        best_of([SweepPoint(1, 5, 0.1, 0.1), SweepPoint(2, 5, 0.1, 0.1)])
-
-
 def test_corroborated_best_needs_a_second_repeat_to_agree() -> None:
     assert corroborated_best([1923, 1095, 1166, 1317, 1278], 0.25) == 1317
     assert corroborated_best([100, 90], 0.25) == 100
@@ -243,15 +233,6 @@ def test_median_of_resists_one_fluke_either_way() -> None:
     assert median_of(runs[:3]).throughput == 223  # neither the stalled 153 nor the lucky 319
     with pytest.raises(ValueError):
         median_of([])
-
-
-@given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 10), st.floats(0, 10)), min_size=1, max_size=6))
-def test_best_of_is_within_the_repeats(values: list[tuple[float, float, float]]) -> None:
-    runs = [SweepPoint(4, t, min(a, b), max(a, b)) for t, a, b in values]
-    best = best_of(runs)
-    assert best.throughput == max(r.throughput for r in runs)
-    assert best.ttft_p99 == min(r.ttft_p99 for r in runs)
-    assert best.peak_kv_usage is None
 
 
 def test_point_from_run_takes_peaks_and_the_runs_own_preemptions() -> None:

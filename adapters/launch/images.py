@@ -28,11 +28,8 @@ class ContainerSpec:
     engine: str
     image: str
     port: int
-    health_path: str = "/health"
     #: Put in front of the engine's own arguments (the image's ENTRYPOINT stays).
     program: tuple[str, ...] = ()
-    #: How the engine's arguments name the model (documentation for adapters).
-    model_arg: str = "positional"
     shm_size: str | None = None
     ipc_mode: str | None = None
     ulimits: Mapping[str, int] = field(default_factory=dict)
@@ -48,9 +45,7 @@ class ContainerSpec:
             "engine": self.engine,
             "image": self.image,
             "port": self.port,
-            "health_path": self.health_path,
             "program": list(self.program),
-            "model_arg": self.model_arg,
             "shm_size": self.shm_size,
             "ipc_mode": self.ipc_mode,
             "ulimits": dict(self.ulimits),
@@ -60,7 +55,7 @@ class ContainerSpec:
 
 
 _SPEC_KEYS = {
-    "image", "port", "health_path", "program", "model_arg", "shm_size", "ipc_mode", "ulimits", "hf_home", "env",
+    "image", "port", "program", "shm_size", "ipc_mode", "ulimits", "hf_home", "env",
 }
 
 
@@ -96,9 +91,7 @@ def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> Con
         engine=engine,
         image=image,
         port=port,
-        health_path=str(table.get("health_path", "/health")),
         program=tuple(program),
-        model_arg=str(table.get("model_arg", "positional")),
         shm_size=table.get("shm_size") or None,
         ipc_mode=table.get("ipc_mode") or None,
         ulimits=dict(ulimits),

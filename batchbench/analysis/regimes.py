@@ -42,7 +42,6 @@ __all__ = [
     "Regime",
     "RegimeReport",
     "SweepPoint",
-    "best_of",
     "classify_regimes",
     "corroborated_best",
     "gain_per_doubling",
@@ -67,7 +66,7 @@ SCALING_GAIN = math.sqrt(2) - 1
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One concurrency level of a sweep, as measured (or best-of-k over repeats).
+    """One concurrency level of a sweep, as measured (or the median over its repeats: :func:`median_of`).
 
     ``peak_kv_usage`` (fraction of capacity), ``preemptions`` (during the run)
     and ``peak_waiting`` (requests queued engine-side) are None when the engine
@@ -208,7 +207,7 @@ def classify_regimes(
     ordered = sorted(points, key=lambda p: p.concurrency)
     levels = [p.concurrency for p in ordered]
     if len(set(levels)) != len(levels):
-        raise ValueError(f"each concurrency must appear once (combine repeats with best_of first), not {levels}")
+        raise ValueError(f"each concurrency must appear once (combine repeats with median_of), not {levels}")
 
     ahead: list[float | None] = []
     for i, p in enumerate(ordered):
@@ -252,36 +251,6 @@ def corroborated_best(values: Sequence[float], agreement: float) -> float | None
         if runner_up >= (1 - agreement) * best:
             return best
     return None
-
-
-def best_of(repeats: Sequence[SweepPoint]) -> SweepPoint:
-    """Combine repeated measurements of one concurrency into its best-of-k point.
-
-    On a machine where other processes stall the engine now and then, a stall
-    only ever lowers throughput and raises latency. So the best repeat is the
-    closest to what the engine does: the highest throughput and the lowest
-    TTFTs. Memory evidence is the opposite: KV usage, preemptions and queue
-    depth that happened once did happen, so the highest is kept.
-    """
-    if not repeats:
-        raise ValueError("best_of needs at least one repeat")
-    levels = {p.concurrency for p in repeats}
-    if len(levels) != 1:
-        raise ValueError(f"repeats of one point must share a concurrency, not {sorted(levels)}")
-
-    def peak(values: list[float | None]) -> float | None:
-        present = [v for v in values if v is not None]
-        return max(present) if present else None
-
-    return SweepPoint(
-        concurrency=repeats[0].concurrency,
-        throughput=max(p.throughput for p in repeats),
-        ttft_p50=min(p.ttft_p50 for p in repeats),
-        ttft_p99=min(p.ttft_p99 for p in repeats),
-        peak_kv_usage=peak([p.peak_kv_usage for p in repeats]),
-        preemptions=peak([p.preemptions for p in repeats]),
-        peak_waiting=peak([p.peak_waiting for p in repeats]),
-    )
 
 
 def median_of(repeats: Sequence[SweepPoint]) -> SweepPoint:

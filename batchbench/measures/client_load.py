@@ -9,8 +9,9 @@ microseconds apart, ITL p50 collapses (0.02 ms against a server's true 10 ms)
 and TTFT is the client's own queue. Three figures, in every results document:
 
 - the **busy fraction**: CPU time of the loop's thread over the run's wall
-  time. An engine computing in another thread of this process (hf-static)
-  does not count: thread CPU time is the loop thread's alone;
+  time. An engine computing in another thread of this process (a test's
+  in-process engine; every real engine is a server process of its own) does
+  not count: thread CPU time is the loop thread's alone;
 - the **loop lag**: how late a timer on the loop ran (:class:`LoopLagProbe`),
   i.e. how long a ready callback (a chunk that arrived) waited for the loop;
 - the **read bursts** (:func:`read_bursts`): consecutive chunks of one
