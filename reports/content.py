@@ -264,23 +264,23 @@ def turn_table(runs: list[Run]) -> Table | None:
                          "— means no request of that turn succeeded.")
 
 
-def adapter_table(runs: list[Run]) -> Table | None:
+def lora_table(runs: list[Run]) -> Table | None:
     """Each LoRA adapter's share of the runs whose requests named adapters, and Jain's fairness index between
     them; None when no run has any. One heavy adapter, or more adapters than the engine's slots, shows here as
     some adapters' requests waiting longer than others'."""
-    with_adapters = [(name, r.summary) for name, r in zip(_column_names(runs), runs)
-                     if r.summary is not None and r.summary.adapters]
-    if not with_adapters:
+    with_loras = [(name, r.summary) for name, r in zip(_column_names(runs), runs)
+                     if r.summary is not None and r.summary.loras]
+    if not with_loras:
         return None
     rows = []
-    for name, summary in with_adapters:
-        assert summary.adapters is not None
-        for adapter, a in summary.adapters.items():
-            rows.append([Cell(name), Cell(adapter), Cell(fmt.count(a.requests)), Cell(fmt.count(a.ok)),
+    for name, summary in with_loras:
+        assert summary.loras is not None
+        for lora, a in summary.loras.items():
+            rows.append([Cell(name), Cell(lora), Cell(fmt.count(a.requests)), Cell(fmt.count(a.ok)),
                          Cell("—" if a.ttft is None else fmt.ms(a.ttft.p50)),
                          Cell("—" if a.ttft is None else fmt.ms(a.ttft.p90)), Cell(fmt.rate(a.output_token_throughput)),
                          Cell("—" if a.request_speed is None else fmt.rate(a.request_speed)),
-                         Cell("—" if summary.adapter_fairness is None else f"{summary.adapter_fairness:.3f}")])
+                         Cell("—" if summary.lora_fairness is None else f"{summary.lora_fairness:.3f}")])
     return Table(["Run", "Adapter", "Requests", "Ok", "TTFT p50 (ms)", "TTFT p90 (ms)", "Output tok/s",
                   "Request speed (tok/s)", "Jain's index"], rows,
                  caption="Per LoRA adapter. Request speed: output tokens over latency from the scheduled send, the "
@@ -455,8 +455,8 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
         sec.blocks.append(Section("TTFT by batch-size bucket", level=3, blocks=[bucket_table(members)]))
         if (turns := turn_table(members)) is not None:
             sec.blocks.append(Section("TTFT by turn", level=3, blocks=[turns]))
-        if (adapters := adapter_table(members)) is not None:
-            sec.blocks.append(Section("LoRA adapters", level=3, blocks=[adapters]))
+        if (loras := lora_table(members)) is not None:
+            sec.blocks.append(Section("LoRA adapters", level=3, blocks=[loras]))
         # One compact figure per workload, a line per run (one figure per run made the main job's page 12 MB).
         if with_plots and (svg := plots.workload_figure(members, colors)) is not None:
             sec.blocks.append(Section("TTFT CDF, KV usage and queue depth over time", level=3, blocks=[Plot(

@@ -49,7 +49,7 @@ from batchbench.core.config import BatchingConfig
 from batchbench.fixtures import tiny_model_dir
 from batchbench.harness import Harness
 from batchbench.load.runner import RunResult
-from batchbench.workload.lora import LoraAdapter, make_adapter
+from batchbench.workload.lora import Lora, make_lora
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 RANKS = (8, 16, 32, 64)
@@ -65,8 +65,8 @@ HEAVY_WEIGHT = 5.0
 FAIR_MIN = 0.9
 
 
-def make_adapters(dest: Path, model_dir: Path) -> tuple[LoraAdapter, ...]:
-    return tuple(make_adapter(model_dir, dest / f"lora-{i}-r{r}", f"lora-{i}-r{r}", r, seed=7)
+def make_loras(dest: Path, model_dir: Path) -> tuple[Lora, ...]:
+    return tuple(make_lora(model_dir, dest / f"lora-{i}-r{r}", f"lora-{i}-r{r}", r, seed=7)
                  for i, r in enumerate(RANKS))
 
 
@@ -78,10 +78,10 @@ def warm_up(over: Workload) -> Workload:
 
 def workloads(names: tuple[str, ...]) -> dict[str, Workload]:
     """The three splits; the same prompts and lengths in each (one seed), only the adapters differ."""
-    def build(adapters: tuple[str, ...], weights: tuple[float, ...] = ()) -> Workload:
+    def build(loras: tuple[str, ...], weights: tuple[float, ...] = ()) -> Workload:
         return WorkloadSpec("multi-lora", REQUESTS, prompt=Lengths.uniform(*PROMPT), output=Lengths.fixed(OUTPUT),
-                            arrival=Arrival("closed", concurrency=CONCURRENCY), seed=11, adapters=adapters,
-                            adapter_weights=weights).build()
+                            arrival=Arrival("closed", concurrency=CONCURRENCY), seed=11, loras=loras,
+                            lora_weights=weights).build()
 
     return {"fit": build(names[:SLOTS]), "over": build(names),
             "heavy": build(names, (HEAVY_WEIGHT,) + (1.0,) * (len(names) - 1))}
@@ -93,11 +93,11 @@ def test_adapters_beyond_the_slots_wait_for_one(
 ) -> None:
     if not engine_class(engine_name).capabilities.lora:
         pytest.skip(f"engine {engine_name!r} cannot serve LoRA adapters (Capabilities.lora is False)")
-    adapters = make_adapters(tmp_path_factory.mktemp("lora"), tiny_model_dir())
-    wls = workloads(tuple(a.name for a in adapters))
+    loras = make_loras(tmp_path_factory.mktemp("lora"), tiny_model_dir())
+    wls = workloads(tuple(a.name for a in loras))
     config = BatchingConfig(max_loras=SLOTS, max_lora_rank=max(RANKS))
     try:
-        with harness.private_engine(engine_name, config, lora_adapters=adapters) as engine:
+        with harness.private_engine(engine_name, config, lora_adapters=loras) as engine:
             harness.replay(engine, warm_up(wls["over"]))  # each adapter loaded, a full batch's shapes seen
 
             def measure(split: str, repeat: int) -> RunResult:
@@ -115,10 +115,10 @@ def test_adapters_beyond_the_slots_wait_for_one(
     runs = {split: reps.runs for split, reps in series.items()}
     ttft = {split: statistics.median(r.summary.ttft.p50 for r in rs if r.summary.ttft) for split, rs in runs.items()}
     tails = {split: statistics.median(r.summary.ttft.p90 for r in rs if r.summary.ttft) for split, rs in runs.items()}
-    fairness = {split: statistics.median(r.summary.adapter_fairness for r in rs if r.summary.adapter_fairness)
+    fairness = {split: statistics.median(r.summary.lora_fairness for r in rs if r.summary.lora_fairness)
                 for split, rs in runs.items()}
-    per_adapter = {split: {name: statistics.median(adapter_ttft(r, name) for r in rs)
-                           for name in wls[split].spec.adapters} for split, rs in runs.items()}
+    per_lora = {split: {name: statistics.median(lora_ttft(r, name) for r in rs)
+                           for name in wls[split].spec.loras} for split, rs in runs.items()}
     samples = {split: [s for r in rs for s in r.samples] for split, rs in runs.items()}
     has_gauges = all(s.waiting_deferred is not None for ss in samples.values() for s in ss)
     deferred = {split: max((s.waiting_deferred or 0.0 for s in ss), default=0.0) for split, ss in samples.items()}
@@ -127,9 +127,9 @@ def test_adapters_beyond_the_slots_wait_for_one(
     for split in runs:
         print(f"  {split:5s} TTFT p50 {ttft[split] * 1000:5.0f} ms, p90 {tails[split] * 1000:5.0f} ms; Jain "
               f"{fairness[split]:.3f}; most deferred {deferred[split]:.0f}; most adapters served {served[split]}; "
-              "TTFT p50 per adapter (ms): " + ", ".join(f"{n} {v * 1000:.0f}" for n, v in per_adapter[split].items()))
+              "TTFT p50 per adapter (ms): " + ", ".join(f"{n} {v * 1000:.0f}" for n, v in per_lora[split].items()))
     benchmark.extra_info.update({"ttft_p50": ttft, "ttft_p90": tails, "fairness": fairness,
-                                 "per_adapter_ttft_p50": per_adapter, "most_deferred": deferred,
+                                 "per_adapter_ttft_p50": per_lora, "most_deferred": deferred,
                                  "most_adapters_served": served})
 
     assert fairness["fit"] >= FAIR_MIN, f"two adapters in two slots served unevenly: Jain {fairness['fit']:.3f}"
@@ -137,24 +137,24 @@ def test_adapters_beyond_the_slots_wait_for_one(
         assert deferred["fit"] == 0, f"adapters that fit the slots, yet requests deferred: {deferred['fit']}"
         assert deferred["over"] > 0, "four adapters in two slots, yet the engine never passed a request over"
         assert max(served.values()) <= SLOTS, f"more adapters served at once than {SLOTS} slots: {served}"
-    spread = {split: max(ttfts.values()) / min(ttfts.values()) for split, ttfts in per_adapter.items()}
+    spread = {split: max(ttfts.values()) / min(ttfts.values()) for split, ttfts in per_lora.items()}
     assert spread["over"] > spread["fit"], (
         f"adapters beyond the slots did not wait longer for a first token than those holding one: slowest over "
         f"fastest adapter's TTFT p50 {spread['over']:.2f}x, against {spread['fit']:.2f}x when all fit")
-    heavy, *light = per_adapter["heavy"].values()
+    heavy, *light = per_lora["heavy"].values()
     assert min(light) > heavy, f"light adapters' TTFT p50 {light} not above the heavy one's {heavy}"
 
 
-def adapter_ttft(run: RunResult, name: str) -> float:
-    adapters = run.summary.adapters or {}
-    ttft = adapters[name].ttft if name in adapters else None
+def lora_ttft(run: RunResult, name: str) -> float:
+    loras = run.summary.loras or {}
+    ttft = loras[name].ttft if name in loras else None
     assert ttft is not None, f"no TTFT for adapter {name!r}"
     return ttft.p50
 
 
 def test_the_splits_send_what_the_prediction_assumes() -> None:
     wls = workloads(tuple(f"lora-{i}" for i in range(len(RANKS))))
-    count = {split: {name: sum(r.adapter == name for r in wl.requests) for name in wl.spec.adapters}
+    count = {split: {name: sum(r.lora == name for r in wl.requests) for name in wl.spec.loras}
              for split, wl in wls.items()}
     assert count["fit"] == {"lora-0": 12, "lora-1": 12}
     assert set(count["over"].values()) == {6}

@@ -4,8 +4,8 @@ N-gram speculation (prompt lookup) needs no draft model: it proposes the tokens 
 n-gram's earlier occurrence in the request's own tokens, and one model step verifies them all. The same engine
 runs with it on and off (two live engines, runs alternated), closed loop at each batch size of ``BATCHES``;
 TPOT and ITL come from the client's clock, the acceptance rate from the engine's own counters
-(:class:`batchbench.measures.speculation.SpecCounters`), and the findings (:mod:`batchbench.analysis.findings`) name the
-crossover batch size from which speculation stops paying.
+(:class:`batchbench.measures.speculation.SpeculationCounters`), and the findings
+(:mod:`batchbench.analysis.findings`) name the crossover batch size from which speculation stops paying.
 
 The workload: random prompts and greedy decoding. With the embedded tiny random-weight model greedy decoding
 falls into a short repeating cycle within a few tokens, which n-gram lookup then predicts; a real model on
@@ -49,7 +49,7 @@ from batchbench.core import environment
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
 from batchbench.load.runner import RunResult
-from batchbench.measures.speculation import SpecCounters, speedup
+from batchbench.measures.speculation import SpeculationCounters, speedup
 from batchbench.results.document import RunDocument
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
@@ -94,7 +94,7 @@ def tokens_per_chunk(result: RunResult) -> float:
     return tokens / chunks
 
 
-def predicted_tokens_per_chunk(result: RunResult, counters: SpecCounters) -> float:
+def predicted_tokens_per_chunk(result: RunResult, counters: SpeculationCounters) -> float:
     """D decode tokens in D - accepted steps, one chunk each."""
     tokens, _ = decode_chunks(result)
     return tokens / (tokens - counters.accepted_tokens)
@@ -124,7 +124,7 @@ def test_speculation_against_batch_size(
     series = RepeatProtocol(repeats=REPEATS, alternate=True).run(keys, measure)
     runs = {key: reps.runs for key, reps in series.items()}
     tpot = {key: statistics.median(r.summary.tpot.p50 for r in rs if r.summary.tpot) for key, rs in runs.items()}
-    counters = {key: [SpecCounters.over(r.samples) for r in rs] for key, rs in runs.items()}
+    counters = {key: [SpeculationCounters.over(r.samples) for r in rs] for key, rs in runs.items()}
 
     findings = findings_from_documents([RunDocument.load(r.path) for rs in runs.values() for r in rs],
                                        suite="speculative_decoding")

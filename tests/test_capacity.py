@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.analysis.capacity import Measurement, Search, search
+from batchbench.analysis.capacity import Search, Trial, search
 
 
 def _threshold(limit: float, calls: list[float]) -> object:
     """A monotone model: a level passes exactly when it is at most ``limit``; records every call."""
-    def measure(level: float) -> Measurement:
+    def measure(level: float) -> Trial:
         calls.append(level)
         met = level <= limit
-        return Measurement(met, () if met else (f"ttft_p99={level:g}s>{limit:g}s",), goodput=level if met else 0.0)
+        return Trial(met, () if met else (f"ttft_p99={level:g}s>{limit:g}s",), goodput=level if met else 0.0)
     return measure
 
 
@@ -55,9 +55,9 @@ def test_under_noise_the_answer_is_still_a_measured_boundary(seed: int, start: i
     rng = random.Random(seed)
     verdicts: dict[float, bool] = {}
 
-    def noisy(level: float) -> Measurement:  # a non-monotone curve: each level passes or not at random
+    def noisy(level: float) -> Trial:  # a non-monotone curve: each level passes or not at random
         verdicts.setdefault(level, rng.random() < 0.6)
-        return Measurement(verdicts[level], () if verdicts[level] else ("e2e_p99=x>y",))
+        return Trial(verdicts[level], () if verdicts[level] else ("e2e_p99=x>y",))
 
     result = search(noisy, start=start, max_level=256)
     measured = {p.level: p.met for p in result.points}
@@ -76,11 +76,11 @@ def test_under_noise_the_answer_is_still_a_measured_boundary(seed: int, start: i
 def test_a_level_passes_only_if_every_repeat_meets_the_slo_and_one_miss_settles_it() -> None:
     calls: list[float] = []
 
-    def flaky_above_5(level: float) -> Measurement:
+    def flaky_above_5(level: float) -> Trial:
         calls.append(level)
         # Levels above 5 miss on their second repeat only: the median of three would pass them.
         met = level <= 5 or calls.count(level) != 2
-        return Measurement(met, () if met else ("tpot_p99=60ms>50ms",), goodput=float(level))
+        return Trial(met, () if met else ("tpot_p99=60ms>50ms",), goodput=float(level))
 
     result = search(flaky_above_5, start=4, max_level=64, repeats=3)
     assert result.capacity == 5 and result.first_failing == 6 and result.failed == ("tpot_p99=60ms>50ms",)
@@ -95,4 +95,4 @@ def test_the_search_refuses_inconsistent_bounds_and_out_of_turn_measurements() -
         Search(start=1.5, max_level=4)
     s = Search(start=2, max_level=8)
     with pytest.raises(ValueError, match="expected a measurement at 2"):
-        s.add(3, Measurement(True))
+        s.add(3, Trial(True))

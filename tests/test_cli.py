@@ -13,7 +13,7 @@ from batchbench.adapters.registry import EngineOptions
 from batchbench.analysis.repeats import Repeats
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE, died, failure_lines
-from batchbench.commands.run import deciding, plan_for
+from batchbench.commands.run import deciding, engine_sweep
 from batchbench.core.records import RequestRecord
 from batchbench.load.runner import RunResult
 from batchbench.measures.client_load import ClientLoad
@@ -114,15 +114,15 @@ def _run_of(throughput: float, ttft_p99: float) -> RunResult:
 def test_extra_repeats_go_to_what_decides_the_answer() -> None:
     """Throughput levels off from 8 (the knee), the most at 32, and TTFT p99 crosses 500 ms between 16 and 32:
     the fit's comparisons, 4-8-16 around the knee, 32 and the 16/32 boundary are re-measured; 1 and 2 are not."""
-    plan = plan_for("vllm", get_profile("quick"), EngineOptions(), (1, 2, 4, 8, 16, 32))
-    assert list(plan.workloads)[3:7] == [("continuous", 8), ("static-waves", 8), ("homogeneous", 8),
-                                         ("padded-mixed", 8)]  # side by side within a pass
+    sweep = engine_sweep("vllm", get_profile("quick"), EngineOptions(), (1, 2, 4, 8, 16, 32))
+    assert list(sweep.workloads)[3:7] == [("continuous", 8), ("static-waves", 8), ("homogeneous", 8),
+                                          ("padded-mixed", 8)]  # side by side within a pass
     curve = {1: (100, 0.02), 2: (200, 0.02), 4: (400, 0.03), 8: (800, 0.05), 16: (810, 0.4), 32: (820, 0.9)}
-    series = {key: Repeats() for key in plan.workloads}
+    series = {key: Repeats() for key in sweep.workloads}
     for (layout, c), runs in series.items():
         tok, ttft = curve[c] if layout == "continuous" else (500, 0.1)
         runs.add(_run_of(tok, ttft), MachineLoad(0.0))
-    focus = deciding(plan, Slo.parse("ttft_p99=500ms"))(series)
+    focus = deciding(sweep, Slo.parse("ttft_p99=500ms"))(series)
     assert focus == {("continuous", c) for c in (4, 8, 16, 32)} | {
         ("static-waves", 8), ("homogeneous", 8), ("padded-mixed", 8)}
 

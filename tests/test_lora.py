@@ -23,7 +23,7 @@ from batchbench.load.runner import run
 from batchbench.measures.metrics import jain_index, summarize
 from batchbench.reports.build import build_report
 from batchbench.results import document as results
-from batchbench.workload.lora import AdapterSpec, LoraAdapter, make_adapter, materialize
+from batchbench.workload.lora import Lora, LoraSpec, make_lora, materialize
 from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec, split_traffic
 
 MODEL = ModelRef("tiny", max_model_len=512)
@@ -71,14 +71,14 @@ def test_the_split_gives_each_adapter_its_share_at_every_prefix(weights: list[fl
 def test_an_even_split_is_round_robin_and_no_adapters_means_the_base_model() -> None:
     assert split_traffic(("a", "b", "c"), (), 7) == ["a", "b", "c", "a", "b", "c", "a"]
     assert split_traffic((), (), 3) == [None, None, None]
-    wl = WorkloadSpec("w", 4, adapters=("a", "b")).build()
-    assert [r.adapter for r in wl.requests] == ["a", "b", "a", "b"]
+    wl = WorkloadSpec("w", 4, loras=("a", "b")).build()
+    assert [r.lora for r in wl.requests] == ["a", "b", "a", "b"]
     assert WorkloadSpec("w", 4).build().hash() != wl.hash()
 
 
 def test_a_made_adapter_is_peft_format_at_its_rank_and_the_same_for_the_same_seed(tmp_path: Path) -> None:
-    a = make_adapter(tiny_model_dir(), tmp_path / "a", "a", 32, seed=1)
-    b = make_adapter(tiny_model_dir(), tmp_path / "b", "a", 32, seed=1)
+    a = make_lora(tiny_model_dir(), tmp_path / "a", "a", 32, seed=1)
+    b = make_lora(tiny_model_dir(), tmp_path / "b", "a", 32, seed=1)
     config = json.loads((a.path / "adapter_config.json").read_text())
     assert config["r"] == 32 and config["peft_type"] == "LORA"
     tensors = load_file(str(a.path / "adapter_model.safetensors"))
@@ -89,20 +89,20 @@ def test_a_made_adapter_is_peft_format_at_its_rank_and_the_same_for_the_same_see
 
 
 def test_adapters_on_the_command_line_are_ranks_to_make_or_directories(tmp_path: Path) -> None:
-    specs = AdapterSpec.parse_list(f"8,64,mine={tmp_path / 'a'}")
+    specs = LoraSpec.parse_list(f"8,64,mine={tmp_path / 'a'}")
     assert [(s.name, s.rank) for s in specs[:2]] == [("lora-0-r8", 8), ("lora-1-r64", 64)]
-    make_adapter(tiny_model_dir(), tmp_path / "a", "mine", 16)
+    make_lora(tiny_model_dir(), tmp_path / "a", "mine", 16)
     made = materialize(specs, tiny_model_dir(), tmp_path / "made")
     assert [a.rank for a in made] == [8, 64, 16]
     for bad in ("0", "x", "a=", "8,a=b,a=c"):
         with pytest.raises(ValueError, match="--lora-adapters"):
-            AdapterSpec.parse_list(bad)
+            LoraSpec.parse_list(bad)
 
 
 def test_vllm_serves_adapters_with_its_own_lora_flags(tmp_path: Path) -> None:
-    adapters = (LoraAdapter("a", tmp_path / "a", 8), LoraAdapter("b", tmp_path / "b", 64))
+    loras = (Lora("a", tmp_path / "a", 8), Lora("b", tmp_path / "b", 64))
     engine = VLLMEngine(BatchingConfig(max_loras=2, max_lora_rank=64), model=MODEL, launch=object(),  # type: ignore[arg-type]
-                        lora_adapters=adapters)
+                        lora_adapters=loras)
     args = engine.server_args(engine.batching, host="h", port=1)
     assert "--enable-lora" in args
     assert args[args.index("--max-loras") + 1] == "2" and args[args.index("--max-lora-rank") + 1] == "64"
@@ -113,7 +113,7 @@ def test_vllm_serves_adapters_with_its_own_lora_flags(tmp_path: Path) -> None:
 
 
 def test_a_rank_above_max_lora_rank_is_refused_by_name_before_any_engine_starts(tmp_path: Path) -> None:
-    big = (LoraAdapter("big", tmp_path, 64),)
+    big = (Lora("big", tmp_path, 64),)
     options = EngineOptions(lora_adapters=big)
     with pytest.raises(ValueError, match=r"'big' has rank 64, above BatchingConfig.max_lora_rank=32"):
         make_engine("vllm", BatchingConfig(max_lora_rank=32), options)
@@ -129,7 +129,7 @@ def test_engines_without_a_lora_mapping_refuse_it_by_name(name: str, tmp_path: P
         make_engine(name, BatchingConfig(max_loras=2, mode="static" if name == "hf-static" else "continuous"),
                     EngineOptions(urls=((name, "http://x.test"),)))
     with pytest.raises(ValueError, match="cannot serve LoRA adapters"):
-        make_engine(name, None, EngineOptions(lora_adapters=(LoraAdapter("a", tmp_path, 8),)))
+        make_engine(name, None, EngineOptions(lora_adapters=(Lora("a", tmp_path, 8),)))
 
 
 def test_batching_parses_the_lora_knobs() -> None:
@@ -153,16 +153,16 @@ def test_vllm_lora_gauges_are_read() -> None:
 
 
 def test_the_summary_is_split_by_adapter_with_its_fairness() -> None:
-    def record(i: int, adapter: str, e2e: float) -> RequestRecord:
+    def record(i: int, lora: str, e2e: float) -> RequestRecord:
         return RequestRecord(f"r{i}", 4, 10, scheduled_s=0.0, sent_s=0.0, done_s=e2e, chunk_times=[e2e / 2, e2e],
-                             chunk_tokens=[5, 5], ok=True, adapter=adapter)
+                             chunk_tokens=[5, 5], ok=True, lora=lora)
 
     summary = summarize([record(0, "a", 1.0), record(1, "a", 1.0), record(2, "b", 3.0)], duration_s=3.0)
-    assert summary.adapters is not None and summary.adapters["a"].requests == 2
-    assert summary.adapters["a"].request_speed == pytest.approx(10.0)
-    assert summary.adapters["b"].output_token_throughput == pytest.approx(10 / 3)
-    assert summary.adapter_fairness == pytest.approx(jain_index([10.0, 10 / 3]))
-    assert summarize([RequestRecord("x", 4, 1, 0.0)], duration_s=1.0).adapters is None
+    assert summary.loras is not None and summary.loras["a"].requests == 2
+    assert summary.loras["a"].request_speed == pytest.approx(10.0)
+    assert summary.loras["b"].output_token_throughput == pytest.approx(10 / 3)
+    assert summary.lora_fairness == pytest.approx(jain_index([10.0, 10 / 3]))
+    assert summarize([RequestRecord("x", 4, 1, 0.0)], duration_s=1.0).loras is None
 
 
 @pytest.mark.parametrize("command", [["bench"], ["capacity", "--slo", "ttft_p99=200ms"]])
@@ -182,16 +182,16 @@ async def test_a_run_with_adapters_reports_each_adapters_share_and_their_fairnes
     await server.start_async()
     try:
         wl = WorkloadSpec("lora", 12, prompt=Lengths.fixed(8), output=Lengths.fixed(4),
-                          arrival=Arrival("closed", concurrency=4), adapters=("a8", "b16"),
-                          adapter_weights=(2.0, 1.0)).build()
+                          arrival=Arrival("closed", concurrency=4), loras=("a8", "b16"),
+                          lora_weights=(2.0, 1.0)).build()
         async with VLLMEngine(model=ModelRef("fake-model"), url=server.url, startup_timeout=10.0) as engine:
             result = await run(engine, wl, results_dir=tmp_path / "runs", load=LoadConfig(request_timeout_s=10.0))
     finally:
         await server.stop_async()
     summary = results.load(result.path).footer.summary  # type: ignore[union-attr]
-    assert summary is not None and summary.adapters is not None
-    assert {name: a.requests for name, a in summary.adapters.items()} == {"a8": 8, "b16": 4}
-    assert summary.adapter_fairness is not None and 0.5 <= summary.adapter_fairness <= 1.0
+    assert summary is not None and summary.loras is not None
+    assert {name: a.requests for name, a in summary.loras.items()} == {"a8": 8, "b16": 4}
+    assert summary.lora_fairness is not None and 0.5 <= summary.lora_fairness <= 1.0
     build_report(tmp_path / "runs", tmp_path / "report")
     report = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
     assert "LoRA adapters" in report and "Jain's index" in report and "b16" in report

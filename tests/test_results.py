@@ -548,9 +548,32 @@ def test_a_version_1_document_is_read(tmp_path: Path) -> None:
     # Guardrails a v1 document did not store come from its samples, through the runner's own function.
     assert doc.guardrails() == server_summary(doc.server_metrics)
     assert doc.guardrails().kv_danger_entered is True and doc.guardrails().preemptions == 2.0
-    # Written again, it is a version 3 document that reads back the same.
-    assert doc.to_dict()["schema_version"] == SCHEMA_VERSION == 3
+    # Written again, it is a version 4 document that reads back the same.
+    assert doc.to_dict()["schema_version"] == SCHEMA_VERSION == 4
     assert RunDocument.from_dict(doc.to_dict()) == doc
+
+
+def test_a_version_3_document_reads_its_lora_names_under_their_old_keys(tmp_path: Path) -> None:
+    """Version 3 called a request's LoRA its ``adapter`` and the summary's per-LoRA figures ``adapters`` and
+    ``adapter_fairness``; read, they are the same values under today's names."""
+    recs = [dataclasses.replace(make_record(i), lora=name) for i, name in enumerate(["a", "b", "a"])]
+    summary = summarize(recs, duration_s=2.0)
+    assert summary.loras is not None and summary.lora_fairness is not None
+    old = {k: v for k, v in summary.to_dict().items() if k not in ("loras", "lora_fairness")}
+    old.update(adapters=summary.to_dict()["loras"], adapter_fairness=summary.lora_fairness)
+    old_records = []
+    for r in recs:
+        d = r.to_dict()
+        d["adapter"] = d.pop("lora")
+        old_records.append(d)
+    path = tmp_path / "v3.json"
+    path.write_text(json.dumps({**V1_DOCUMENT, "schema_version": 3, "records": old_records, "summary": old}),
+                    encoding="utf-8")
+    doc = load(path)
+    assert [r.lora for r in doc.records] == ["a", "b", "a"] and doc.problems == []
+    assert doc.footer is not None and doc.footer.summary is not None
+    assert doc.footer.summary.loras == summary.loras and doc.footer.summary.lora_fairness == summary.lora_fairness
+    assert "adapter" not in doc.to_dict()["records"][0] and "loras" in doc.to_dict()["summary"]
 
 
 def test_unknown_keys_of_a_newer_minor_change_are_ignored(tmp_path: Path) -> None:

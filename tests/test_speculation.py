@@ -25,7 +25,7 @@ from batchbench.commands.common import EXIT_USAGE
 from batchbench.core.config import DEFAULT_SPECULATIVE_TOKENS, BatchingConfig, ModelRef
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.machine_load import MachineLoad
-from batchbench.measures.speculation import SpecCounters, crossover, speedup
+from batchbench.measures.speculation import SpeculationCounters, crossover, speedup
 from batchbench.reports import markdown
 from batchbench.reports.answer import details_section
 from batchbench.reports.document import Document
@@ -140,7 +140,7 @@ def test_counters_over_a_run_give_acceptance_and_tokens_per_step(base: int, draf
     accepted = data.draw(st.integers(0, drafts * k))
     samples = [ServerMetrics(t=0.0), _sample(1.0, base, base * k, base // 2),
                _sample(2.0, base + drafts, (base + drafts) * k, base // 2 + accepted)]
-    c = SpecCounters.over(samples)
+    c = SpeculationCounters.over(samples)
     assert c is not None and c.drafts == drafts and c.draft_tokens == drafts * k
     assert c.acceptance_rate == pytest.approx(accepted / (drafts * k)) and 0 <= c.acceptance_rate <= 1
     assert 1 <= c.tokens_per_step <= 1 + k  # type: ignore[operator]
@@ -148,8 +148,8 @@ def test_counters_over_a_run_give_acceptance_and_tokens_per_step(base: int, draf
 
 
 def test_no_counters_or_no_drafts_say_nothing() -> None:
-    assert SpecCounters.over([ServerMetrics(t=0.0), ServerMetrics(t=1.0)]) is None
-    idle = SpecCounters.over([_sample(0, 5, 20, 10), _sample(1, 5, 20, 10)])
+    assert SpeculationCounters.over([ServerMetrics(t=0.0), ServerMetrics(t=1.0)]) is None
+    idle = SpeculationCounters.over([_sample(0, 5, 20, 10), _sample(1, 5, 20, 10)])
     assert idle is not None and idle.acceptance_rate is None and idle.tokens_per_step is None
 
 

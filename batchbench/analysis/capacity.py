@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 
 class Outcome(Protocol):
-    """What one measured run says about the SLO (:class:`Measurement`, or anything shaped like it)."""
+    """What one measured run says about the SLO (:class:`Trial`, or anything shaped like it)."""
 
     @property
     def met(self) -> bool: ...
@@ -44,7 +44,7 @@ class Outcome(Protocol):
 
 
 @dataclass(frozen=True)
-class Measurement:
+class Trial:
     """One run's verdict: met or not, the objectives that failed (``ttft_p99=0.31s>200ms``), goodput."""
 
     met: bool
@@ -53,7 +53,7 @@ class Measurement:
 
 
 @dataclass(frozen=True)
-class Point:
+class LevelOutcomes:
     """One measured level and its repeats' outcomes, in the order they were measured."""
 
     level: float
@@ -93,7 +93,7 @@ class CapacityResult:
     #: The objectives that level missed, e.g. ``("ttft_p99=0.31s>200ms",)``.
     failed: tuple[str, ...]
     #: Every level measured, in the order measured.
-    points: tuple[Point, ...]
+    points: tuple[LevelOutcomes, ...]
 
     @property
     def reached_max(self) -> bool:
@@ -165,8 +165,8 @@ class Search:
         return CapacityResult(capacity=self._lo, goodput=at.goodput if at else None, first_failing=self._hi,
                               failed=failing.failed if failing else (), points=points)
 
-    def _point(self, level: float) -> Point:
-        return Point(level, tuple(self._points[level]))
+    def _point(self, level: float) -> LevelOutcomes:
+        return LevelOutcomes(level, tuple(self._points[level]))
 
     def _settled(self, level: float) -> bool:
         outcomes = self._points.get(level, [])

@@ -43,7 +43,7 @@ from batchbench.commands.common import (
     serve_lora_adapters,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
-from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan
+from batchbench.commands.workload_args import LevelKind, PreparedWorkload, add_workload_arguments, prepare_workload
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.measures.slo import Slo
@@ -114,7 +114,7 @@ class Sweep:
 
 
 async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None,
-                 work: WorkloadPlan, kind: LevelKind, levels: list[float], args: argparse.Namespace, run_dir: Path,
+                 work: PreparedWorkload, kind: LevelKind, levels: list[float], args: argparse.Namespace, run_dir: Path,
                  timeout_s: float, sweep: Sweep, progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
     cache = engines_here.cache()
@@ -155,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
                                           cpus=args.cpus)
         batching = one_batching(args.batching, "bench", engines)
-        work = plan(args, profile, kind=kind, levels=levels)
+        work = prepare_workload(args, profile, kind=kind, levels=levels)
         check_lora_adapters(args.lora_adapters, engines, batching)
         options = with_load_processes(options, args.cpus, work.most_workers(kind, levels))
     except ValueError as exc:

@@ -39,7 +39,13 @@ from batchbench.commands.common import (
     serve_lora_adapters,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
-from batchbench.commands.workload_args import LevelKind, WorkloadPlan, add_workload_arguments, plan, positive_number
+from batchbench.commands.workload_args import (
+    LevelKind,
+    PreparedWorkload,
+    add_workload_arguments,
+    positive_number,
+    prepare_workload,
+)
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.options import add_engine_arguments, engine_options, with_load_processes
@@ -87,9 +93,9 @@ def _search(args: argparse.Namespace, kind: LevelKind) -> Search:
                   tolerance=args.tolerance, repeats=args.repeats)
 
 
-async def _find(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None, work: WorkloadPlan,
-                kind: LevelKind, args: argparse.Namespace, run_dir: Path, timeout_s: float, found: Found,
-                progress: Progress) -> None:
+async def _find(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None,
+                work: PreparedWorkload, kind: LevelKind, args: argparse.Namespace, run_dir: Path, timeout_s: float,
+                found: Found, progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
     cache = engines_here.cache()
     load = work.load(timeout_s, args.scrape_interval)
@@ -138,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
                                           cpus=args.cpus)
         batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
-        work = plan(args, profile, kind=kind, levels=[args.start, args.max_level])
+        work = prepare_workload(args, profile, kind=kind, levels=[args.start, args.max_level])
         check_lora_adapters(args.lora_adapters, engines, batching)
         options = with_load_processes(options, args.cpus,
                                       work.most_workers(kind, [args.start, args.max_level]))

@@ -24,7 +24,7 @@ from batchbench.load.pinning import pinned_process
 from batchbench.load.runner import RunResult
 from batchbench.measures.slo import Slo
 from batchbench.progress import EngineStart, Progress
-from batchbench.workload.lora import AdapterSpec, LoraAdapter, materialize
+from batchbench.workload.lora import Lora, LoraSpec, materialize
 
 #: Exit statuses (the README lists them).
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENGINE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -84,24 +84,24 @@ def one_batching(specs: list[str], command: str, engines: Sequence[str] = ()) ->
     return batching
 
 
-def check_lora_adapters(specs: tuple[AdapterSpec, ...], engines: tuple[str, ...],
+def check_lora_adapters(specs: tuple[LoraSpec, ...], engines: tuple[str, ...],
                         batching: BatchingConfig | None) -> None:
     """Refuse ``--lora-adapters`` an engine would not serve (no LoRA on it, a rank above max_lora_rank), naming
     the adapter and the field, before a run folder is made or an engine starts."""
-    adapters = [LoraAdapter(s.name, s.path or Path(s.name), s.known_rank()) for s in specs]
+    loras = [Lora(s.name, s.path or Path(s.name), s.known_rank()) for s in specs]
     for name in engines:
-        engine_class(name).check_adapters(batching or BatchingConfig(), adapters)
+        engine_class(name).check_loras(batching or BatchingConfig(), loras)
 
 
-def serve_lora_adapters(specs: tuple[AdapterSpec, ...], options: EngineOptions, run_dir: Path,
+def serve_lora_adapters(specs: tuple[LoraSpec, ...], options: EngineOptions, run_dir: Path,
                         seed: int) -> EngineOptions:
     """The options with the adapters the engines serve: those to make written into the run folder (for the
     embedded model, or ``--model`` when it is a local directory)."""
     if not specs:
         return options
     model_dir = tiny_model_dir() if options.model is None else Path(options.model)
-    adapters = materialize(specs, model_dir if model_dir.is_dir() else None, run_dir / "lora-adapters", seed=seed)
-    return dataclasses.replace(options, lora_adapters=adapters)
+    loras = materialize(specs, model_dir if model_dir.is_dir() else None, run_dir / "lora-adapters", seed=seed)
+    return dataclasses.replace(options, lora_adapters=loras)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batchbench.adapters.base import Engine
-from batchbench.analysis.capacity import Measurement
+from batchbench.analysis.capacity import Trial
 from batchbench.commands.common import (
     EXIT_ENGINE,
     EXIT_FAILURES,
@@ -29,7 +29,7 @@ from batchbench.commands.common import (
     verdict_lines,
     write_report,
 )
-from batchbench.commands.workload_args import LevelKind, WorkloadPlan
+from batchbench.commands.workload_args import LevelKind, PreparedWorkload
 from batchbench.core.config import BatchingConfig, LoadConfig
 from batchbench.load.engines import EngineCache
 from batchbench.load.loadgen import LoadGenerator
@@ -57,12 +57,12 @@ class PointResult:
     def engine_died(self) -> str | None:
         return died(self.result)
 
-    def outcome(self) -> Measurement:
+    def outcome(self) -> Trial:
         """The point as the capacity search sees it: a failed point misses the SLO, for its reason."""
         if self.status == "failed":
-            return Measurement(False, (self.reason or "failed",), self.result.summary.goodput)
+            return Trial(False, (self.reason or "failed",), self.result.summary.goodput)
         assert self.verdict is not None, "a capacity search always has an SLO"
-        return Measurement(self.verdict.met, self.verdict.failed, self.result.summary.goodput)
+        return Trial(self.verdict.met, self.verdict.failed, self.result.summary.goodput)
 
     def to_dict(self) -> dict[str, Any]:
         s = self.result.summary
@@ -134,19 +134,19 @@ class EngineSession:
         """The running engine; raises EngineError (or ImportError) when it cannot be started."""
         return await self.engines.get(self.cache, self.name, self.batching)
 
-    async def measure(self, plan: WorkloadPlan, kind: LevelKind, level: float, repeat: int, *, run_dir: Path,
+    async def measure(self, work: PreparedWorkload, kind: LevelKind, level: float, repeat: int, *, run_dir: Path,
                       suite: str, slo: Slo | None, load: LoadConfig) -> PointResult:
         """Warm up, run and judge one level; prints its line (and any warnings) as it ends."""
         engine = await self.engine()
-        workload = plan.workload(kind, level)
-        if (warm := plan.warmup_workload(workload)) is not None:
+        workload = work.workload(kind, level)
+        if (warm := work.warmup_workload(workload)) is not None:
             await LoadGenerator(engine, warm, config=load).run()
         labels: dict[str, Any] = {"suite": suite, kind: _level_json(kind, level), "repeat": repeat}
         if slo is not None:
             labels["slo"] = str(slo)
         with self.progress.run(len(workload.requests), f"{self.name} {level_text(kind, level)} #{repeat}") as bar:
             result = await run(engine, workload, results_dir=run_dir, tag=level_text(kind, level),
-                               load=dataclasses.replace(load, workers=plan.workers_for(workload)), slo=slo,
+                               load=dataclasses.replace(load, workers=work.workers_for(workload)), slo=slo,
                                labels=labels, on_record=bar.observe)
             reason = _why_failed(result, load.request_timeout_s)
             point = PointResult(self.name, kind, level, repeat, result, "failed" if reason else "ok", reason,

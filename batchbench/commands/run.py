@@ -166,7 +166,7 @@ class Repetition:
 
 
 @dataclass(frozen=True)
-class EnginePlan:
+class EngineSweep:
     """What the main job measures on one engine: the sweep design, how the engine is started, every workload."""
 
     design: SweepDesign
@@ -202,7 +202,7 @@ def padding_pair(max_model_len: int, batch: int) -> dict[str, Workload]:
     }
 
 
-def plan_for(name: str, profile: Profile, options: EngineOptions, levels: tuple[int, ...]) -> EnginePlan:
+def engine_sweep(name: str, profile: Profile, options: EngineOptions, levels: tuple[int, ...]) -> EngineSweep:
     """The sweep design for this engine (by capability); an engine at a URL keeps its own configuration.
 
     The curve is continuous closed-loop load at every level; static waves of the same requests run at the
@@ -228,14 +228,14 @@ def plan_for(name: str, profile: Profile, options: EngineOptions, levels: tuple[
     workloads = {("continuous", c): design.workload(c) for c in levels if c < design.fit}
     workloads |= at_fit
     workloads |= {("continuous", c): design.workload(c) for c in levels if c > design.fit}
-    return EnginePlan(design, batching, workloads)
+    return EngineSweep(design, batching, workloads)
 
 
-def deciding(plan: EnginePlan, slo: Slo) -> Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]]:
+def deciding(sweep: EngineSweep, slo: Slo) -> Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]]:
     """What the answer is decided by, given the runs so far (:attr:`RepeatProtocol.focus`): everything measured
     at the fit (the comparisons), and on the curve the sweet spot with its neighbours, the batch of most
     throughput, and the two batches either side of the SLO's TTFT p99 limit. Extra repeats go there."""
-    fit = plan.design.fit
+    fit = sweep.design.fit
     limit = next((o.limit_s for o in slo.objectives if o.metric == "ttft" and o.stat == "p99"), None)
 
     def focus(series: Mapping[Key, Repeats[RunResult]]) -> set[Key]:
@@ -275,17 +275,17 @@ def _usable_throughput(result: RunResult) -> float | None:
 async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, levels: tuple[int, ...],
                  results_dir: Path, repetition: Repetition, load: LoadConfig, slo: Slo, outcome: Outcome,
                  progress: Progress) -> None:
-    plans = {name: plan_for(name, profile, options, levels) for name in engines}
-    points = sum(len(plan.workloads) for plan in plans.values()) * repetition.repeats
-    for name, plan in plans.items():
-        design = plan.design
+    sweeps = {name: engine_sweep(name, profile, options, levels) for name in engines}
+    points = sum(len(sweep.workloads) for sweep in sweeps.values()) * repetition.repeats
+    for name, sweep in sweeps.items():
+        design = sweep.design
         engine_options_here = (dataclasses.replace(options, max_model_len=design.max_model_len)
-                               if design.max_model_len is not None and plan.batching is not None else options)
+                               if design.max_model_len is not None and sweep.batching is not None else options)
         engines_here = StartingEngines(engine_options_here, progress)
         cache = engines_here.cache()
         try:
             try:
-                engine = await engines_here.get(cache, name, plan.batching)
+                engine = await engines_here.get(cache, name, sweep.batching)
             except (EngineError, ImportError) as exc:
                 progress.print(f"batchbench: skipping {name}: {exc}", err=True)
                 outcome.engine_problems[name] = str(exc)
@@ -296,16 +296,16 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                            f"(at most {repetition.max_repeats}, {repetition.budget_s:g} s)")
             # The sweep's own shapes once, unrecorded: the engine's warm-up stops short of them.
             await LoadGenerator(engine, design.workload(design.fit, design.fit), config=load).run()
-            series: dict[Key, Repeats[RunResult]] = {key: Repeats() for key in plan.workloads}
+            series: dict[Key, Repeats[RunResult]] = {key: Repeats() for key in sweep.workloads}
             # Driven by hand rather than protocol.run: the runs are awaited on this loop.
-            for (layout, c), repeat in repetition.protocol(deciding(plan, slo)).schedule(series):
+            for (layout, c), repeat in repetition.protocol(deciding(sweep, slo)).schedule(series):
                 progress.sweep(len(outcome.results) + 1, max(points, len(outcome.results) + 1),
                                f"{name} {layout} c={c} #{repeat}")
-                workload = plan.workloads[(layout, c)]
+                workload = sweep.workloads[(layout, c)]
                 with progress.run(len(workload.requests), f"{layout:>13} c={c:<3} #{repeat}") as bar:
                     result = await run(engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
                                        slo=slo,
-                                       labels=plan.labels(layout, c, repeat, repetition.precision),
+                                       labels=sweep.labels(layout, c, repeat, repetition.precision),
                                        on_record=bar.observe)
                     s = result.summary
                     bar.finish(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, "

@@ -1,7 +1,7 @@
 """The user's own workload, as ``bench`` and ``capacity`` take it: lengths or a dataset, size, arrivals, SLO.
 
-:func:`add_workload_arguments` defines the options once; :func:`plan` turns them into a
-:class:`WorkloadPlan`, checking everything that can be checked before an engine starts (the dataset,
+:func:`add_workload_arguments` defines the options once; :func:`prepare_workload` turns them into a
+:class:`PreparedWorkload`, checking everything that can be checked before an engine starts (the dataset,
 the tokenizer, lengths against the model's context window), so a bad option costs seconds.
 """
 
@@ -21,7 +21,7 @@ from batchbench.fixtures import tiny_model_dir
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo
 from batchbench.workload import datasets, tokenizer
-from batchbench.workload.lora import AdapterSpec, TrafficSplit
+from batchbench.workload.lora import LoraSpec, TrafficSplit
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import (
     Arrival,
@@ -112,7 +112,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                         help="load-generator processes, each with its own event loop (default 1: this one); auto "
                              "chooses per level from the expected chunk rate (batchbench/load/workers.py)")
     parser.add_argument("--no-report", action="store_true", help="write results only")
-    parser.add_argument("--lora-adapters", type=AdapterSpec.parse_list, default=(), metavar="ADAPTERS",
+    parser.add_argument("--lora-adapters", type=LoraSpec.parse_list, default=(), metavar="ADAPTERS",
                         help="LoRA adapters served beside the model, requests shared among them: ranks to make with "
                              "seeded random weights (8,16,32,64; for the embedded or a local model) or NAME=PATH "
                              "of PEFT adapters; with --batching max_loras=N,max_lora_rank=R")
@@ -122,7 +122,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
 
 
 @dataclass
-class WorkloadPlan:
+class PreparedWorkload:
     """The workload of each level: the same requests for every level and engine, released per level."""
 
     name: str
@@ -199,7 +199,8 @@ def slo_samples(slo: Slo | None) -> int:
     return max((samples_needed(q) for q in quantiles), default=0)
 
 
-def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels: list[float]) -> WorkloadPlan:
+def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelKind,
+                     levels: list[float]) -> PreparedWorkload:
     """The workload the options describe, every check done; ValueError with a message for the user."""
     if args.dataset is not None and args.input_len is not None:
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
@@ -209,9 +210,9 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
         raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
                          "to fill; give --num-requests")
     _check_turns(args, kind)
-    adapters: tuple[AdapterSpec, ...] = getattr(args, "lora_adapters", ())
-    weights = args.lora_split.for_adapters(len(adapters)) if adapters else ()
-    if not adapters and getattr(args, "lora_split", TrafficSplit()) != TrafficSplit():
+    loras: tuple[LoraSpec, ...] = getattr(args, "lora_adapters", ())
+    weights = args.lora_split.for_loras(len(loras)) if loras else ()
+    if not loras and getattr(args, "lora_split", TrafficSplit()) != TrafficSplit():
         raise ValueError("--lora-split shares traffic among --lora-adapters: give them")
     num_requests = args.num_requests or (DURATION_REQUEST_CAP if args.duration else
                                          max(profile.num_requests, slo_samples(getattr(args, "slo", None))))
@@ -232,9 +233,9 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
 
         def synthetic(n: int) -> Workload:
             return WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed, vocab_size=DEFAULT_VOCAB,
-                                adapters=tuple(a.name for a in adapters), adapter_weights=weights, **sessions).build()
+                                loras=tuple(a.name for a in loras), lora_weights=weights, **sessions).build()
 
-        result = WorkloadPlan("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
+        result = PreparedWorkload("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
                               args.seed, synthetic, workers=args.workers)
         result.requests(num_requests)
         return result
@@ -246,14 +247,14 @@ def plan(args: argparse.Namespace, profile: Profile, *, kind: LevelKind, levels:
             dataset, num_requests=n, output=output, override_output=args.output_len is not None,
             tokenize=tok.encode if tok else None, max_model_len=max_len, vocab_size=tok.vocab_size if tok else None,
             seed=args.seed)
-        if not adapters:
+        if not loras:
             return built
-        names = tuple(a.name for a in adapters)
-        spec = replace(built.spec, adapters=names, adapter_weights=weights)
+        names = tuple(a.name for a in loras)
+        spec = replace(built.spec, loras=names, lora_weights=weights)
         order = split_traffic(names, weights, len(built.requests))
-        return Workload(spec, tuple(replace(r, adapter=a) for r, a in zip(built.requests, order)))
+        return Workload(spec, tuple(replace(r, lora=a) for r, a in zip(built.requests, order)))
 
-    result = WorkloadPlan(f"dataset-{args.dataset.stem}", num_requests, args.duration, args.warmup, args.arrival,
+    result = PreparedWorkload(f"dataset-{args.dataset.stem}", num_requests, args.duration, args.warmup, args.arrival,
                           args.burstiness, args.seed, from_dataset, workers=args.workers)
     if dataset.skipped:
         result.notes.append(f"{args.dataset}: skipped {dataset.skipped} conversation(s) without a human turn "

@@ -52,7 +52,7 @@ class RequestRecord:
     session: int | None = None
     turn: int | None = None
     #: The LoRA adapter the request asked for (None: the base model).
-    adapter: str | None = None
+    lora: str | None = field(default=None, metadata={"was": "adapter"})  # "adapter" before v4
 
     @property
     def output_tokens(self) -> int:

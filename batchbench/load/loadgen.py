@@ -179,7 +179,7 @@ class LoadGenerator:
             in_flight_at_send=self.in_flight,
             session=request.session,
             turn=request.turn,
-            adapter=request.adapter,
+            lora=request.lora,
         )
         record.sent_s = now() - self.t0
         sink = _RecordSink(record, self.t0, request.max_tokens)

@@ -21,14 +21,14 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchbench.core.records import RequestRecord
 
 __all__ = [
-    "AdapterSummary",
     "Distribution",
+    "LoraSummary",
     "Summary",
     "itl_samples",
     "jain_index",
@@ -215,10 +215,10 @@ class Summary:
     #: sessions, and in documents written before it was stored.
     ttft_by_turn: dict[str, Distribution | None] | None = None
     #: Per LoRA adapter (by name), for a run whose requests name adapters; None otherwise.
-    adapters: dict[str, AdapterSummary] | None = None
-    #: Jain's index over the adapters' :attr:`AdapterSummary.request_speed`: 1 when every adapter's requests
+    loras: dict[str, LoraSummary] | None = field(default=None, metadata={"was": "adapters"})
+    #: Jain's index over the adapters' :attr:`LoraSummary.request_speed`: 1 when every adapter's requests
     #: are served alike, down to 1/n when one adapter gets all the service. None without two adapters.
-    adapter_fairness: float | None = None
+    lora_fairness: float | None = field(default=None, metadata={"was": "adapter_fairness"})
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -248,8 +248,8 @@ class Summary:
             "itl_per_chunk": _dist_dict(self.itl_per_chunk),
             "ttft_by_turn": None if self.ttft_by_turn is None else
             {turn: _dist_dict(d) for turn, d in self.ttft_by_turn.items()},
-            "adapters": None if self.adapters is None else {k: v.to_dict() for k, v in self.adapters.items()},
-            "adapter_fairness": self.adapter_fairness,
+            "loras": None if self.loras is None else {k: v.to_dict() for k, v in self.loras.items()},
+            "lora_fairness": self.lora_fairness,
         }
 
 
@@ -279,7 +279,7 @@ def summarize(
     failures = Counter(r.error_kind or "unknown" for r in failed)
     rejected = sum(1 for r in records if r.error_kind == "rejected")
     n = len(records)
-    adapters = by_adapter(records, duration_s)
+    loras = by_lora(records, duration_s)
 
     output_tokens = sum(r.output_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
@@ -310,8 +310,8 @@ def summarize(
         mean_decoding=mean_decoding(ok, duration_s),
         itl_per_chunk=Distribution.of(b - a for r in ok for a, b in itertools.pairwise(r.chunk_times)),
         ttft_by_turn=({str(turn): d for turn, d in by_turn.items()} if (by_turn := ttft_by_turn(records)) else None),
-        adapters=adapters,
-        adapter_fairness=adapter_fairness(adapters),
+        loras=loras,
+        lora_fairness=lora_fairness(loras),
     )
 
 
@@ -334,7 +334,7 @@ def mean_decoding(records: Iterable[RequestRecord], duration_s: float) -> float:
 
 
 @dataclass(frozen=True)
-class AdapterSummary:
+class LoraSummary:
     """One LoRA adapter's share of a run: what its requests got."""
 
     requests: int
@@ -351,28 +351,28 @@ class AdapterSummary:
         return asdict(self)
 
 
-def by_adapter(records: Sequence[RequestRecord], duration_s: float) -> dict[str, AdapterSummary] | None:
+def by_lora(records: Sequence[RequestRecord], duration_s: float) -> dict[str, LoraSummary] | None:
     """Per-adapter summaries of the records that name an adapter; None when none does."""
     groups: dict[str, list[RequestRecord]] = {}
     for r in records:
-        if r.adapter is not None:
-            groups.setdefault(r.adapter, []).append(r)
+        if r.lora is not None:
+            groups.setdefault(r.lora, []).append(r)
     if not groups:
         return None
     result = {}
     for name, group in sorted(groups.items()):
         ok = [r for r in group if r.ok]
         speeds = [r.output_tokens / e2e for r in ok if (e2e := r.e2e_from_schedule_s)]
-        result[name] = AdapterSummary(
+        result[name] = LoraSummary(
             requests=len(group), ok=len(ok), ttft=Distribution.of(_present(r.ttft_s for r in ok)),
             output_token_throughput=sum(r.output_tokens for r in ok) / duration_s,
             request_speed=math.fsum(speeds) / len(speeds) if speeds else None)
     return result
 
 
-def adapter_fairness(adapters: dict[str, AdapterSummary] | None) -> float | None:
+def lora_fairness(loras: dict[str, LoraSummary] | None) -> float | None:
     """Jain's index of the adapters' request speeds; None with fewer than two adapters that have one."""
-    speeds = [a.request_speed for a in (adapters or {}).values() if a.request_speed is not None]
+    speeds = [a.request_speed for a in (loras or {}).values() if a.request_speed is not None]
     return jain_index(speeds) if len(speeds) >= 2 else None
 
 

@@ -22,7 +22,7 @@ from batchbench.core.server_metrics import ServerMetrics
 
 
 @dataclass(frozen=True)
-class SpecCounters:
+class SpeculationCounters:
     """How the engine's speculation counters grew over one run."""
 
     drafts: float
@@ -30,7 +30,7 @@ class SpecCounters:
     accepted_tokens: float
 
     @classmethod
-    def over(cls, samples: Sequence[ServerMetrics]) -> SpecCounters | None:
+    def over(cls, samples: Sequence[ServerMetrics]) -> SpeculationCounters | None:
         """The growth between the first and the last scrape that carry all three counters; None when fewer than
         two do (the engine does not count, or speculation is off and the counters are absent)."""
         known = [s for s in samples if None not in (s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens)]

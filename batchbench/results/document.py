@@ -34,12 +34,15 @@ that every header and footer key is written (null where there is nothing to
 say: v1 documents could lack ``summary.mean_decoding``, ``load``'s
 ``scrape_interval_s``, the footer's ``guardrails``, ``client`` and
 ``machine``), ``guardrails`` has a fixed set of keys (:class:`Guardrails`), and
-the layout is published as a JSON Schema. Version 3 (this one) writes the
-header's ``slo`` as the objectives themselves (:class:`batchbench.measures.slo.Slo`,
+the layout is published as a JSON Schema. Version 3 writes the header's
+``slo`` as the objectives themselves (:class:`batchbench.measures.slo.Slo`,
 ``{"ttft_p99": 0.5}``), not the per-request limits they give, and ``load`` as
-the load generator's own :class:`~batchbench.core.config.LoadConfig`. Versions 1
-and 2 are read: a missing key that may be null reads as null (not recorded),
-any other missing key takes its default, and a v2 ``slo`` reads as max
+the load generator's own :class:`~batchbench.core.config.LoadConfig`. Version 4
+(this one) names a request's LoRA ``lora`` (``adapter`` before: one word meant
+both an engine adapter and a LoRA) and the summary's per-LoRA figures ``loras``
+and ``lora_fairness``. Versions 1 to 3 are read: a missing key that may be null
+reads as null (not recorded), any other missing key takes its default, a key
+renamed since is read under its old name, and a v2 ``slo`` reads as max
 objectives on its limits (the same goodput).
 """
 
@@ -75,7 +78,7 @@ from batchbench.measures.metrics import Summary
 from batchbench.measures.slo import Slo
 
 SCHEMA = "batchbench.results"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Journal entry types, one per line: the header first, the footer last when the run ended at all.
 ENTRY_TYPES = ("header", "record", "sample", "footer")
 
@@ -638,14 +641,16 @@ def _decode_dataclass(cls: type, value: Any, where: str, problems: list[str]) ->
         raise DocumentError(f"{_where(where)} is not an object")
     kwargs: dict[str, Any] = {}
     for f, hint in _fields(cls):
-        key = f"{where}.{f.name}" if where else f.name
-        if f.name not in value:
+        # A field renamed since an older version is read under its old name too (``metadata["was"]``).
+        name = f.metadata["was"] if f.name not in value and f.metadata.get("was") in value else f.name
+        key = f"{where}.{name}" if where else name
+        if name not in value:
             if _nullable(hint):
                 kwargs[f.name] = None  # not recorded (an older document)
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise DocumentError(f"'{key}' is missing")
             continue
-        raw = value[f.name]
+        raw = value[name]
         reader = f.metadata.get("reader")
         if reader is not None and raw is not None:
             try:

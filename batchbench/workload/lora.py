@@ -1,6 +1,6 @@
 """LoRA adapters to serve beside the base model: made here with seeded random weights, or read from disk.
 
-Serving many adapters on one base model is measured without downloading any: :func:`make_adapter` writes
+Serving many adapters on one base model is measured without downloading any: :func:`make_lora` writes
 a PEFT-format adapter (``adapter_config.json`` and ``adapter_model.safetensors``) for a Llama-shaped model
 from its ``config.json`` alone, its weights drawn from a seeded generator, so the same seed and rank give
 the same bytes everywhere. What an adapter computes does not matter to a serving benchmark; its shape
@@ -31,7 +31,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
-class LoraAdapter:
+class Lora:
     """One adapter an engine serves: the name requests ask for (their ``model``), where it lies, its rank."""
 
     name: str
@@ -46,7 +46,7 @@ class LoraAdapter:
 
 
 @dataclass(frozen=True)
-class AdapterSpec:
+class LoraSpec:
     """An adapter the user asked for, before it exists: a rank to generate, or a directory to read."""
 
     name: str
@@ -54,10 +54,10 @@ class AdapterSpec:
     path: Path | None = None
 
     @classmethod
-    def parse_list(cls, text: str) -> tuple[AdapterSpec, ...]:
+    def parse_list(cls, text: str) -> tuple[LoraSpec, ...]:
         """``8,16,32,64`` (generate adapters of these ranks, named ``lora-0-r8``, ...) or ``NAME=PATH,...``
         (PEFT adapters on disk), mixed as wished. ValueError naming ``--lora-adapters``."""
-        specs: list[AdapterSpec] = []
+        specs: list[LoraSpec] = []
         for i, item in enumerate(part.strip() for part in text.split(",")):
             name, sep, path = item.partition("=")
             if sep:
@@ -109,7 +109,7 @@ class TrafficSplit:
         except ValueError as exc:
             raise ValueError(f"--lora-split {text!r}: expected even, skewed[:SHARE] or W1:W2:... ({exc})") from None
 
-    def for_adapters(self, n: int) -> tuple[float, ...]:
+    def for_loras(self, n: int) -> tuple[float, ...]:
         """The weights for ``n`` adapters; ValueError when the split names another number of them."""
         if self.skewed_share is not None:
             if n < 2:
@@ -152,7 +152,7 @@ def _projection_shapes(model_dir: Path) -> dict[str, tuple[int, int]]:
     return {f"model.layers.{i}.{kind.get(p, 'mlp')}.{p}": shapes[p] for i in range(layers) for p in TARGET_MODULES}
 
 
-def make_adapter(model_dir: Path, dest: Path, name: str, rank: int, *, seed: int = 0) -> LoraAdapter:
+def make_lora(model_dir: Path, dest: Path, name: str, rank: int, *, seed: int = 0) -> Lora:
     """Write a PEFT adapter of ``rank`` for the model in ``model_dir`` into ``dest``, weights seeded by
     (``seed``, ``name``, ``rank``); rewritten identically when it already exists."""
     rng = np.random.default_rng([seed, rank, *name.encode()])
@@ -169,20 +169,20 @@ def make_adapter(model_dir: Path, dest: Path, name: str, rank: int, *, seed: int
               "lora_dropout": 0.0, "bias": "none", "target_modules": list(TARGET_MODULES),
               "base_model_name_or_path": model_dir.name}
     (dest / "adapter_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    return LoraAdapter(name, dest, rank)
+    return Lora(name, dest, rank)
 
 
-def materialize(specs: tuple[AdapterSpec, ...], model_dir: Path | None, dest: Path, *,
-                seed: int = 0) -> tuple[LoraAdapter, ...]:
+def materialize(specs: tuple[LoraSpec, ...], model_dir: Path | None, dest: Path, *,
+                seed: int = 0) -> tuple[Lora, ...]:
     """The adapters ``specs`` ask for: generated into ``dest/NAME`` for ``model_dir``, or read where they lie."""
-    adapters = []
+    loras = []
     for spec in specs:
         if spec.path is not None:
-            adapters.append(LoraAdapter(spec.name, spec.path, read_rank(spec.path, spec.name)))
+            loras.append(Lora(spec.name, spec.path, read_rank(spec.path, spec.name)))
             continue
         if model_dir is None:
             raise ValueError(f"LoRA adapter {spec.name!r} (rank {spec.rank}) cannot be generated for a model that is "
                              "not a local directory; give adapters as NAME=PATH")
         assert spec.rank is not None
-        adapters.append(make_adapter(model_dir, dest / spec.name, spec.name, spec.rank, seed=seed))
-    return tuple(adapters)
+        loras.append(make_lora(model_dir, dest / spec.name, spec.name, spec.rank, seed=seed))
+    return tuple(loras)

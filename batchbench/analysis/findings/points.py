@@ -24,7 +24,7 @@ from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
 from batchbench.measures.metrics import Summary, summarize
 from batchbench.measures.slo import Slo, Verdict
-from batchbench.measures.speculation import SpecCounters
+from batchbench.measures.speculation import SpeculationCounters
 from batchbench.results.document import RunDocument
 
 #: The layouts the main job runs, in the order findings list them: the two batching layouts of the curve,
@@ -89,7 +89,7 @@ class Measurement:
     records: tuple[RequestRecord, ...] = field(default=(), repr=False)
     #: The engine's batching configuration (``BatchingConfig.to_dict()``) and its speculation counters' growth.
     batching: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    speculation: SpecCounters | None = None
+    speculation: SpeculationCounters | None = None
 
     @property
     def valid(self) -> bool:
@@ -351,7 +351,7 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
         kv_plan=_kv_plan(doc, _label_int(labels, "kv_capacity_tokens")),
         precision_target=_label_share(labels, PRECISION_LABEL),
         engine_report=footer.engine_report if footer is not None else {}, records=tuple(doc.records),
-        batching=dict(doc.header.batching), speculation=SpecCounters.over(doc.server_metrics),
+        batching=dict(doc.header.batching), speculation=SpeculationCounters.over(doc.server_metrics),
     )
 
 
