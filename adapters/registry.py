@@ -84,7 +84,7 @@ class EngineOptions:
     server_niceness: int = 10
     #: LoRA adapters the engines serve beside the model (``--lora-adapters``), refused by name by an engine
     #: that cannot serve them.
-    lora_adapters: tuple[Lora, ...] = ()
+    loras: tuple[Lora, ...] = ()
     #: Which CPUs launched engines and the load generator run on (``--cpus``, or the default split); None:
     #: nothing placed, for the reason in :attr:`unplaced`.
     placement: CpuPlacement | None = None
@@ -134,9 +134,9 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     """
     spec = get_spec(name)
     cls = spec.engine_class
-    cls.check_loras(batching or BatchingConfig(), options.lora_adapters)
+    cls.check_loras(batching or BatchingConfig(), options.loras)
     # Only an engine that serves adapters takes them (check_loras refused the others by name).
-    lora = {"lora_adapters": options.lora_adapters} if options.lora_adapters else {}
+    lora = {"lora_adapters": options.loras} if options.loras else {}
     url = options.url_for(name)
     if url is not None:
         # Without --model the adapter asks the server which model it serves.

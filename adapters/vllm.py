@@ -242,7 +242,7 @@ class VLLMEngine(OpenAICompletionsEngine):
             if batching.chunked_prefill is None:
                 args.append("--enable-chunked-prefill")  # the cap is chunking: say so, whatever the default
             args += ["--long-prefill-token-threshold", str(batching.prefill_chunk_tokens)]
-        if self.lora_adapters or batching.max_loras is not None or batching.max_lora_rank is not None:
+        if self.loras or batching.max_loras is not None or batching.max_lora_rank is not None:
             # --max-cpu-loras is left at its default, max_loras: an adapter beyond the step's slots is also
             # evicted from the CPU cache and loaded from disk again when its turn comes (swapping).
             args.append("--enable-lora")
@@ -250,10 +250,10 @@ class VLLMEngine(OpenAICompletionsEngine):
                 args += ["--max-loras", str(batching.max_loras)]
             if batching.max_lora_rank is not None:
                 args += ["--max-lora-rank", str(batching.max_lora_rank)]
-            if self.lora_adapters:
+            if self.loras:
                 # The JSON form: a path with '=' or ',' in it would break the NAME=PATH form.
                 args += ["--lora-modules",
-                         *(json.dumps({"name": a.name, "path": str(a.path)}) for a in self.lora_adapters)]
+                         *(json.dumps({"name": a.name, "path": str(a.path)}) for a in self.loras)]
         if batching.speculative_method is not None:
             config = {"method": batching.speculative_method, "num_speculative_tokens": batching.draft_tokens}
             args += ["--speculative-config", json.dumps(config)]
@@ -325,7 +325,7 @@ class VLLMEngine(OpenAICompletionsEngine):
             prefix_cache_queries=samples.sum("vllm:prefix_cache_queries_total"),
             prefix_cache_hits=samples.sum("vllm:prefix_cache_hits_total"),
             waiting_deferred=_sum_where(samples, "vllm:num_requests_waiting_by_reason", reason="deferred"),
-            lora_adapters_active=_active_loras(samples),
+            loras_active=_active_loras(samples),
             spec_drafts=samples.sum("vllm:spec_decode_num_drafts_total"),
             spec_draft_tokens=samples.sum("vllm:spec_decode_num_draft_tokens_total"),
             spec_accepted_tokens=samples.sum("vllm:spec_decode_num_accepted_tokens_total"),

@@ -97,7 +97,7 @@ def test_adapters_beyond_the_slots_wait_for_one(
     wls = workloads(tuple(a.name for a in loras))
     config = BatchingConfig(max_loras=SLOTS, max_lora_rank=max(RANKS))
     try:
-        with harness.private_engine(engine_name, config, lora_adapters=loras) as engine:
+        with harness.private_engine(engine_name, config, loras=loras) as engine:
             harness.replay(engine, warm_up(wls["over"]))  # each adapter loaded, a full batch's shapes seen
 
             def measure(split: str, repeat: int) -> RunResult:
@@ -122,7 +122,7 @@ def test_adapters_beyond_the_slots_wait_for_one(
     samples = {split: [s for r in rs for s in r.samples] for split, rs in runs.items()}
     has_gauges = all(s.waiting_deferred is not None for ss in samples.values() for s in ss)
     deferred = {split: max((s.waiting_deferred or 0.0 for s in ss), default=0.0) for split, ss in samples.items()}
-    served = {split: max((len(s.lora_adapters_active or ()) for s in ss), default=0) for split, ss in samples.items()}
+    served = {split: max((len(s.loras_active or ()) for s in ss), default=0) for split, ss in samples.items()}
     print(f"\n{engine_name}, max_loras={SLOTS}, {REPEATS} runs each (medians):")
     for split in runs:
         print(f"  {split:5s} TTFT p50 {ttft[split] * 1000:5.0f} ms, p90 {tails[split] * 1000:5.0f} ms; Jain "

@@ -102,7 +102,7 @@ def test_adapters_on_the_command_line_are_ranks_to_make_or_directories(tmp_path:
 def test_vllm_serves_adapters_with_its_own_lora_flags(tmp_path: Path) -> None:
     loras = (Lora("a", tmp_path / "a", 8), Lora("b", tmp_path / "b", 64))
     engine = VLLMEngine(BatchingConfig(max_loras=2, max_lora_rank=64), model=MODEL, launch=object(),  # type: ignore[arg-type]
-                        lora_adapters=loras)
+                        loras=loras)
     args = engine.server_args(engine.batching, host="h", port=1)
     assert "--enable-lora" in args
     assert args[args.index("--max-loras") + 1] == "2" and args[args.index("--max-lora-rank") + 1] == "64"
@@ -114,7 +114,7 @@ def test_vllm_serves_adapters_with_its_own_lora_flags(tmp_path: Path) -> None:
 
 def test_a_rank_above_max_lora_rank_is_refused_by_name_before_any_engine_starts(tmp_path: Path) -> None:
     big = (Lora("big", tmp_path, 64),)
-    options = EngineOptions(lora_adapters=big)
+    options = EngineOptions(loras=big)
     with pytest.raises(ValueError, match=r"'big' has rank 64, above BatchingConfig.max_lora_rank=32"):
         make_engine("vllm", BatchingConfig(max_lora_rank=32), options)
     with pytest.raises(ValueError, match=r"max_lora_rank=16, the engine's default"):
@@ -129,7 +129,7 @@ def test_engines_without_a_lora_mapping_refuse_it_by_name(name: str, tmp_path: P
         make_engine(name, BatchingConfig(max_loras=2, mode="static" if name == "hf-static" else "continuous"),
                     EngineOptions(urls=((name, "http://x.test"),)))
     with pytest.raises(ValueError, match="cannot serve LoRA adapters"):
-        make_engine(name, None, EngineOptions(lora_adapters=(Lora("a", tmp_path, 8),)))
+        make_engine(name, None, EngineOptions(loras=(Lora("a", tmp_path, 8),)))
 
 
 def test_batching_parses_the_lora_knobs() -> None:
@@ -149,7 +149,7 @@ def test_vllm_lora_gauges_are_read() -> None:
         'vllm:num_requests_waiting_by_reason{engine="0",reason="deferred"} 3.0\n'
     )
     metrics = VLLMEngine(model=MODEL, url="http://vllm.test").normalize(Samples.parse(text))
-    assert metrics.lora_adapters_active == ["a", "b"] and metrics.waiting_deferred == 3.0
+    assert metrics.loras_active == ["a", "b"] and metrics.waiting_deferred == 3.0
 
 
 def test_the_summary_is_split_by_adapter_with_its_fairness() -> None:

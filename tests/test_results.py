@@ -554,8 +554,9 @@ def test_a_version_1_document_is_read(tmp_path: Path) -> None:
 
 
 def test_a_version_3_document_reads_its_lora_names_under_their_old_keys(tmp_path: Path) -> None:
-    """Version 3 called a request's LoRA its ``adapter`` and the summary's per-LoRA figures ``adapters`` and
-    ``adapter_fairness``; read, they are the same values under today's names."""
+    """Version 3 called a request's LoRA its ``adapter``, the summary's per-LoRA figures ``adapters`` and
+    ``adapter_fairness`` and a sample's ``lora_adapters_active``; read, they are the same values under today's
+    names."""
     recs = [dataclasses.replace(make_record(i), lora=name) for i, name in enumerate(["a", "b", "a"])]
     summary = summarize(recs, duration_s=2.0)
     assert summary.loras is not None and summary.lora_fairness is not None
@@ -566,10 +567,13 @@ def test_a_version_3_document_reads_its_lora_names_under_their_old_keys(tmp_path
         d = r.to_dict()
         d["adapter"] = d.pop("lora")
         old_records.append(d)
+    samples = [{**ServerMetrics(t=0.0).to_dict(), "lora_adapters_active": ["a", "b"]}]
+    samples[0].pop("loras_active")
     path = tmp_path / "v3.json"
-    path.write_text(json.dumps({**V1_DOCUMENT, "schema_version": 3, "records": old_records, "summary": old}),
-                    encoding="utf-8")
+    path.write_text(json.dumps({**V1_DOCUMENT, "schema_version": 3, "records": old_records, "summary": old,
+                                "server_metrics": samples}), encoding="utf-8")
     doc = load(path)
+    assert doc.server_metrics[0].loras_active == ["a", "b"]
     assert [r.lora for r in doc.records] == ["a", "b", "a"] and doc.problems == []
     assert doc.footer is not None and doc.footer.summary is not None
     assert doc.footer.summary.loras == summary.loras and doc.footer.summary.lora_fairness == summary.lora_fairness

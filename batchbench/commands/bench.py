@@ -36,11 +36,11 @@ from batchbench.commands.common import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     StartingEngines,
-    check_lora_adapters,
+    check_lora_specs,
     make_run_dir,
     one_batching,
     place_client,
-    serve_lora_adapters,
+    serve_loras,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import LevelKind, PreparedWorkload, add_workload_arguments, prepare_workload
@@ -156,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
                                           cpus=args.cpus)
         batching = one_batching(args.batching, "bench", engines)
         work = prepare_workload(args, profile, kind=kind, levels=levels)
-        check_lora_adapters(args.lora_adapters, engines, batching)
+        check_lora_specs(args.loras, engines, batching)
         options = with_load_processes(options, args.cpus, work.most_workers(kind, levels))
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
@@ -164,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
     if (run_dir := make_run_dir(args.results_dir, "bench")) is None:
         return EXIT_USAGE
     try:
-        options = serve_lora_adapters(args.lora_adapters, options, run_dir, args.seed)
+        options = serve_loras(args.loras, options, run_dir, args.seed)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -32,11 +32,11 @@ from batchbench.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     StartingEngines,
-    check_lora_adapters,
+    check_lora_specs,
     make_run_dir,
     one_batching,
     place_client,
-    serve_lora_adapters,
+    serve_loras,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import (
@@ -145,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
         batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
         work = prepare_workload(args, profile, kind=kind, levels=[args.start, args.max_level])
-        check_lora_adapters(args.lora_adapters, engines, batching)
+        check_lora_specs(args.loras, engines, batching)
         options = with_load_processes(options, args.cpus,
                                       work.most_workers(kind, [args.start, args.max_level]))
     except ValueError as exc:
@@ -154,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
     if (run_dir := make_run_dir(args.results_dir, "capacity")) is None:
         return EXIT_USAGE
     try:
-        options = serve_lora_adapters(args.lora_adapters, options, run_dir, args.seed)
+        options = serve_loras(args.loras, options, run_dir, args.seed)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE

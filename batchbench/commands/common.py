@@ -84,7 +84,7 @@ def one_batching(specs: list[str], command: str, engines: Sequence[str] = ()) ->
     return batching
 
 
-def check_lora_adapters(specs: tuple[LoraSpec, ...], engines: tuple[str, ...],
+def check_lora_specs(specs: tuple[LoraSpec, ...], engines: tuple[str, ...],
                         batching: BatchingConfig | None) -> None:
     """Refuse ``--lora-adapters`` an engine would not serve (no LoRA on it, a rank above max_lora_rank), naming
     the adapter and the field, before a run folder is made or an engine starts."""
@@ -93,7 +93,7 @@ def check_lora_adapters(specs: tuple[LoraSpec, ...], engines: tuple[str, ...],
         engine_class(name).check_loras(batching or BatchingConfig(), loras)
 
 
-def serve_lora_adapters(specs: tuple[LoraSpec, ...], options: EngineOptions, run_dir: Path,
+def serve_loras(specs: tuple[LoraSpec, ...], options: EngineOptions, run_dir: Path,
                         seed: int) -> EngineOptions:
     """The options with the adapters the engines serve: those to make written into the run folder (for the
     embedded model, or ``--model`` when it is a local directory)."""
@@ -101,7 +101,7 @@ def serve_lora_adapters(specs: tuple[LoraSpec, ...], options: EngineOptions, run
         return options
     model_dir = tiny_model_dir() if options.model is None else Path(options.model)
     loras = materialize(specs, model_dir if model_dir.is_dir() else None, run_dir / "lora-adapters", seed=seed)
-    return dataclasses.replace(options, lora_adapters=loras)
+    return dataclasses.replace(options, loras=loras)
 
 
 @contextmanager

@@ -112,7 +112,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                         help="load-generator processes, each with its own event loop (default 1: this one); auto "
                              "chooses per level from the expected chunk rate (batchbench/load/workers.py)")
     parser.add_argument("--no-report", action="store_true", help="write results only")
-    parser.add_argument("--lora-adapters", type=LoraSpec.parse_list, default=(), metavar="ADAPTERS",
+    parser.add_argument("--lora-adapters", dest="loras", type=LoraSpec.parse_list, default=(), metavar="ADAPTERS",
                         help="LoRA adapters served beside the model, requests shared among them: ranks to make with "
                              "seeded random weights (8,16,32,64; for the embedded or a local model) or NAME=PATH "
                              "of PEFT adapters; with --batching max_loras=N,max_lora_rank=R")
@@ -210,7 +210,7 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
         raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
                          "to fill; give --num-requests")
     _check_turns(args, kind)
-    loras: tuple[LoraSpec, ...] = getattr(args, "lora_adapters", ())
+    loras: tuple[LoraSpec, ...] = getattr(args, "loras", ())
     weights = args.lora_split.for_loras(len(loras)) if loras else ()
     if not loras and getattr(args, "lora_split", TrafficSplit()) != TrafficSplit():
         raise ValueError("--lora-split shares traffic among --lora-adapters: give them")

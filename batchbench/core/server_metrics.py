@@ -7,7 +7,7 @@ above the adapters knows which engine's names they were.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -39,7 +39,7 @@ class ServerMetrics:
     #: LoRA adapters with requests in the engine at its last logged step, as its output stream reported them
     #: (vLLM 0.32's ``lora_requests_info``: a request is counted from its first scheduled step, so in practice
     #: the adapters being served; never more than the engine's adapter slots).
-    lora_adapters_active: list[str] | None = None
+    loras_active: list[str] | None = field(default=None, metadata={"was": "lora_adapters_active"})  # before v4
     #: Speculative decoding, cumulative: verification steps that checked a draft, the draft tokens proposed and
     #: those the model accepted (vLLM's ``spec_decode_num_drafts``/``num_draft_tokens``/``num_accepted_tokens``).
     #: Over a run, accepted/draft tokens is the acceptance rate, and 1 + accepted/drafts the tokens a drafted step

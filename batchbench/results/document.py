@@ -39,8 +39,8 @@ the layout is published as a JSON Schema. Version 3 writes the header's
 ``{"ttft_p99": 0.5}``), not the per-request limits they give, and ``load`` as
 the load generator's own :class:`~batchbench.core.config.LoadConfig`. Version 4
 (this one) names a request's LoRA ``lora`` (``adapter`` before: one word meant
-both an engine adapter and a LoRA) and the summary's per-LoRA figures ``loras``
-and ``lora_fairness``. Versions 1 to 3 are read: a missing key that may be null
+both an engine adapter and a LoRA), the summary's per-LoRA figures ``loras``
+and ``lora_fairness``, and a sample's ``loras_active``. Versions 1 to 3 are read: a missing key that may be null
 reads as null (not recorded), any other missing key takes its default, a key
 renamed since is read under its old name, and a v2 ``slo`` reads as max
 objectives on its limits (the same goodput).
