@@ -136,7 +136,7 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     cls = spec.engine_class
     cls.check_loras(batching or BatchingConfig(), options.loras)
     # Only an engine that serves adapters takes them (check_loras refused the others by name).
-    lora = {"lora_adapters": options.loras} if options.loras else {}
+    lora = {"loras": options.loras} if options.loras else {}
     url = options.url_for(name)
     if url is not None:
         # Without --model the adapter asks the server which model it serves.

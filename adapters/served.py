@@ -217,5 +217,5 @@ class ServedEngine(Engine):
             "server_args": self.server_argv,
             "startup_s": self.startup_s,
             "launch": self.launch.describe() if self.launch is not None else None,
-            "lora_adapters": [{"name": a.name, "rank": a.rank} for a in self.loras],
+            "loras": [{"name": a.name, "rank": a.rank} for a in self.loras],
         }

@@ -14,6 +14,7 @@ from batchbench.adapters.registry import EngineOptions, get_spec, make_engine, p
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.core.config import BatchingConfig
 from batchbench.core.placement import CpuPlacement
+from batchbench.workload.lora import Lora
 
 
 def test_engine_urls_name_their_engine() -> None:
@@ -124,3 +125,15 @@ def test_engines_without_a_prefill_cap_refuse_one(name: str, options: EngineOpti
     mode = "static" if name == "hf-static" else "continuous"
     with pytest.raises(ValueError, match=f"engine '{name}' has no per-request cap on prefill tokens"):
         make_engine(name, BatchingConfig(mode=mode, prefill_chunk_tokens=64), options)
+
+
+def test_loras_reach_the_adapter_that_serves_them(tmp_path) -> None:
+    loras = (Lora("a", tmp_path / "a", 8), Lora("b", tmp_path / "b", 16))
+    batching = BatchingConfig(max_loras=2, max_lora_rank=16)
+    for options in (EngineOptions(launch="local", loras=loras),
+                    EngineOptions(urls=(("vllm", "http://10.0.0.1:8000"),), loras=loras)):
+        engine = make_engine("vllm", batching, options)
+        assert engine.loras == loras
+        assert engine.describe()["loras"] == [{"name": "a", "rank": 8}, {"name": "b", "rank": 16}]
+    with pytest.raises(ValueError, match="hf-static"):
+        make_engine("hf-static", batching, EngineOptions(loras=loras))
