@@ -1,35 +1,36 @@
-"""hf-static's server: static batching over transformers ``generate()``, in a process of its own.
+"""The transformers server behind hf-static and hf-continuous: one model, two batchers, a process of its own.
 
-``python -m batchbench.adapters.hf_server --model DIR [--max-batch-size 8] [--batch-window-s 0.02]
-[--threads T] [--dtype bfloat16] [--seed 0] [--host 127.0.0.1] [--port 0]``
+``python -m batchbench.adapters.hf_server --model DIR [--batching static|continuous] [--max-batch-size N]
+[--batch-window-s 0.02] [--max-batch-tokens T] [--kv-blocks B] [--block-size 16] [--memory-fraction F]
+ [--device auto|cpu|cuda] [--threads T] [--dtype bfloat16] [--seed 0] [--host 127.0.0.1]
+[--port 0]``
 
 Why a process: run inside the load generator, the model's steps held the GIL that the event loop stamping
-every chunk needs, so the client's clock was the engine's. Served over HTTP, hf-static is timed on the
-client's clock exactly as vLLM is (:class:`batchbench.adapters.hf_static.HFStaticEngine`).
+every chunk needs, so the client's clock was the engine's. Served over HTTP, both are timed on the client's clock
+exactly as vLLM is (:class:`batchbench.adapters.hf_static.HFStaticEngine`,
+:class:`batchbench.adapters.hf_continuous.HFContinuousEngine`).
 
-The batcher (:class:`StaticBatcher`): requests are gathered into a batch until it holds ``max_batch_size``
-or ``batch_window_s`` after its first request arrived, left-padded to the longest prompt and run through
-``generate()`` as one tensor with ``min_new_tokens = max_new_tokens`` = the batch's longest output, so
-EOS never ends a request early. Nothing joins a running batch; every slot decodes until the longest
-request is done, and each request is served exactly its ``max_tokens``. Pad tokens in prefill and the
-decode steps of finished slots are counted exactly per batch (:class:`BatchStat`): the waste continuous
-batching removes. The weights are seeded random ones of the Llama-style config in ``--model`` (a folder
-with a config.json); nothing is downloaded.
+The batchers (:mod:`batchbench.adapters.hf_batchers`): static (padded batches through ``generate()``, hf-static) or
+continuous (transformers' continuous batching over a paged KV cache, hf-continuous). Either serves each request
+exactly its ``max_tokens``. The weights are seeded random ones of the Llama-style config in ``--model`` (a folder
+with a config.json); nothing is downloaded. ``--device auto`` puts the model on the GPU when torch sees one.
 
 Routes, on aiohttp.web:
 
 - ``POST /v1/completions``: the OpenAI completions stream as vLLM 0.32 writes it (the fields
   :mod:`batchbench.adapters.openai_compat` reads): the prompt as a list of token ids, ``max_tokens``,
-  ``stream: true``; one event per token per request as each decode step ends (the generate thread hands
+  ``stream: true``; one event per token per request as each decode step ends (the batcher's thread hands
   each step to the event loop with ``call_soon_threadsafe``), with the running ``usage.completion_tokens``
   under ``stream_options.continuous_usage_stats``, ``finish_reason: "length"`` on the last, a usage-only
   event under ``stream_options.include_usage``, then ``data: [DONE]``. It serves one model and does not
   check the request's ``model``. A request it cannot serve is a 400 with vLLM's error body; a batch that
   raises ends each of its streams with vLLM's in-stream error event (code 500).
-- ``GET /health``; ``GET /v1/models``; ``GET /metrics``: Prometheus text, ``batchbench_hf_num_requests_running``,
-  ``batchbench_hf_num_requests_waiting`` (gauges) and ``batchbench_hf_request_success_total`` (a counter).
-- ``GET /batchbench/report``: the batches since ``POST /batchbench/begin_run`` (:meth:`StaticBatcher.report`);
-  ``GET /batchbench/info``: the server's settings, package versions and start-up times.
+- ``GET /health`` (a 503 naming the error once the continuous batcher's loop has died); ``GET /v1/models``;
+  ``GET /metrics``: Prometheus text, ``batchbench_hf_num_requests_running``, ``batchbench_hf_num_requests_waiting``
+  (gauges), ``batchbench_hf_request_success_total`` (a counter) and, for the continuous batcher once its cache
+  exists, ``batchbench_hf_kv_cache_usage_perc`` (a fraction, as vLLM's) and ``batchbench_hf_kv_cache_capacity_tokens``.
+- ``GET /batchbench/report``: the batcher's accounting since ``POST /batchbench/begin_run`` (the static batcher's
+  padding per batch); ``GET /batchbench/info``: the server's settings, package versions and start-up times.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,166 +48,17 @@ from typing import Any
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
+from batchbench.adapters.hf_batchers import Batcher, ContinuousBatcher, StaticBatcher
 from batchbench.core import eventloop
 from batchbench.core.clock import now
 
-#: A request's queue carries decode steps (ints, its tokens so far) or, when its batch failed, the reason.
-Step = int | str
-
-
-@dataclass
-class BatchStat:
-    """Accounting for one padded batch, in token slots."""
-
-    size: int
-    prompt_lens: list[int]
-    output_lens: list[int]
-    padded_prompt_len: int
-    decode_steps: int
-    started_s: float
-    #: None while the batch is still decoding.
-    duration_s: float | None
-
-    @property
-    def prompt_pad_tokens(self) -> int:
-        return self.size * self.padded_prompt_len - sum(self.prompt_lens)
-
-    @property
-    def idle_decode_slots(self) -> int:
-        return self.size * self.decode_steps - sum(self.output_lens)
-
-
-@dataclass
-class Pending:
-    """One request waiting for, or in, a batch; its stream reads ``steps``."""
-
-    prompt: list[int]
-    max_tokens: int
-    steps: asyncio.Queue[Step]
-
-
-class StaticBatcher:
-    """Gathers requests into padded batches and runs each through ``model.generate()`` in a worker thread.
-
-    ``model`` is a transformers causal LM (anything with its ``generate(input_ids=, attention_mask=,
-    max_new_tokens=, min_new_tokens=, do_sample=, pad_token_id=, streamer=)``).
-    """
-
-    def __init__(self, model: Any, *, max_batch_size: int, batch_window_s: float, pad_token_id: int) -> None:
-        self.model = model
-        self.max_batch_size = max_batch_size
-        self.batch_window_s = batch_window_s
-        self.pad_token_id = pad_token_id
-        self.waiting: asyncio.Queue[Pending] = asyncio.Queue()
-        #: Requests in the batch being generated (0 between batches).
-        self.running = 0
-        self.batches: list[BatchStat] = []
-        self._t0 = now()
-
-    def submit(self, prompt: list[int], max_tokens: int) -> Pending:
-        pending = Pending(prompt, max_tokens, asyncio.Queue())
-        self.waiting.put_nowait(pending)
-        return pending
-
-    def begin_run(self) -> None:
-        """Accounting afresh: one server serves many runs."""
-        self.batches = []
-        self._t0 = now()
-
-    def report(self) -> dict[str, Any]:
-        """The batches since :meth:`begin_run`, each with its pad tokens and idle decode slots, and the totals."""
-        pad = sum(b.prompt_pad_tokens for b in self.batches)
-        prompt_slots = sum(b.size * b.padded_prompt_len for b in self.batches)
-        idle = sum(b.idle_decode_slots for b in self.batches)
-        decode_slots = sum(b.size * b.decode_steps for b in self.batches)
-        return {
-            "batches": [asdict(b) | {"prompt_pad_tokens": b.prompt_pad_tokens,
-                                     "idle_decode_slots": b.idle_decode_slots} for b in self.batches],
-            "prompt_pad_tokens": pad,
-            "prompt_pad_fraction": pad / prompt_slots if prompt_slots else None,
-            "idle_decode_slots": idle,
-            "decode_idle_fraction": idle / decode_slots if decode_slots else None,
-        }
-
-    async def run(self) -> None:
-        """Form and run batches until cancelled. A batch that raises fails its own requests, not the batcher."""
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._gather(loop)
-            self.running = len(batch)
-            started = now()
-            plens, olens = [len(p.prompt) for p in batch], [p.max_tokens for p in batch]
-            # Recorded before it runs: a request's stream ends with its own last token, so a run can end
-            # while the slots of its last batch are still decoding.
-            stat = BatchStat(size=len(batch), prompt_lens=plens, output_lens=olens, padded_prompt_len=max(plens),
-                             decode_steps=max(olens), started_s=started - self._t0, duration_s=None)
-            self.batches.append(stat)
-            try:
-                await asyncio.to_thread(self._generate, batch, loop)
-            except Exception as exc:  # whatever generate() raised is the error of the batch's requests
-                if stat in self.batches:  # it was not served: it is no batch of the accounting
-                    self.batches.remove(stat)
-                for pending in batch:  # a stream that already ended never reads it
-                    pending.steps.put_nowait(f"batch failed: {type(exc).__name__}: {exc}")
-            else:
-                stat.duration_s = now() - started
-            finally:
-                self.running = 0
-
-    async def _gather(self, loop: asyncio.AbstractEventLoop) -> list[Pending]:
-        """The next batch: the first waiting request, then more until full or the window after it closes."""
-        batch = [await self.waiting.get()]
-        deadline = loop.time() + self.batch_window_s
-        while len(batch) < self.max_batch_size:
-            timeout = deadline - loop.time()
-            if timeout <= 0 and self.waiting.empty():
-                break
-            try:
-                batch.append(await asyncio.wait_for(self.waiting.get(), max(timeout, 0)))
-            except TimeoutError:
-                break
-        return batch
-
-    def _generate(self, batch: list[Pending], loop: asyncio.AbstractEventLoop) -> None:
-        """Run one padded batch (in a worker thread); each decode step is handed to the loop as it ends."""
-        import torch
-        from transformers.generation.streamers import BaseStreamer
-
-        pad, width = self.pad_token_id, max(len(p.prompt) for p in batch)
-        rows = [[pad] * (width - len(p.prompt)) + p.prompt for p in batch]
-        mask = [[0] * (width - len(p.prompt)) + [1] * len(p.prompt) for p in batch]
-        steps = max(p.max_tokens for p in batch)
-
-        def stepped(step: int) -> None:
-            for pending in batch:
-                if step <= pending.max_tokens:
-                    pending.steps.put_nowait(step)
-
-        class PerStep(BaseStreamer):
-            """Called once per decode step with the batch's new tokens; the first call is the prompt."""
-
-            def __init__(self) -> None:
-                self.step = -1
-
-            def put(self, value: Any) -> None:
-                self.step += 1
-                if self.step:
-                    loop.call_soon_threadsafe(stepped, self.step)
-
-            def end(self) -> None:
-                pass
-
-        with torch.inference_mode():
-            self.model.generate(
-                input_ids=torch.tensor(rows),
-                attention_mask=torch.tensor(mask),
-                max_new_tokens=steps,
-                min_new_tokens=steps,  # ignore EOS: every request gets exactly its max_tokens
-                do_sample=False,
-                pad_token_id=pad,
-                streamer=PerStep(),
-            )
+#: The continuous batcher's KV cache on the CPU when ``--kv-blocks`` is not given. transformers 5.19 sizes it from
+#: free memory wherever it runs, which on the CPU is 90% of the host's RAM (74,176 blocks of 16 tokens, about 20 GB,
+#: 29 s to allocate, for the tiny model on a 24 GiB machine): far beyond what a CPU run can fill.
+CPU_KV_TOKENS = 65536
 
 
 class _Events:
@@ -270,23 +123,52 @@ class ServerInfo:
     max_model_len: int | None
     seed: int
     dtype: str
-    max_batch_size: int
-    batch_window_s: float
+    #: The padded batch (static), or the most requests one step may hold (continuous; None: transformers' default).
+    max_batch_size: int | None
+    #: Static only: how long a batch waits for more requests after its first.
+    batch_window_s: float | None
     threads: int | None
     torch_threads: int | None
     versions: dict[str, str]
     #: Seconds to import torch and transformers, and to build the model from its config.
     import_s: float | None
     build_s: float | None
+    #: "static" or "continuous": which batcher serves.
+    batching: str = "static"
+    #: Where the model runs ("cpu", "cuda:0").
+    device: str = "cpu"
+    #: Continuous only: the step's token budget, the KV blocks asked for (None: sized by transformers from free
+    #: accelerator memory) and the tokens a block holds.
+    max_batch_tokens: int | None = None
+    kv_blocks: int | None = None
+    block_size: int | None = None
 
 
-def make_app(batcher: StaticBatcher, info: ServerInfo) -> web.Application:
+class _CacheGauges(Collector):
+    """The batcher's KV-cache gauges, written only while it has a cache: Prometheus has no "unknown" value, and
+    a 0 would read as an empty cache."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        usage, capacity = self.batcher.kv_usage(), self.batcher.kv_capacity_tokens()
+        if usage is not None:
+            yield GaugeMetricFamily("batchbench_hf_kv_cache_usage_perc", "Fraction of the paged KV cache in use",
+                                    value=usage)
+        if capacity is not None:
+            yield GaugeMetricFamily("batchbench_hf_kv_cache_capacity_tokens", "Tokens the paged KV cache holds",
+                                    value=capacity)
+
+
+def make_app(batcher: Batcher, info: ServerInfo) -> web.Application:
     """The routes of the module docstring over ``batcher``; the batcher runs while the app does."""
     registry = CollectorRegistry()
-    Gauge("batchbench_hf_num_requests_running", "Requests in the batch being generated",
+    Gauge("batchbench_hf_num_requests_running", "Requests being generated",
           registry=registry).set_function(lambda: batcher.running)
-    Gauge("batchbench_hf_num_requests_waiting", "Requests waiting for a batch",
-          registry=registry).set_function(lambda: batcher.waiting.qsize())
+    Gauge("batchbench_hf_num_requests_waiting", "Requests waiting to be scheduled",
+          registry=registry).set_function(lambda: batcher.num_waiting)
+    registry.register(_CacheGauges(batcher))
     success = Counter("batchbench_hf_request_success", "Requests served in full", registry=registry)
     done = b"data: [DONE]\n\n"
 
@@ -318,11 +200,16 @@ def make_app(batcher: StaticBatcher, info: ServerInfo) -> web.Application:
                     break
             await response.write(done)
             await response.write_eof()
-        except ConnectionError:  # the client went away; its slot decodes on (nothing leaves a static batch)
-            pass
+        except ConnectionError:  # the client went away: a continuous batcher frees its slot, a static batch cannot
+            if pending.cancel is not None:
+                pending.cancel()
         return response
 
     async def health(_: web.Request) -> web.Response:
+        failure = batcher.failure()
+        if failure is not None:
+            return web.json_response(_error_body(503, f"the generation loop stopped: {failure}", "ServiceUnavailable"),
+                                     status=503, dumps=_dumps)
         return web.Response(text="")
 
     async def models(_: web.Request) -> web.Response:
@@ -344,9 +231,10 @@ def make_app(batcher: StaticBatcher, info: ServerInfo) -> web.Application:
         return web.json_response(asdict(info), dumps=_dumps)
 
     async def batching(app: web.Application) -> Any:
-        task = asyncio.create_task(batcher.run(), name="hf-static-batcher")
+        task = asyncio.create_task(batcher.run(), name=f"hf-{info.batching}-batcher")
         yield
         task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # the continuous batcher's thread is stopped, not left
 
     app = web.Application()
     app.add_routes([web.post("/v1/completions", completions), web.get("/health", health),
@@ -367,9 +255,10 @@ async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunn
     return runner, f"http://{bound_host}:{bound_port}"
 
 
-def build_model(model_dir: Path, *, seed: int, dtype: str, threads: int | None) -> tuple[Any, dict[str, Any]]:
-    """The causal LM of ``model_dir``'s config with seeded random weights, and what :class:`ServerInfo` takes
-    from it (versions, thread count, import and build times)."""
+def build_model(model_dir: Path, *, seed: int, dtype: str, threads: int | None,
+                device: str = "cpu") -> tuple[Any, dict[str, Any]]:
+    """The causal LM of ``model_dir``'s config with seeded random weights on ``device`` ("auto": the GPU when torch
+    sees one), and what :class:`ServerInfo` takes from it (versions, device, thread count, import and build times)."""
     started = now()
     import torch
     import transformers
@@ -378,13 +267,17 @@ def build_model(model_dir: Path, *, seed: int, dtype: str, threads: int | None) 
     imported = now()
     if threads:
         torch.set_num_threads(threads)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     config = AutoConfig.from_pretrained(model_dir)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    with torch.device(device):  # the weights are made where they run: an 8B model is not built on the CPU first
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.eval()
     return model, {
         "vocab_size": config.vocab_size, "max_model_len": getattr(config, "max_position_embeddings", None),
         "pad_token_id": config.pad_token_id or 0, "torch_threads": torch.get_num_threads(),
+        "device": str(model.device),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "import_s": imported - started, "build_s": now() - imported,
     }
@@ -396,37 +289,69 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, type=Path, help="a Llama-style config folder (config.json)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model /v1/models lists (default: the folder's name)")
-    parser.add_argument("--max-batch-size", type=int, default=8, help="requests per padded batch")
+    parser.add_argument("--batching", choices=("static", "continuous"), default="static",
+                        help="padded batches through generate() (hf-static) or transformers' continuous batching")
+    parser.add_argument("--max-batch-size", type=int, default=None,
+                        help="static: requests per padded batch (default 8); continuous: most requests per step")
     parser.add_argument("--batch-window-s", type=float, default=0.02,
-                        help="how long a batch waits for more requests after its first")
+                        help="static: how long a batch waits for more requests after its first")
+    parser.add_argument("--max-batch-tokens", type=int, default=None,
+                        help="continuous: tokens per step, prefill chunks and decodes together")
+    parser.add_argument("--kv-blocks", type=int, default=None,
+                        help="continuous: KV-cache blocks (default: on a GPU transformers sizes it from free memory; "
+                             f"on the CPU {CPU_KV_TOKENS} tokens' worth)")
+    parser.add_argument("--block-size", type=int, default=16, help="continuous: tokens per KV-cache block")
+    parser.add_argument("--memory-fraction", type=float, default=None,
+                        help="continuous: fraction of free GPU memory the KV cache may take")
+    parser.add_argument("--device", default="auto", help="auto (the GPU when torch sees one), cpu, cuda, cuda:N")
     parser.add_argument("--threads", type=int, default=None, help="torch's threads (and OMP_NUM_THREADS)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0, help="seeds the random weights")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on start)")
     args = parser.parse_args(argv)
-    if args.max_batch_size < 1 or args.batch_window_s < 0 or (args.threads is not None and args.threads < 1):
-        parser.error("--max-batch-size and --threads must be at least 1, --batch-window-s not negative")
+    counts = (args.max_batch_size, args.threads, args.max_batch_tokens, args.kv_blocks, args.block_size)
+    if any(n is not None and n < 1 for n in counts) or args.batch_window_s < 0:
+        parser.error("--max-batch-size, --threads, --max-batch-tokens, --kv-blocks and --block-size must be at "
+                     "least 1, --batch-window-s not negative")
+    if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
+        parser.error("--memory-fraction must be in (0, 1]")
+    static = args.batching == "static"
+    name = f"hf-{args.batching}"
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read by torch's OpenMP when it is imported
     if not (args.model / "config.json").is_file():
-        sys.exit(f"hf-static server: cannot load the model config from {args.model}: no config.json there")
-    print(f"hf-static server: building {args.model.name} with seeded random weights", flush=True)
+        sys.exit(f"{name} server: cannot load the model config from {args.model}: no config.json there")
+    print(f"{name} server: building {args.model.name} with seeded random weights", flush=True)
     try:
-        model, built = build_model(args.model, seed=args.seed, dtype=args.dtype, threads=args.threads)
-    except (OSError, ValueError, AttributeError) as exc:  # a config transformers refuses, a dtype torch lacks
-        sys.exit(f"hf-static server: cannot build the model from {args.model}: {exc}")
+        model, built = build_model(args.model, seed=args.seed, dtype=args.dtype, threads=args.threads,
+                                   device=args.device)
+    except (OSError, ValueError, AttributeError, RuntimeError) as exc:  # a config transformers refuses, a dtype
+        # torch lacks, a device it does not have
+        sys.exit(f"{name} server: cannot build the model from {args.model}: {exc}")
     pad_token_id = built.pop("pad_token_id")
+    if not static and args.kv_blocks is None and built["device"] == "cpu":
+        args.kv_blocks = CPU_KV_TOKENS // args.block_size
+    max_batch_size = (args.max_batch_size or 8) if static else args.max_batch_size
     info = ServerInfo(model=args.model.name, served_model_name=args.served_model_name or args.model.name,
-                      seed=args.seed, dtype=args.dtype, max_batch_size=args.max_batch_size,
-                      batch_window_s=args.batch_window_s, threads=args.threads, **built)
+                      seed=args.seed, dtype=args.dtype, max_batch_size=max_batch_size,
+                      batch_window_s=args.batch_window_s if static else None, threads=args.threads,
+                      batching=args.batching, **built, **({} if static else {
+                          "max_batch_tokens": args.max_batch_tokens, "kv_blocks": args.kv_blocks,
+                          "block_size": args.block_size}))
 
     async def run() -> None:
-        batcher = StaticBatcher(model, max_batch_size=args.max_batch_size, batch_window_s=args.batch_window_s,
-                                pad_token_id=pad_token_id)
+        batcher: Batcher
+        if static:
+            batcher = StaticBatcher(model, max_batch_size=max_batch_size, batch_window_s=args.batch_window_s,
+                                    pad_token_id=pad_token_id)
+        else:
+            batcher = ContinuousBatcher(model, max_requests=max_batch_size, max_batch_tokens=args.max_batch_tokens,
+                                        kv_blocks=args.kv_blocks, block_size=args.block_size,
+                                        memory_fraction=args.memory_fraction)
         runner, url = await serve(make_app(batcher, info), args.host, args.port)
-        print(f"hf-static server: imports {info.import_s:.2f}s, model {info.build_s:.2f}s; listening on {url}",
-              flush=True)
+        print(f"{name} server: imports {info.import_s:.2f}s, model {info.build_s:.2f}s on {info.device}; "
+              f"listening on {url}", flush=True)
         try:
             await asyncio.Event().wait()
         finally:

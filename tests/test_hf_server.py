@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from batchbench.adapters.base import EngineHTTPError
-from batchbench.adapters.hf_server import ServerInfo, StaticBatcher, make_app, serve
+from batchbench.adapters.hf_batchers import StaticBatcher
+from batchbench.adapters.hf_server import ServerInfo, make_app, serve
 from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.adapters.http import make_client
 from batchbench.core.clock import now
