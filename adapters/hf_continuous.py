@@ -98,6 +98,7 @@ SPEC = EngineSpec(
     engine_class=HFContinuousEngine,
     summary="transformers' continuous batching (paged KV cache, chunked prefill) on hf-static's model and "
             "kernels, in a local server process",
+    embedded=True,
     local=LocalRun(program=LOCAL_PROGRAM),
     container=False,
 )
