@@ -43,7 +43,13 @@ from batchbench.commands.common import (
     serve_loras,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
-from batchbench.commands.workload_args import LevelKind, PreparedWorkload, add_workload_arguments, prepare_workload
+from batchbench.commands.workload_args import (
+    LevelKind,
+    PreparedWorkload,
+    add_workload_arguments,
+    prepare_workload,
+    trace_levels,
+)
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.measures.slo import Slo
@@ -148,8 +154,13 @@ class _Stop(Exception):
 
 def main(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
-    kind: LevelKind = "rate" if args.rate is not None else "concurrency"
-    levels = args.rate if args.rate is not None else (args.concurrency or [float(profile.concurrency)])
+    try:
+        replay = trace_levels(args)
+    except ValueError as exc:
+        print(f"batchbench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    kind: LevelKind = "rate" if args.rate is not None or replay is not None else "concurrency"
+    levels = replay or args.rate or args.concurrency or [float(profile.concurrency)]
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,

@@ -31,6 +31,7 @@ from batchbench.commands.common import (
 )
 from batchbench.commands.workload_args import LevelKind, PreparedWorkload
 from batchbench.core.config import BatchingConfig, LoadConfig
+from batchbench.core.server_metrics import prefix_cache_hit_rate
 from batchbench.load.engines import EngineCache
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.runner import RunResult, run
@@ -113,6 +114,8 @@ def _line(point: PointResult) -> str:
     text = (f"{head} {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
             f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}, "
             f"TPOT p50 {_ms(s.tpot.p50 if s.tpot else None)}")
+    if (hit := prefix_cache_hit_rate(point.result.samples)) is not None:  # the engine's own counters
+        text += f", prefix cache hit {hit:.1%}"
     if point.verdict is not None:
         share = f" ({s.goodput_fraction:.0%})" if s.goodput_fraction is not None else ""
         met = "SLO met" if point.verdict.met else f"SLO failed: {', '.join(point.verdict.failed)}"

