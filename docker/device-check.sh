@@ -4,12 +4,14 @@
 # assertions for them, GPU telemetry on, and the reports. Sized to finish within 8 minutes on one H200; every
 # step has its own time limit, so a slow step ends with what it measured rather than eating the next one's time.
 #
-# Needs: batchbench installed (editable, as bootstrap.sh does) with torch and transformers; nvidia-ml-py for the
-# telemetry (without it every run says "no NVML: ..."). Installs nothing and reaches no network. Run from
-# anywhere: it works from the repository root.
+# Needs: torch and transformers (a CUDA build on the GPU host) and batchbench's own requirements; nvidia-ml-py for
+# the telemetry (without it every run says "no NVML: ..."). Reaches no network (HF_HUB_OFFLINE): a requirement
+# that is missing is installed only from a local folder of wheels, BATCHBENCH_WHEELS (docs/gpu.md says how to make
+# one), and batchbench itself, where it is not installed, from this checkout (pip --no-index), else imported from
+# it through a folder of links. Run from anywhere: it works from the repository root.
 #
 #   docker/device-check.sh [--engines hf-static,hf-continuous] [--model llama-3-8b-shaped] [--levels 1,4,16,64]
-#                          [--repeats 2] [--time-budget 45] [--suites "suites/test_static_vs_continuous.py"|none]
+#                          [--repeats 2] [--time-budget 45] [--suites "suites/test_....py ..."|none]
 #                          [--gpu-hour-cost USD] [--out DIR]
 #
 # An engine the registry does not have (yet) is skipped, and the log says so. Output: DIR (default $OUT/device-check
@@ -29,15 +31,15 @@ MODEL="llama-3-8b-shaped"
 LEVELS="1,4,16,64"
 REPEATS=2
 TIME_BUDGET=45
-SUITES="suites/test_static_vs_continuous.py"
+SUITES="suites/test_static_vs_continuous.py suites/test_regimes.py"
 GPU_HOUR_COST=""
 PYTHON="${PYTHON:-python}"
 stamp="$(date -u +%Y%m%d-%H%M%S)"
 DIR=""
 # Seconds each step may take: with the two model builds (about half a minute each on an H200) the sum stays under
 # 8 minutes.
-RUN_LIMIT="${BATCHBENCH_RUN_LIMIT:-300}"
-SUITES_LIMIT="${BATCHBENCH_SUITES_LIMIT:-130}"
+RUN_LIMIT="${BATCHBENCH_RUN_LIMIT:-240}"
+SUITES_LIMIT="${BATCHBENCH_SUITES_LIMIT:-190}"
 
 usage() { sed -n '11,13p' "$0" | sed 's/^# *//'; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -59,6 +61,40 @@ if [[ -z "$DIR" ]]; then
 fi
 mkdir -p "$DIR"
 : >"$DIR/status.txt"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+# Batchbench and its requirements, from this machine only (import name: package name).
+plugin_args=()
+missing="$("$PYTHON" -c '
+import importlib.util
+need = {"aiohttp": "aiohttp", "httptools": "httptools", "yarl": "yarl", "prometheus_client": "prometheus-client",
+        "matplotlib": "matplotlib", "numpy": "numpy", "rich": "rich", "torch": "torch", "transformers": "transformers",
+        "pytest": "pytest", "pytest_asyncio": "pytest-asyncio", "pytest_benchmark": "pytest-benchmark",
+        "pytest_timeout": "pytest-timeout", "pynvml": "nvidia-ml-py"}
+print(" ".join(pkg for module, pkg in need.items() if importlib.util.find_spec(module) is None))
+')"
+if [[ -n "$missing" && -n "${BATCHBENCH_WHEELS:-}" ]]; then
+    echo "== installing $missing from $BATCHBENCH_WHEELS (no index)"
+    # shellcheck disable=SC2086  # a list of package names
+    "$PYTHON" -m pip install --no-index --find-links "$BATCHBENCH_WHEELS" $missing 2>&1 | tail -3 || true
+elif [[ -n "$missing" ]]; then
+    echo "device-check: not installed here: $missing (set BATCHBENCH_WHEELS to a folder of their wheels)" \
+        | tee -a "$DIR/status.txt"
+fi
+if ! "$PYTHON" -c 'import batchbench.adapters.registry' 2>/dev/null; then
+    if ! "$PYTHON" -m pip install --no-index --no-deps --no-build-isolation -e . >"$DIR/install.log" 2>&1; then
+        # No pip or setuptools to install with: the package's folders under their import names, as links.
+        links="$(mktemp -d)"
+        trap 'rm -rf "$links"' EXIT
+        mkdir "$links/batchbench"
+        for entry in batchbench/*; do ln -s "$PWD/$entry" "$links/batchbench/"; done
+        for folder in adapters fixtures reports; do ln -s "$PWD/$folder" "$links/batchbench/$folder"; done
+        export PYTHONPATH="$links${PYTHONPATH:+:$PYTHONPATH}"
+        plugin_args=(-p batchbench.pytest_plugin)  # no entry point without an install
+        echo "device-check: batchbench imported from this checkout through links (not installed)" \
+            | tee -a "$DIR/status.txt"
+    fi
+fi
 status=0
 step() {  # step NAME LIMIT_S COMMAND...: run it with its log and its limit, record its exit status
     local name="$1" limit="$2"; shift 2
@@ -111,13 +147,18 @@ fi
 
 step run "$RUN_LIMIT" "$PYTHON" -m batchbench run "${engine_args[@]}" --model "$MODEL" --levels "$LEVELS" \
     --repeats "$REPEATS" --max-repeats "$REPEATS" --time-budget "$TIME_BUDGET" --results-dir "$DIR/run" "${cost_args[@]}"
+for folder in "$DIR"/run/run-*; do  # cut short at its limit, the job wrote no report: what it measured still gets one
+    if [[ -d "$folder" && ! -f "$folder/report/report.md" ]]; then
+        step run-report 60 "$PYTHON" -m batchbench report "$folder" --out "$folder/report"
+    fi
+done
 
 if [[ "$SUITES" != "none" ]]; then
     # One engine alive at a time: two 8B engines and their KV caches need not share the GPU.
     # shellcheck disable=SC2086  # SUITES is a list of test paths
     step suites "$SUITES_LIMIT" "$PYTHON" -m pytest $SUITES "${engine_args[@]}" --model "$MODEL" \
         --results-dir "$DIR/suites" --max-live-engines 1 --require-engines -p no:cacheprovider -q \
-        --junitxml "$DIR/suites/junit.xml" "${cost_args[@]}"
+        --junitxml "$DIR/suites/junit.xml" "${cost_args[@]}" "${plugin_args[@]}"
     step suites-report 60 "$PYTHON" -m batchbench report "$DIR/suites" --out "$DIR/suites/report"
 fi
 if command -v nvidia-smi >/dev/null; then nvidia-smi >"$DIR/nvidia-smi-after.txt" 2>&1 || true; fi
