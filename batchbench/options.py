@@ -44,7 +44,8 @@ def add_engine_arguments(add: Callable[..., Any]) -> None:
     add("--engine-url", action="append", default=[], metavar="NAME=URL",
         help="reach an engine someone else runs at a URL instead of starting it (repeatable)")
     add("--model", default=None,
-        help="model path or Hugging Face id (default: the tiny dummy-weight Llama shipped in batchbench.fixtures)")
+        help="model path or Hugging Face id, or a shipped model: tiny-llama, llama-3-8b-shaped (seeded random "
+             "weights, nothing downloaded; default: the 8B-shaped one on a GPU host, else the tiny one)")
     add("--launch", default="auto", choices=["auto", "local", "docker"],
         help="how to start engines without a URL (auto: a container on a GPU host, else a local process)")
     add("--profile", default="quick", choices=sorted(PROFILES), help="sizes: quick (CPU) or full (GPU)")
