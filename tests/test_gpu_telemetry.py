@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -140,3 +141,45 @@ async def test_a_run_records_the_gpus_in_header_samples_footer_and_summary(tmp_p
     assert off.footer.gpu.unavailable == "GPU telemetry turned off (--no-gpu-telemetry)"
     assert off.footer.summary is not None and off.footer.summary.energy is not None
     assert off.footer.summary.energy.unavailable == off.footer.gpu.unavailable
+
+
+def _with_energy(doc: results.RunDocument, watts: float, price: float | None) -> results.RunDocument:
+    """The document as if its GPU had drawn ``watts`` through the run."""
+    assert doc.footer is not None and doc.footer.summary is not None
+    s = doc.footer.summary
+    telemetry = GpuTelemetry(gpus=1, energy_j=watts * s.duration_s, energy_source="energy counter")
+    energy = energy_of(telemetry, output_tokens=round(s.output_token_throughput * s.duration_s), ok_requests=s.ok,
+                       duration_s=s.duration_s, gpu_hour_cost=price)
+    footer = dataclasses.replace(doc.footer, summary=dataclasses.replace(s, energy=energy), gpu=telemetry)
+    return dataclasses.replace(doc, footer=footer)
+
+
+def test_findings_give_tokens_per_joule_along_the_curve_and_say_why_there_are_none() -> None:
+    from batchbench.analysis.findings import findings_from_documents
+    from tests.synthetic_runs import sweep
+
+    # Throughput min(c, 8) x 100 tok/s at a power of 300 W + 25 W per busy slot: the most tokens per joule at the fit.
+    docs = [_with_energy(d, 300 + 25 * min(d.header.labels["concurrency"], 8), 2.0) for d in sweep(repeats=2)]
+    found = findings_from_documents(docs)
+    point = found.engines["alpha"].layouts["continuous"].point(8)
+    assert point is not None and point.figure("tokens_per_joule").value == pytest.approx(808 / 500)  # repeats: +0, +2%
+    (text,) = [d for d in found.details if "per joule" in d]
+    assert text.startswith("alpha, continuous: 0.311 output tokens per joule at batch 1, 1.62 at batch 32; the most "
+                           "at batch 8: 1.62 [")
+    # $2 an hour over 808 tokens a second: $0.688 per million.
+    assert "J per request" in text and ", $0.688 [" in text and "per million output tokens at $2 per GPU-hour" in text
+    # Without GPU telemetry: the reason, once.
+    bare = findings_from_documents(sweep())
+    assert [d for d in bare.details if "energy" in d] == ["alpha: no energy figures (no GPU telemetry in these "
+                                                         "documents)."]
+
+
+@pytest.mark.parametrize("price", ["-1", "inf", "three"])
+def test_a_bad_gpu_hour_cost_is_a_usage_error_before_anything_starts(price: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from batchbench import cli
+
+    for command in ("run", "bench"):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([command, "--gpu-hour-cost", price])
+        assert exit_.value.code == 2 and "--gpu-hour-cost" in capsys.readouterr().err
