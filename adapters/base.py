@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any, ClassVar, Protocol, Self
 
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
+from batchbench.core.environment import cuda_visible_devices
 from batchbench.core.placement import EngineCpus
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.workload.lora import Lora
@@ -294,6 +296,13 @@ class Engine(ABC):
         not known here (an engine at a URL or in a container), so the machine's load cannot be told apart.
         """
         return frozenset()
+
+    def gpu_devices(self) -> tuple[list[str] | None, str]:
+        """The GPUs the engine computes on, as CUDA names them (indices or UUIDs; None: not named, every visible
+        GPU), and where that was read, in words: the GPU telemetry samples these (:mod:`batchbench.measures.gpu`).
+        This default: an engine inside this process, under this process's ``CUDA_VISIBLE_DEVICES``."""
+        devices, setting = cuda_visible_devices(os.environ)
+        return devices, f"{setting} in the measuring process, where the engine runs"
 
     def cpu_placement(self) -> EngineCpus:
         """Where the engine runs and on which CPUs, for the results' CPU placement record. This default: inside

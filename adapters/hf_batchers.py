@@ -83,7 +83,8 @@ class StaticBatcher:
     """Gathers requests into padded batches and runs each through ``model.generate()`` in a worker thread.
 
     ``model`` is a transformers causal LM (anything with its ``generate(input_ids=, attention_mask=,
-    max_new_tokens=, min_new_tokens=, do_sample=, pad_token_id=, streamer=)``).
+    max_new_tokens=, min_new_tokens=, do_sample=, pad_token_id=, streamer=)`` and the ``device`` its inputs go
+    to).
     """
 
     def __init__(self, model: Any, *, max_batch_size: int, batch_window_s: float, pad_token_id: int) -> None:
@@ -207,8 +208,8 @@ class StaticBatcher:
 
         with torch.inference_mode():
             self.model.generate(
-                input_ids=torch.tensor(rows),
-                attention_mask=torch.tensor(mask),
+                input_ids=torch.tensor(rows, device=self.model.device),
+                attention_mask=torch.tensor(mask, device=self.model.device),
                 max_new_tokens=steps,
                 min_new_tokens=steps,  # ignore EOS: every request gets exactly its max_tokens
                 do_sample=False,

@@ -22,13 +22,11 @@ from batchbench.adapters.base import Engine
 from batchbench.adapters.spec import EngineSpec
 from batchbench.core.config import BatchingConfig, ModelRef
 from batchbench.core.placement import CpuPlacement
-from batchbench.fixtures import tiny_model_dir
+from batchbench.fixtures import GPU_MODEL, TINY_MODEL, shipped_model_dir
 from batchbench.workload.lora import Lora
 
 LaunchMode = Literal["auto", "local", "docker"]
 
-#: Served name of the embedded tiny model (what requests put in their ``model`` field).
-TINY_MODEL_NAME = "tiny-llama"
 
 
 @cache
@@ -125,6 +123,21 @@ def _gpu_host() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+def default_model(gpu_host: bool | None = None) -> str:
+    """The shipped model an engine started here serves without ``--model``: the Llama-3-8B-shaped one on a GPU host
+    (``gpu_host``; None: whether ``nvidia-smi`` is on PATH), the tiny one elsewhere."""
+    return GPU_MODEL if (_gpu_host() if gpu_host is None else gpu_host) else TINY_MODEL
+
+
+def model_dir(model: str | None) -> Path | None:
+    """The local folder of ``--model`` (None: :func:`default_model`'s): a shipped name's folder, a folder given;
+    None for a hub id."""
+    folder = shipped_model_dir(model or default_model())
+    if folder is not None:
+        return folder
+    return Path(model) if model is not None and Path(model).is_dir() else None
+
+
 def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptions) -> Engine:
     """Build (not start) the adapter for ``name`` as the options say.
 
@@ -142,11 +155,11 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
         # Without --model the adapter asks the server which model it serves.
         model = ModelRef(options.model or "", max_model_len=options.max_model_len)
         return cls(batching, model=model, url=url, startup_timeout=options.url_grace_s, **lora)
-    if options.model is not None:
-        model = ModelRef(options.model, max_model_len=options.max_model_len)
+    shipped = options.model or default_model()
+    if (folder := shipped_model_dir(shipped)) is not None:  # seeded random weights: nothing is downloaded
+        model = ModelRef(str(folder), dummy_weights=True, served_name=shipped, max_model_len=options.max_model_len)
     else:
-        model = ModelRef(str(tiny_model_dir()), dummy_weights=True, served_name=TINY_MODEL_NAME,
-                         max_model_len=options.max_model_len)
+        model = ModelRef(str(options.model), max_model_len=options.max_model_len)
     timeout = options.startup_timeout_s
     launch_mode = options.launch
     if launch_mode == "auto":
@@ -156,7 +169,7 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     if launch_mode == "docker":
         if not spec.container:
             raise ValueError(f"engine {name!r} has no container; give --engine-url or use --launch local")
-        if options.model is None:
+        if options.model is None or shipped_model_dir(options.model) is not None:
             raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
         from batchbench.adapters.launch.docker import DockerLaunch
 

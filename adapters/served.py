@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 from abc import abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +34,7 @@ from batchbench.adapters.launch import Launch
 from batchbench.adapters.prometheus import Samples
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, ModelRef
+from batchbench.core.environment import cuda_visible_devices
 from batchbench.core.placement import EngineCpus
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.workload.lora import Lora
@@ -200,6 +202,18 @@ class ServedEngine(Engine):
         At a URL or in a container its processes are not ours to tell apart: None."""
         group = self.launch.process_group() if self.launch is not None else None
         return frozenset({group}) if group is not None else None
+
+    def gpu_devices(self) -> tuple[list[str] | None, str]:
+        """A container's ``--gpus`` (its launch's ``gpus``; None: all), a local server's ``CUDA_VISIBLE_DEVICES`` (the
+        environment it is started with); at a URL the server's GPUs are not known here: None, every visible GPU."""
+        if self.launch is None:
+            return None, "the engine is at a URL: which GPUs it uses is not known here"
+        gpus = getattr(self.launch, "gpus", False)
+        if gpus is not False:  # a container: the GPUs passed through to it
+            return (None if gpus is None else list(gpus)), \
+                f"the container's --gpus {'all' if gpus is None else ','.join(gpus) or 'none'}"
+        devices, setting = cuda_visible_devices({**os.environ, **self.server_env(self.batching)})
+        return devices, f"{setting} for the engine's server"
 
     async def scrape(self) -> ServerMetrics | None:
         if self.client is None:

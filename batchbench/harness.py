@@ -33,6 +33,7 @@ from batchbench.load.engines import EngineCache
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.pinning import ClientPin, pin_thread
 from batchbench.load.runner import RunResult, run
+from batchbench.measures.gpu import GpuOptions
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import Workload
 
@@ -71,8 +72,11 @@ async def _pin_loop_thread(options: EngineOptions) -> ClientPin:
 class Harness:
     """Session-wide engines, options and results directory for the suites."""
 
-    def __init__(self, options: EngineOptions, profile: Profile, results_dir: Path, *, max_live: int = 2) -> None:
+    def __init__(self, options: EngineOptions, profile: Profile, results_dir: Path, *, max_live: int = 2,
+                 gpu: GpuOptions | None = None) -> None:
         self.options = options
+        #: How every measured run reads the engines' GPUs (``--gpu-hour-cost``, ``--no-gpu-telemetry``).
+        self.gpu = gpu or GpuOptions()
         self.profile = profile
         self.results_dir = results_dir
         # Servers are started on the loop's thread, where no signal handler can be installed: install
@@ -153,7 +157,7 @@ class Harness:
 
         def once() -> RunResult:
             return self._loop.call(run(engine, workload, results_dir=self.results_dir, tag=tag, load=load,
-                                      labels=labels, **run_options))
+                                      labels=labels, **{"gpu": self.gpu, **run_options}))
 
         if benchmark is None:
             return once()

@@ -8,7 +8,9 @@ every engine and combination before anything starts: a bad option is a usage err
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from batchbench.core.placement import (
     parse_placement,
     usable_cpus,
 )
+from batchbench.measures.gpu import GpuOptions
 from batchbench.workload.profiles import PROFILES, Profile
 
 
@@ -41,7 +44,8 @@ def add_engine_arguments(add: Callable[..., Any]) -> None:
     add("--engine-url", action="append", default=[], metavar="NAME=URL",
         help="reach an engine someone else runs at a URL instead of starting it (repeatable)")
     add("--model", default=None,
-        help="model path or Hugging Face id (default: the tiny dummy-weight Llama shipped in batchbench.fixtures)")
+        help="model path or Hugging Face id, or a shipped model: tiny-llama, llama-3-8b-shaped (seeded random "
+             "weights, nothing downloaded; default: the 8B-shaped one on a GPU host, else the tiny one)")
     add("--launch", default="auto", choices=["auto", "local", "docker"],
         help="how to start engines without a URL (auto: a container on a GPU host, else a local process)")
     add("--profile", default="quick", choices=sorted(PROFILES), help="sizes: quick (CPU) or full (GPU)")
@@ -53,6 +57,33 @@ def add_engine_arguments(add: Callable[..., Any]) -> None:
         help="which CPUs launched engines and the load generator run on, kept apart so neither stalls the other "
              "(default: one CPU per load-generator process, the lowest, the engine the rest; none: unplaced, as "
              "the OS schedules them); each results document records it")
+
+
+def add_telemetry_arguments(add: Callable[..., Any]) -> None:
+    """``--gpu-hour-cost`` and ``--no-gpu-telemetry``: how the GPUs the engines use are read (argparse's
+    ``add_argument`` or pytest's ``addoption``)."""
+    add("--gpu-hour-cost", type=gpu_hour_cost, default=None, metavar="USD",
+        help="price of one GPU-hour in USD: each run's summary gives the cost per million output tokens (the GPUs "
+             "sampled x the run's duration)")
+    add("--no-gpu-telemetry", action="store_true",
+        help="do not read the GPUs through NVML during runs (by default each run samples power, energy, "
+             "utilisation, memory and clocks of the engine's GPUs; without NVML the document says why not)")
+
+
+def gpu_hour_cost(text: str) -> float:
+    """``--gpu-hour-cost``: USD per GPU-hour, a finite number >= 0 (argparse reports anything else at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected USD per GPU-hour such as 3.5, not {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"a GPU-hour's price is a finite number >= 0, not {text}")
+    return value
+
+
+def gpu_options(cost: float | None, no_telemetry: bool) -> GpuOptions:
+    """The telemetry options of ``--gpu-hour-cost`` and ``--no-gpu-telemetry``."""
+    return GpuOptions(enabled=not no_telemetry, gpu_hour_cost=cost)
 
 
 def engine_options(

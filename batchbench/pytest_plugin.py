@@ -23,13 +23,14 @@ from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
-from batchbench.options import add_engine_arguments, batching_grid, engine_options
+from batchbench.options import add_engine_arguments, add_telemetry_arguments, batching_grid, engine_options, gpu_options
 from batchbench.workload.profiles import Profile, get_profile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("batchbench")
     add_engine_arguments(group.addoption)
+    add_telemetry_arguments(group.addoption)
     group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
     group.addoption("--require-engines", action="store_true",
                     help="fail (instead of skip) the tests of a selected engine that cannot run here: a nightly "
@@ -77,7 +78,9 @@ def bench(pytestconfig: pytest.Config) -> BenchConfig:
 def harness(bench: BenchConfig, pytestconfig: pytest.Config) -> Iterator[Harness]:
     """Engines started on demand, shared by every test, always stopped at the end."""
     h = Harness(bench.engine_options, bench.profile, bench.results_dir,
-                max_live=pytestconfig.getoption("--max-live-engines"))
+                max_live=pytestconfig.getoption("--max-live-engines"),
+                gpu=gpu_options(pytestconfig.getoption("--gpu-hour-cost"),
+                                pytestconfig.getoption("--no-gpu-telemetry")))
     try:
         yield h
     finally:

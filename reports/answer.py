@@ -134,6 +134,7 @@ _POINT_COLUMNS: tuple[tuple[str, str, Formatter], ...] = (
     ("TPOT p50 (ms)", "tpot_p50_s", fmt.ms),
     ("Goodput (req/s)", "goodput_req_s", fmt.rate),
     ("Mean decoding", "mean_decoding", fmt.number),
+    ("Tok/J", "tokens_per_joule", fmt.number),
 )
 
 

@@ -168,6 +168,7 @@ def metrics_table(runs: list[Run]) -> Table:
         rows.append([Cell("Decode idle fraction")] + [Cell(fmt.pct(r.decode_idle_fraction())) for r in runs])
     # The batch occupancy seen from the client: how well the engine kept its slots decoding.
     rows.append([Cell("Mean requests decoding")] + [Cell(fmt.number(r.mean_decoding())) for r in runs])
+    rows += energy_rows(runs)
     rows.append([Cell("Peak KV usage")] + [
         Cell(f"⚠ {fmt.pct(r.server.peak_kv_usage)} (danger zone)", "bad") if r.server.danger_zone
         else Cell(fmt.pct(r.server.peak_kv_usage)) for r in runs])
@@ -179,6 +180,21 @@ def metrics_table(runs: list[Run]) -> Table:
     rows.append([Cell("Max running")] + [Cell(fmt.count(r.server.max_running)) for r in runs])
     rows.append([Cell("Duration (s)")] + [Cell(fmt.number(r.duration_s)) for r in runs])
     return Table(["Metric", *cols], rows)
+
+
+def energy_rows(runs: list[Run]) -> list[list[Cell]]:
+    """The GPUs' energy per run and what it bought; where no run has figures, one row saying why."""
+    found = [r.energy() for r in runs]
+    if not any(e is not None and e.energy_j is not None for e in found):
+        reasons = [e.unavailable if e is not None and e.unavailable else fmt.NA for e in found]
+        return [[Cell("GPU energy")] + [Cell(f"none: {why}" if why != fmt.NA else why) for why in reasons]]
+    rows = []
+    for title, figure, show in (("GPU energy (J)", "energy_j", fmt.number),
+                                ("Output tokens per joule", "tokens_per_joule", fmt.number),
+                                ("Joules per request", "joules_per_request", fmt.number),
+                                ("USD per million output tokens", "cost_per_million_output_tokens", fmt.number)):
+        rows.append([Cell(title)] + [Cell(show(getattr(e, figure)) if e is not None else fmt.NA) for e in found])
+    return rows
 
 
 def rankable_run(run: Run) -> bool:

@@ -13,6 +13,7 @@ footer) the summary via ``summarize`` and the guardrails via
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 from batchbench.core.config import BatchingConfig
 from batchbench.core.server_metrics import ServerMetrics
+from batchbench.measures.gpu import Energy
 from batchbench.measures.guardrails import Guardrails
 from batchbench.measures.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.reports.fmt import num
@@ -164,6 +166,10 @@ class Run:
         """Mean requests decoding at once (None in documents written before it was stored)."""
         return num(self.summary.mean_decoding) if self.summary is not None else None
 
+    def energy(self) -> Energy | None:
+        """The GPUs' energy and cost figures, with why they are empty (None in documents written before them)."""
+        return self.summary.energy if self.summary is not None else None
+
     def serving(self) -> dict[str, Any]:
         """What was served, and where: runs that differ in any of it are never one series."""
         return serving_identity(self.engine_description)
@@ -193,6 +199,7 @@ class Run:
             "prompt_pad_fraction": self.pad_fraction(),
             "decode_idle_fraction": self.decode_idle_fraction(),
             "mean_decoding": self.mean_decoding(),
+            "energy": None if (e := self.energy()) is None else dataclasses.asdict(e),
             "server": self.server.to_dict(),
             "ttft_by_bucket": self.ttft_buckets,
             "notes": self.notes,

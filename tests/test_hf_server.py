@@ -30,7 +30,7 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 BATCH = 4
 INFO = ServerInfo(model="stand-in", served_model_name="stand-in", vocab_size=64, max_model_len=512, seed=0,
                   dtype="bfloat16", max_batch_size=BATCH, batch_window_s=0.05, threads=None, torch_threads=None,
-                  versions={}, import_s=None, build_s=None)
+                  versions={}, device="cpu", import_s=None, build_s=None)
 
 
 @dataclass
@@ -39,6 +39,7 @@ class StandIn:
     made raises after ``fail_after`` steps when that is set; ``hold`` keeps every call at its first step."""
 
     step_s: float = 0.005
+    device: str = "cpu"
     fail_after: int | None = None
     hold: threading.Event = field(default_factory=threading.Event)
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -152,3 +153,15 @@ async def test_the_adapter_describes_what_the_server_runs(hf: HFStaticEngine) ->
     args = HFStaticEngine(BatchingConfig(mode="static", max_batch_size=16), threads=2).server_args(
         BatchingConfig(), host="127.0.0.1", port=5)
     assert args[args.index("--max-batch-size") + 1] == "16" and args[args.index("--threads") + 1] == "2"
+
+
+def test_the_8b_shaped_gpu_default_builds_as_llama_3_8b_where_it_is_asked_to() -> None:
+    """Built on the meta device (no memory), the shipped 8B-shaped config is Meta-Llama-3-8B's 8.03 B parameters in
+    bf16: the model the server makes on a GPU with seeded random weights (never materialised here)."""
+    from batchbench.adapters.hf_server import build_model
+    from batchbench.fixtures import gpu_model_dir
+
+    model, built = build_model(gpu_model_dir(), seed=0, dtype="bfloat16", threads=None, device="meta")
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
+    assert built["device"] == "meta" and str(model.dtype) == "torch.bfloat16"
+    assert (built["vocab_size"], built["max_model_len"], built["pad_token_id"]) == (128_256, 8192, 0)

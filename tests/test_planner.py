@@ -388,3 +388,23 @@ def test_a_capacity_fit_names_what_it_cannot_plan_from() -> None:
         fit_in_capacity(config("Llama-3-8B"), 0, block_size=16, prompt_len=1, output_len=1)
     with pytest.raises(PlanError, match="num_hidden_layers"):
         fit_in_capacity({"num_attention_heads": 8}, 64, block_size=16, prompt_len=1, output_len=1)
+
+
+def test_the_gpu_default_is_llama_3_8b_shaped_and_the_planner_predicts_it_on_an_h200() -> None:
+    """The shipped 8B-shaped config (``batchbench.fixtures.gpu_model_dir``) has Meta-Llama-3-8B's shapes, and on one
+    H200 (141 GB, of which about 139 GiB usable) the planner predicts: 14.96 GiB of bf16 weights, 131,072 B of KV
+    per token, 902,272 tokens of KV cache (56,392 blocks of 16) at the default memory fraction 0.9, 110 sequences
+    of the full 8192-token context, and the device check's 512+256-token requests memory-bound from 1,175 at once
+    (docs/gpu.md compares it with the measured onset)."""
+    from batchbench.fixtures import gpu_model_dir
+
+    name, shape = load_config(str(gpu_model_dir()))
+    assert name == "llama-3-8b-shaped"
+    assert {k: shape[k] for k in _shipped("Llama-3-8B") if not k.startswith("_")} == {
+        k: v for k, v in _shipped("Llama-3-8B").items() if not k.startswith("_")}
+    p = plan(shape, model=name, memory_bytes=139 * GiB, prompt_len=512, output_len=256)
+    assert p.parameters.total == 8_030_261_248  # Meta-Llama-3-8B's own count
+    assert p.weight_bytes == 2 * 8_030_261_248 and round(p.weight_bytes / GiB, 2) == 14.96
+    assert p.kv_bytes_per_token == 131_072
+    assert (p.kv_capacity_tokens, p.kv_capacity_blocks, p.max_sequences) == (902_272, 56_392, 110)
+    assert p.workload_sequence_tokens == 768 and p.workload_fit == 1174 and p.memory_bound_from == 1175

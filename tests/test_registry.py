@@ -12,8 +12,9 @@ from batchbench.adapters.launch.docker import DockerLaunch
 from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.registry import EngineOptions, get_spec, make_engine, parse_engine_urls
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.core.config import BatchingConfig
+from batchbench.core.config import BatchingConfig, ModelRef
 from batchbench.core.placement import CpuPlacement
+from batchbench.fixtures import gpu_model_dir, tiny_model_dir
 from batchbench.workload.lora import Lora
 
 
@@ -61,7 +62,7 @@ def test_hf_static_is_a_local_process_or_a_server_at_a_url(monkeypatch: pytest.M
     local = make_engine("hf-static", None, EngineOptions())
     assert isinstance(local, HFStaticEngine) and isinstance(local.launch, LocalProcess)
     assert local.launch.program == list(get_spec("hf-static").local.program)  # type: ignore[union-attr]
-    assert local.model.request_name == "tiny-llama"
+    assert local.model.request_name == "llama-3-8b-shaped"  # the GPU default
     remote = make_engine("hf-static", None, EngineOptions(urls=(("hf-static", "http://h:1/v1"),)))
     assert isinstance(remote, HFStaticEngine) and remote.launch is None and remote.url == "http://h:1"
     with pytest.raises(ValueError, match="has no container"):
@@ -71,6 +72,23 @@ def test_hf_static_is_a_local_process_or_a_server_at_a_url(monkeypatch: pytest.M
     assert placed.launch.cpus == frozenset({1, 2}) and placed.threads == 2  # type: ignore[union-attr]
     args = placed.server_args(placed.batching, host="h", port=1)
     assert args[args.index("--threads") + 1] == "2"
+
+
+def test_the_shipped_model_is_the_8b_shaped_one_on_a_gpu_host_unless_model_says_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for gpu, name, folder in ((False, "tiny-llama", tiny_model_dir()), (True, "llama-3-8b-shaped", gpu_model_dir())):
+        monkeypatch.setattr(registry, "_gpu_host", lambda gpu=gpu: gpu)
+        engine = make_engine("hf-static", None, EngineOptions())
+        assert engine.model == ModelRef(str(folder), dummy_weights=True, served_name=name, max_model_len=2048)
+        assert registry.model_dir(None) == folder
+    # --model names a shipped model, or is a model of the user's (a folder or a hub id), on any host.
+    tiny = make_engine("hf-static", None, EngineOptions(model="tiny-llama"))
+    assert tiny.model.path == str(tiny_model_dir()) and tiny.model.dummy_weights
+    theirs = make_engine("vllm", None, EngineOptions(model="org/model", launch="local"))
+    assert theirs.model == ModelRef("org/model", max_model_len=2048)
+    assert registry.model_dir("org/model") is None
+    with pytest.raises(ValueError, match="needs --model"):  # a container cannot see a shipped folder
+        make_engine("vllm", None, EngineOptions(model="llama-3-8b-shaped", launch="docker"))
 
 
 @pytest.mark.parametrize(("name", "options", "message"), [

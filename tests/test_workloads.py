@@ -458,3 +458,10 @@ def test_shared_prefixes_open_every_prompt_of_their_group(prefix: int, groups: i
         assert r.prompt_len == prefix + alone.prompt_len
     if prefix >= 4 and groups > 1 and n > 1:  # different groups, different prefixes (4 random ids never collide)
         assert wl.requests[0].prompt_token_ids[:prefix] != wl.requests[1].prompt_token_ids[:prefix]
+
+
+def test_a_shared_prefix_is_seeded_tokens_not_one_token_repeated() -> None:
+    wl = WorkloadSpec("p", 4, prompt=Lengths.fixed(2), prefix_tokens=64, prefix_groups=2, seed=3).build()
+    prefix = wl.requests[0].prompt_token_ids[:64]
+    assert len(set(prefix)) > 32  # a prefix was once one token 64 times: each token drew a fresh generator
+    assert prefix != wl.requests[1].prompt_token_ids[:64] and prefix == wl.requests[2].prompt_token_ids[:64]

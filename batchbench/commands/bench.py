@@ -53,7 +53,13 @@ from batchbench.commands.workload_args import (
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.measures.slo import Slo
-from batchbench.options import add_engine_arguments, engine_options, with_load_processes
+from batchbench.options import (
+    add_engine_arguments,
+    add_telemetry_arguments,
+    engine_options,
+    gpu_options,
+    with_load_processes,
+)
 from batchbench.progress import Progress
 from batchbench.workload.profiles import get_profile
 
@@ -93,6 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="your workload (lengths or a dataset) at each concurrency or rate, with SLOs",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_arguments(p.add_argument)
+    add_telemetry_arguments(p.add_argument)
     levels = p.add_mutually_exclusive_group()
     levels.add_argument("--concurrency", type=concurrency_list, default=None, metavar="LIST",
                         help="requests kept in flight; a comma list is a sweep (default: the profile's, 8 quick)")
@@ -127,7 +134,8 @@ async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: Bat
     load = work.load(timeout_s, args.scrape_interval)
     try:
         for name in engines:
-            session = EngineSession(engines_here, cache, name, batching)
+            session = EngineSession(engines_here, cache, name, batching,
+                                     gpu_options(args.gpu_hour_cost, args.no_gpu_telemetry))
             try:
                 for level in levels:
                     for repeat in range(args.repeats):

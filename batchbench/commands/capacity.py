@@ -48,7 +48,13 @@ from batchbench.commands.workload_args import (
 )
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
-from batchbench.options import add_engine_arguments, engine_options, with_load_processes
+from batchbench.options import (
+    add_engine_arguments,
+    add_telemetry_arguments,
+    engine_options,
+    gpu_options,
+    with_load_processes,
+)
 from batchbench.progress import Progress
 from batchbench.workload.profiles import get_profile
 
@@ -58,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("capacity", help="the highest concurrency (or rate) that meets an SLO",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_arguments(p.add_argument)
+    add_telemetry_arguments(p.add_argument)
     p.add_argument("--by", choices=["concurrency", "rate"], default="concurrency",
                    help="search over requests in flight (closed loop) or requests/s (open loop)")
     p.add_argument("--start", type=positive_number, default=1.0, help="first level tried (default 1)")
@@ -101,7 +108,8 @@ async def _find(engines: tuple[str, ...], options: EngineOptions, batching: Batc
     load = work.load(timeout_s, args.scrape_interval)
     try:
         for name in engines:
-            session, search = EngineSession(engines_here, cache, name, batching), _search(args, kind)
+            session, search = EngineSession(engines_here, cache, name, batching,
+                                     gpu_options(args.gpu_hour_cost, args.no_gpu_telemetry)), _search(args, kind)
             try:
                 while (level := search.next_level()) is not None:
                     repeat = sum(len(p.outcomes) for p in search.result().points if p.level == level)

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.adapters.base import Engine
-from batchbench.adapters.registry import EngineOptions, engine_class, make_engine
+from batchbench.adapters.registry import EngineOptions, engine_class, make_engine, model_dir
 from batchbench.analysis import validity
 from batchbench.analysis.findings import QUESTIONS, Findings
 from batchbench.analysis.findings.decisions import slo_text
 from batchbench.core.config import BatchingConfig
-from batchbench.fixtures import tiny_model_dir
 from batchbench.load.engines import EngineCache
 from batchbench.load.pinning import pinned_process
 from batchbench.load.runner import RunResult
@@ -99,8 +98,7 @@ def serve_loras(specs: tuple[LoraSpec, ...], options: EngineOptions, run_dir: Pa
     embedded model, or ``--model`` when it is a local directory)."""
     if not specs:
         return options
-    model_dir = tiny_model_dir() if options.model is None else Path(options.model)
-    loras = materialize(specs, model_dir if model_dir.is_dir() else None, run_dir / "lora-adapters", seed=seed)
+    loras = materialize(specs, model_dir(options.model), run_dir / "lora-adapters", seed=seed)
     return dataclasses.replace(options, loras=loras)
 
 

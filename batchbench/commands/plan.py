@@ -25,7 +25,7 @@ from typing import Any
 from batchbench.analysis.planner import DEFAULT_CONTEXT, GiB, Plan, PlanError, plan
 from batchbench.analysis.theory import DTYPE_BYTES, dtype_bytes
 from batchbench.commands.common import EXIT_OK, EXIT_USAGE, positive_int
-from batchbench.fixtures import model_configs_dir
+from batchbench.fixtures import model_configs_dir, shipped_model_dir
 
 #: Units --memory takes: decimal (GB) and binary (GiB), as GPU vendors and engines use both.
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -67,9 +67,10 @@ def shipped_models() -> dict[str, Path]:
 
 
 def load_config(model: str) -> tuple[str, dict[str, Any]]:
-    """(a name to show, the config) for a config.json, a folder holding one, or a shipped config's name
-    (case-insensitive); a PlanError naming what was looked for otherwise."""
-    path = Path(model)
+    """(a name to show, the config) for a config.json, a folder holding one, a shipped model (``tiny-llama``,
+    ``llama-3-8b-shaped``: what ``--model`` serves) or a shipped config's name (case-insensitive); a PlanError
+    naming what was looked for otherwise."""
+    path = shipped_model_dir(model) or Path(model)
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():

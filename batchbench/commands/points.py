@@ -36,6 +36,7 @@ from batchbench.load.engines import EngineCache
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.runner import RunResult, run
 from batchbench.measures import parity
+from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo, Verdict
 
 
@@ -127,8 +128,10 @@ class EngineSession:
     """One engine across many points: started once, started again after it died, given up when it cannot start."""
 
     def __init__(self, engines: StartingEngines, cache: EngineCache, name: str,
-                 batching: BatchingConfig | None) -> None:
+                 batching: BatchingConfig | None, gpu: GpuOptions | None = None) -> None:
+        """``gpu``: how each run reads the engine's GPUs (default: NVML telemetry on, no price)."""
         self.engines, self.cache = engines, cache
+        self.gpu = gpu
         self.progress = engines.progress
         self.name = name
         self.batching = batching
@@ -150,7 +153,7 @@ class EngineSession:
         with self.progress.run(len(workload.requests), f"{self.name} {level_text(kind, level)} #{repeat}") as bar:
             result = await run(engine, workload, results_dir=run_dir, tag=level_text(kind, level),
                                load=dataclasses.replace(load, workers=work.workers_for(workload)), slo=slo,
-                               labels=labels, on_record=bar.observe)
+                               labels=labels, on_record=bar.observe, gpu=self.gpu)
             reason = _why_failed(result, load.request_timeout_s)
             point = PointResult(self.name, kind, level, repeat, result, "failed" if reason else "ok", reason,
                                 slo.check(result.summary) if slo else None, parity.check(result.records))

@@ -70,8 +70,9 @@ from batchbench.core.config import BatchingConfig, LoadConfig
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.runner import RunResult, run
 from batchbench.load.sweep import SweepDesign, sweep_design
+from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo
-from batchbench.options import add_engine_arguments, engine_options
+from batchbench.options import add_engine_arguments, add_telemetry_arguments, engine_options, gpu_options
 from batchbench.progress import Progress
 from batchbench.workload.profiles import Profile, get_profile
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
@@ -129,6 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "per read, ~2.5%% of a core at this rate; each run records its reads)")
     run_p.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                        help="per-request deadline over the whole stream (default: the profile's, 120 s quick)")
+    add_telemetry_arguments(run_p.add_argument)
     run_p.add_argument("--no-report", action="store_true", help="write results only")
     run_p.set_defaults(handler=main)
 
@@ -274,7 +276,7 @@ def _usable_throughput(result: RunResult) -> float | None:
 
 async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, levels: tuple[int, ...],
                  results_dir: Path, repetition: Repetition, load: LoadConfig, slo: Slo, outcome: Outcome,
-                 progress: Progress) -> None:
+                 progress: Progress, gpu: GpuOptions | None = None) -> None:
     sweeps = {name: engine_sweep(name, profile, options, levels) for name in engines}
     points = sum(len(sweep.workloads) for sweep in sweeps.values()) * repetition.repeats
     for name, sweep in sweeps.items():
@@ -306,7 +308,7 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                     result = await run(engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
                                        slo=slo,
                                        labels=sweep.labels(layout, c, repeat, repetition.precision),
-                                       on_record=bar.observe)
+                                       on_record=bar.observe, gpu=gpu)
                     s = result.summary
                     bar.finish(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, "
                                f"{s.output_token_throughput:7.1f} out tok/s, TTFT p50 "
@@ -356,6 +358,7 @@ def main(args: argparse.Namespace) -> int:
         if args.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
+        gpu = gpu_options(args.gpu_hour_cost, args.no_gpu_telemetry)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -371,7 +374,7 @@ def main(args: argparse.Namespace) -> int:
         with place_client(options), progress:
             eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, repetition,
                                  LoadConfig(request_timeout_s=timeout_s, scrape_interval_s=args.scrape_interval),
-                                 args.slo, outcome, progress))
+                                 args.slo, outcome, progress, gpu))
     except KeyboardInterrupt:
         # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.
         # Cut short while the first engine started, nothing was measured: progress's one line said it all.

@@ -17,7 +17,7 @@ from typing import Literal
 from batchbench.analysis.validity import samples_needed, stat_percentile
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
 from batchbench.core.config import LoadConfig
-from batchbench.fixtures import tiny_model_dir
+from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo
 from batchbench.workload import datasets, tokenizer, traces
@@ -365,12 +365,13 @@ def _check_turns(args: argparse.Namespace, kind: LevelKind) -> None:
 
 
 def _tokenizer(args: argparse.Namespace) -> tokenizer.Tokenizer:
-    """The served model's tokenizer: ``--tokenizer``, else ``--model``'s, else the embedded model's."""
+    """The served model's tokenizer: ``--tokenizer``, else ``--model``'s, else the embedded models' (the tiny
+    model's, which the 8B-shaped one shares)."""
     source = args.tokenizer or args.model
     if source is None:
         if args.engine_url:
             raise ValueError(f"--dataset {args.dataset} is text, and the engine at a URL serves a model batchbench "
                              "does not know: give --tokenizer (or --model) so prompts are tokenised as it would")
         source = str(tiny_model_dir())
-    return tokenizer.load(source)
+    return tokenizer.load(str(shipped_tokenizer_dir(source) or source))
 

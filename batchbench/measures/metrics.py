@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchbench.core.records import RequestRecord
+from batchbench.measures.gpu import Energy
 
 __all__ = [
     "Distribution",
@@ -219,6 +220,10 @@ class Summary:
     #: Jain's index over the adapters' :attr:`LoraSummary.request_speed`: 1 when every adapter's requests
     #: are served alike, down to 1/n when one adapter gets all the service. None without two adapters.
     lora_fairness: float | None = field(default=None, metadata={"was": "adapter_fairness"})
+    #: The GPUs' energy over the run and what it bought (tokens per joule, joules per request, cost per million
+    #: output tokens), with why a figure is empty (:func:`batchbench.measures.gpu.energy_of`; the runner adds it
+    #: from the run's GPU telemetry). None: not measured (a summary computed from records alone, older documents).
+    energy: Energy | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -250,6 +255,7 @@ class Summary:
             {turn: _dist_dict(d) for turn, d in self.ttft_by_turn.items()},
             "loras": None if self.loras is None else {k: v.to_dict() for k, v in self.loras.items()},
             "lora_fairness": self.lora_fairness,
+            "energy": None if self.energy is None else asdict(self.energy),
         }
 
 

@@ -22,7 +22,7 @@ reads either, so a journal left by a killed harness is still a usable result
 (status ``"partial"``, no footer).
 
 On disk the document is one flat JSON object: ``schema``, ``schema_version``,
-the header's keys, ``records``, ``server_metrics``, then the footer's keys
+the header's keys, ``records``, ``server_metrics``, ``gpu_samples``, then the footer's keys
 (a partial document has ``"status": "partial"`` and no other footer key).
 ``python -m batchbench.results schema`` prints its JSON Schema.
 
@@ -72,6 +72,7 @@ from batchbench.core.placement import EngineWhere, PlacementSource
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.client_load import ClientLoad
+from batchbench.measures.gpu import GpuSample, GpuSelection, GpuTelemetry
 from batchbench.measures.guardrails import Guardrails, server_summary
 from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import Summary
@@ -80,7 +81,7 @@ from batchbench.measures.slo import Slo
 SCHEMA = "batchbench.results"
 SCHEMA_VERSION = 4
 #: Journal entry types, one per line: the header first, the footer last when the run ended at all.
-ENTRY_TYPES = ("header", "record", "sample", "footer")
+ENTRY_TYPES = ("header", "record", "sample", "gpu_sample", "footer")
 
 
 class DocumentError(ValueError):
@@ -166,6 +167,9 @@ class RunHeader:
     placement: Placement | None = field(default=None, metadata=field_doc(
         "which CPUs the engine and the load generator ran on (batchbench.load.pinning); null: not recorded (an "
         "older document)"))
+    gpus: GpuSelection | None = field(default=None, metadata=field_doc(
+        "which GPUs the run's telemetry samples and why (the engine's CUDA_VISIBLE_DEVICES or container --gpus, "
+        "else every visible GPU), or why none is (\"no NVML: ...\"); null: not recorded (an older document)"))
 
     @property
     def engine_name(self) -> str:
@@ -216,6 +220,9 @@ class RunFooter:
         "batchbench.measures.guardrails.server_summary over the server metrics"))
     client: ClientLoad | None = field(default=None, metadata=_unreadable("client load", ClientLoad.from_dict))
     machine: MachineLoad | None = field(default=None, metadata=_unreadable("machine load", MachineLoad.from_dict))
+    gpu: GpuTelemetry | None = field(default=None, metadata=field_doc(
+        "what the sampled GPUs did over the run (batchbench.measures.gpu): energy, power, utilisation, memory, "
+        "clocks, or why there are no figures; null: not recorded (an older document)"))
 
 
 @dataclass(kw_only=True)
@@ -225,6 +232,8 @@ class RunDocument:
     header: RunHeader
     records: list[RequestRecord] = field(default_factory=list)
     server_metrics: list[ServerMetrics] = field(default_factory=list)
+    #: The GPU telemetry's samples (:mod:`batchbench.measures.gpu`), every sampled GPU at each moment.
+    gpu_samples: list[GpuSample] = field(default_factory=list)
     footer: RunFooter | None = None
     #: The schema version the document was read from (written documents are always :data:`SCHEMA_VERSION`).
     read_version: int = field(default=SCHEMA_VERSION, compare=False, repr=False)
@@ -261,7 +270,8 @@ class RunDocument:
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **_encode_fields(self.header),
                                "records": [_encode(r) for r in self.records],
-                               "server_metrics": [_encode(s) for s in self.server_metrics]}
+                               "server_metrics": [_encode(s) for s in self.server_metrics],
+                               "gpu_samples": [_encode(s) for s in self.gpu_samples]}
         doc.update(_encode_fields(self.footer) if self.footer is not None else {"status": "partial"})
         return doc
 
@@ -285,10 +295,11 @@ class RunDocument:
         header._check()
         records = _decode(list[RequestRecord], doc.get("records", []), "records", problems)
         samples = _decode(list[ServerMetrics], doc.get("server_metrics", []), "server_metrics", problems)
+        gpu_samples = _decode(list[GpuSample], doc.get("gpu_samples", []), "gpu_samples", problems)
         status = doc.get("status")
         footer = None if status is None or status == "partial" else _decode(RunFooter, doc, "", problems)
-        return cls(header=header, records=records, server_metrics=samples, footer=footer, read_version=version,
-                   problems=problems)
+        return cls(header=header, records=records, server_metrics=samples, gpu_samples=gpu_samples, footer=footer,
+                   read_version=version, problems=problems)
 
     @classmethod
     def from_json(cls, text: str) -> RunDocument:
@@ -416,6 +427,12 @@ class JournalWriter:
         assert self._thread is not None, "begin() first"
         self._queue.put(("sample", sample))
 
+    def gpu_sample(self, sample: GpuSample) -> None:
+        """Queue a GPU telemetry sample for the journal (from the GPU meter's thread: the queue is thread-safe)."""
+        self._check()
+        assert self._thread is not None, "begin() first"
+        self._queue.put(("gpu_sample", sample))
+
     def _join(self) -> None:
         """Let the writer thread write everything handed over, then stop it."""
         if self._thread is not None:
@@ -453,7 +470,7 @@ class JournalWriter:
 
 def _fold(journal: Path) -> dict[str, Any]:
     """The flat document a journal holds, complete or cut short: a torn last line is dropped, not fatal."""
-    doc: dict[str, Any] = {"records": [], "server_metrics": []}
+    doc: dict[str, Any] = {"records": [], "server_metrics": [], "gpu_samples": []}
     parsed_any = ours = header = False
     with open(journal, encoding="utf-8", errors="replace") as fh:
         for line in fh:
@@ -473,6 +490,8 @@ def _fold(journal: Path) -> dict[str, Any]:
                 doc["records"].append(entry)
             elif kind == "sample":
                 doc["server_metrics"].append(entry)
+            elif kind == "gpu_sample":
+                doc["gpu_samples"].append(entry)
             else:
                 doc.update(entry)
     if not parsed_any:
@@ -732,6 +751,8 @@ def json_schema() -> dict[str, Any]:
     props |= {f.name: _field_schema(f, hint, defs) for f, hint in header}
     props["records"] = _type_schema(list[RequestRecord], defs) | {"description": "every request, in completion order"}
     props["server_metrics"] = _type_schema(list[ServerMetrics], defs) | {"description": "the scraped time series"}
+    props["gpu_samples"] = _type_schema(list[GpuSample], defs) | {
+        "description": "the GPU telemetry's samples, every sampled GPU at each moment (absent before it was recorded)"}
     props |= {f.name: _field_schema(f, hint, defs) for f, hint in footer}
     props["status"] = {"type": "string", "description": RunFooter.__dataclass_fields__["status"].metadata["doc"]}
     footer_keys = [f.name for f, _ in footer]
@@ -744,7 +765,7 @@ def json_schema() -> dict[str, Any]:
         "type": "object",
         "properties": props,
         "required": ["schema", "schema_version", *(f.name for f, _ in header), "records", "server_metrics",
-                     "status"],
+                     "gpu_samples", "status"],
         "additionalProperties": False,
         # A partial document (a killed run's journal, folded) has no footer; any other has all of it.
         "if": {"properties": {"status": {"const": "partial"}}},

@@ -10,6 +10,7 @@ keeps its type, its computation and its sentence together:
 - :mod:`~batchbench.analysis.findings.memory`: where it becomes memory-bound, against the KV plan;
 - :mod:`~batchbench.analysis.findings.batching`: continuous over static batching, and its mechanism;
 - :mod:`~batchbench.analysis.findings.padding`: what a batch with one long prompt costs;
+- :mod:`~batchbench.analysis.findings.energy`: tokens per joule, joules per request and cost along each curve;
 - :mod:`~batchbench.analysis.findings.slo`: each point against the SLO, the most goodput, the largest batch within it;
 - :mod:`~batchbench.analysis.findings.comparisons`: engines against each other;
 - :mod:`~batchbench.analysis.findings.speculation`, :mod:`~batchbench.analysis.findings.turns`: speculative
@@ -29,7 +30,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchbench.analysis.findings import batching, comparisons, invalid, memory, padding, regimes, speculation, turns
+from batchbench.analysis.findings import (
+    batching,
+    comparisons,
+    energy,
+    invalid,
+    memory,
+    padding,
+    regimes,
+    speculation,
+    turns,
+)
 from batchbench.analysis.findings.batching import ContinuousOverStatic
 from batchbench.analysis.findings.comparisons import Comparison
 from batchbench.analysis.findings.decisions import QUESTIONS, EngineDecisions, precision_sentence
@@ -279,6 +290,7 @@ def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, ski
     details = _details(engines, slo)
     details += [c.sentence() for c in compared if c.layout != "continuous"]
     details += [speculation.sentence(sp) for sp in speculated]
+    details += energy.sentences(points)
     details += [f"{name}: {warning}." for name, served in parities.items() if (warning := served.warning())]
     if skipped:
         details.append(f"{len(skipped)} document(s) not used: {'; '.join(skipped)}.")

@@ -9,6 +9,7 @@ holds them with the point's regime, its SLO verdict and why any of its runs was 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,6 +54,10 @@ FIGURES: dict[str, Callable[[Summary], float | None]] = {
     "e2e_p50_s": _dist("e2e", "p50"),
     "goodput_req_s": lambda s: s.goodput,
     "mean_decoding": lambda s: s.mean_decoding,
+    # The GPUs' energy over the run (None: no GPU telemetry; the summary's energy says why).
+    "tokens_per_joule": lambda s: s.energy.tokens_per_joule if s.energy is not None else None,
+    "joules_per_request": lambda s: s.energy.joules_per_request if s.energy is not None else None,
+    "usd_per_m_output_tokens": lambda s: s.energy.cost_per_million_output_tokens if s.energy is not None else None,
 }
 #: The figure a point's repeats are run until it is precise (``batchbench run --precision``).
 KEY_FIGURE = "output_tok_s"
@@ -338,7 +343,9 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
     stored = doc.header.slo.request_limits() if doc.header.slo is not None else (None, None)
     if summary is not None and limits is not None and limits != stored and duration:
         # Goodput counts requests within the limits; the run counted its own (or none).
-        summary = summarize(doc.records, duration_s=duration, ttft_slo_s=limits[0], tpot_slo_s=limits[1])
+        summary = dataclasses.replace(  # the records' figures again; the GPUs' energy is the run's own
+            summarize(doc.records, duration_s=duration, ttft_slo_s=limits[0], tpot_slo_s=limits[1]),
+            energy=summary.energy)
     guard = doc.guardrails()
     labels = doc.header.labels
     return Measurement(
