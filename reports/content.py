@@ -18,7 +18,7 @@ from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.metrics import ttft_by_bucket
 from batchbench.reports import answer, answer_plots, fmt, plots
 from batchbench.reports.compare import BaselineComparison, best_by_metric
-from batchbench.reports.document import Bullets, Cell, Details, Document, Para, Plot, Section, Table
+from batchbench.reports.document import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
 from batchbench.reports.inputs import Inputs
 from batchbench.reports.model import (
     BUCKET_EDGES,
@@ -280,6 +280,26 @@ def turn_table(runs: list[Run]) -> Table | None:
                          "— means no request of that turn succeeded.")
 
 
+def slices_table(runs: list[Run]) -> Table | None:
+    """Each sliced run's windows (``--slice``): a row per window; None when no run was sliced."""
+    rows = []
+    for name, r in zip(_column_names(runs), runs):
+        for w in r.slices:
+            rows.append([Cell(name), Cell(f"{w.start_s:g}–{w.end_s:g}"), Cell(fmt.count(w.sent)),
+                         Cell(fmt.count(w.failed)), Cell(f"{w.output_token_throughput:.1f}"),
+                         Cell("—" if w.ttft is None else fmt.ms(w.ttft.p50)),
+                         Cell("—" if w.ttft is None else fmt.ms(w.ttft.p99)),
+                         Cell("—" if w.itl is None else fmt.ms(w.itl.p99)),
+                         Cell("—" if w.kv_usage_max is None else f"{w.kv_usage_max:.0%}"),
+                         Cell("—" if w.waiting_max is None else f"{w.waiting_max:g}")])
+    if not rows:
+        return None
+    return Table(["Run", "window (s)", "sent", "failed", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms",
+                  "KV max", "waiting max"], rows,
+                 caption="Each run over fixed windows of its time: the requests sent in a window (and their TTFT), "
+                         "the tokens and inter-token gaps that arrived in it, the server's KV usage and queue there.")
+
+
 def lora_table(runs: list[Run]) -> Table | None:
     """Each LoRA adapter's share of the runs whose requests named adapters, and Jain's fairness index between
     them; None when no run has any. One heavy adapter, or more adapters than the engine's slots, shows here as
@@ -473,6 +493,12 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
             sec.blocks.append(Section("TTFT by turn", level=3, blocks=[turns]))
         if (loras := lora_table(members)) is not None:
             sec.blocks.append(Section("LoRA adapters", level=3, blocks=[loras]))
+        if (windows := slices_table(members)) is not None:
+            figure = plots.slices_figure(members, colors) if with_plots else None
+            blocks: list[Block] = [] if figure is None else [Plot(
+                f"Output tokens/s and TTFT p99 per time window on {title}, a line per sliced run.", figure)]
+            sec.blocks.append(Section("Over the run, by time window", level=3,
+                                      blocks=[*blocks, Details("Per-window figures", [windows])]))
         # One compact figure per workload, a line per run (one figure per run made the main job's page 12 MB).
         if with_plots and (svg := plots.workload_figure(members, colors)) is not None:
             sec.blocks.append(Section("TTFT CDF, KV usage and queue depth over time", level=3, blocks=[Plot(

@@ -24,6 +24,7 @@ from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.gpu import Energy
 from batchbench.measures.guardrails import Guardrails
 from batchbench.measures.metrics import Summary, summarize, ttft_by_bucket
+from batchbench.measures.slices import Slice
 from batchbench.reports.fmt import num
 from batchbench.results.document import Placement, RunDocument
 
@@ -130,6 +131,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     #: The CPUs the engine and the load generator ran on (None: not recorded).
     placement: Placement | None = None
+    #: The run's metrics over fixed windows (``--slice``; empty: not sliced).
+    slices: list[Slice] = field(default_factory=list)
 
     @property
     def partial(self) -> bool:
@@ -313,6 +316,7 @@ def build_run(source: str, doc: RunDocument) -> Run:
         ttfts=ttfts,
         notes=notes,
         placement=header.placement,
+        slices=footer.slices if footer is not None else [],
     )
 
 

@@ -195,6 +195,35 @@ def workload_figure(runs: list[Run], colors: dict[str, Any]) -> str | None:
     return to_svg(fig)
 
 
+def slices_figure(runs: list[Run], colors: dict[str, Any]) -> str | None:
+    """Output tokens/s and TTFT p99 per time window (``--slice``), a line per sliced run: warm-up, drift or a
+    saturation that sets in within a run, which its whole-run figures average away."""
+    sliced = [(r, name) for r, name in zip(runs, short_names(runs)) if r.slices]
+    if not sliced:
+        return None
+    fig = Figure(figsize=(8, 2.6), layout="constrained")
+    ax_tput, ax_ttft = fig.subplots(1, 2)
+    seen: dict[str, int] = defaultdict(int)
+    for r, name in sliced:
+        style = _STYLES[seen[r.engine] % len(_STYLES)]
+        seen[r.engine] += 1
+        mids = [(w.start_s + w.end_s) / 2 for w in r.slices]
+        ax_tput.plot(mids, [w.output_token_throughput for w in r.slices], style, marker=".",
+                     color=colors.get(r.engine), linewidth=1.2, label=name)
+        timed = [(m, w.ttft.p99 * 1000) for m, w in zip(mids, r.slices) if w.ttft is not None]
+        if timed:
+            ax_ttft.plot(*zip(*timed), style, marker=".", color=colors.get(r.engine), linewidth=1.2)
+    ax_tput.set_ylabel("output tokens/s")
+    ax_ttft.set_ylabel("TTFT p99 (ms), by send window")
+    for ax in (ax_tput, ax_ttft):
+        ax.set_xlabel("seconds since run start")
+        ax.set_ylim(bottom=0)
+        ax.tick_params(labelsize=8)
+    handles, labels = ax_tput.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=min(len(handles), 3), frameon=False)
+    return to_svg(fig)
+
+
 def _once(label: str, shown: set[str]) -> str:
     """``label`` the first time it is asked for, then matplotlib's "not in the legend" ("_")."""
     if label in shown:

@@ -17,6 +17,7 @@ from batchbench.measures.client_load import ClientLoad
 from batchbench.measures.guardrails import server_summary
 from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import summarize
+from batchbench.measures.slices import time_slices
 from batchbench.results.document import RunDocument, RunFooter, RunHeader
 
 
@@ -53,6 +54,8 @@ class RunSpec:
     seed: int = 0
     batching: dict[str, Any] = field(default_factory=lambda: {"mode": "continuous"})
     engine_report: dict[str, Any] = field(default_factory=dict)
+    #: Windows of this many seconds into the footer's slices (None: not sliced).
+    slice_s: float | None = None
 
 
 def records_of(spec: RunSpec, duration: float) -> list[RequestRecord]:
@@ -98,6 +101,7 @@ def document(spec: RunSpec) -> RunDocument:
         status=spec.status, duration_s=duration, summary=summarize(records, duration_s=duration),
         guardrails=server_summary(samples), client=ClientLoad(spec.client_busy * duration, duration, spec.client_busy),
         machine=MachineLoad(spec.foreign), engine_report=spec.engine_report,
+        slices=[] if spec.slice_s is None else time_slices(records, samples, width_s=spec.slice_s, duration_s=duration),
     )
     return RunDocument(header=header, records=records, server_metrics=samples, footer=footer)
 

