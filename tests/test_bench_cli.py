@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,6 +91,24 @@ def test_a_level_whose_engine_is_gone_is_recorded_as_failed_and_stop_on_error_st
     assert run["status"] == "failed" and run["reason"] == "all 2 requests timed out (--request-timeout 0.5s)"
     assert "stopping the sweep (--stop-on-error): c=1 #0 failed" in captured.err
     assert len(list(run_dir.glob("vllm_*.json"))) == 1  # the failed level's results are kept
+
+
+@pytest.mark.parametrize("fault", ["hang", "silent"])
+def test_a_warm_up_that_hangs_ends_the_start_within_the_request_timeout_naming_request_and_url(
+        fault: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # hang: every stream stops after three chunks; silent: no request gets even its response headers.
+    with serving("batchbench.fixtures.protocol", "vllm", "--fault", fault, "--fault-after", "3") as url:
+        t0 = time.monotonic()
+        code = main(["bench", "--engine", "vllm", "--engine-url", url, "--input-len", "4", "--output-len", "4",
+                     "--num-requests", "2", "--request-timeout", "2", "--results-dir", str(tmp_path), "--no-report"])
+        elapsed = time.monotonic() - t0
+    captured = capsys.readouterr()
+    assert code == EXIT_ENGINE, captured.out + captured.err
+    assert elapsed < 2 + 3, f"the start took {elapsed:.1f}s"
+    assert "vllm: waiting for its warm-up (16 requests, none silent for 2s)" in captured.out
+    (line,) = [line for line in captured.err.splitlines() if "cannot run" in line]
+    got = "after 3 of 16 tokens the stream stopped" if fault == "hang" else "no response at all"
+    assert "request warm-up-0000" in line and f"warm-up to {url}: the engine sent nothing for 2s ({got})" in line
 
 
 def test_an_engine_that_cannot_be_reached_is_an_engine_error(tmp_path: Path,

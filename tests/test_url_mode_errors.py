@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import socket
 import subprocess
 import sys
 import threading
@@ -61,6 +62,16 @@ async def test_nothing_listening_fails_after_the_url_grace_naming_the_url() -> N
     elapsed, error = await _connect("http://127.0.0.1:1", grace_s=1.0)
     assert 0.9 < elapsed < 5
     assert isinstance(error, EngineNotHealthy) and "nothing healthy answered at http://127.0.0.1:1" in str(error)
+
+
+async def test_a_server_that_never_answers_its_health_check_fails_at_the_url_grace_naming_the_url() -> None:
+    # A socket that listens and never accepts: the kernel completes the connection, nothing ever answers.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        elapsed, error = await _connect(url, grace_s=1.0)
+    assert 0.9 < elapsed < 4
+    assert isinstance(error, EngineNotHealthy) and f"nothing healthy answered at {url}" in str(error)
+    assert "the health check sent no answer before the 1s start-up timeout" in str(error)
 
 
 @pytest.mark.parametrize(("given", "root"), [

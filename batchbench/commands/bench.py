@@ -117,7 +117,7 @@ async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: Bat
                  work: PreparedWorkload, kind: LevelKind, levels: list[float], args: argparse.Namespace, run_dir: Path,
                  timeout_s: float, sweep: Sweep, progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
-    cache = engines_here.cache()
+    cache = engines_here.cache(timeout_s)
     load = work.load(timeout_s, args.scrape_interval)
     try:
         for name in engines:

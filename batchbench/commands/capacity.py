@@ -97,7 +97,7 @@ async def _find(engines: tuple[str, ...], options: EngineOptions, batching: Batc
                 work: PreparedWorkload, kind: LevelKind, args: argparse.Namespace, run_dir: Path, timeout_s: float,
                 found: Found, progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
-    cache = engines_here.cache()
+    cache = engines_here.cache(timeout_s)
     load = work.load(timeout_s, args.scrape_interval)
     try:
         for name in engines:

@@ -216,9 +216,20 @@ class StartingEngines:
             self._start.attach(engine.startup_timeout, engine.server_log)
         return engine
 
-    def cache(self) -> EngineCache:
-        """An engine cache holding one live engine at a time: measured engines never share the machine."""
-        return EngineCache(self.make, max_live=1)
+    def cache(self, warm_up_timeout_s: float) -> EngineCache:
+        """An engine cache holding one live engine at a time (measured engines never share the machine), each
+        warm-up request bounded by ``warm_up_timeout_s`` (the command's request timeout)."""
+        return EngineCache(self.make, max_live=1, warm_up_timeout_s=warm_up_timeout_s, phase=self.phase)
+
+    def phase(self, what: str, timeout_s: float | None) -> None:
+        """The start under way waits for ``what`` now: on the live display, and as a line in a log (where
+        nothing is redrawn, a start that hangs would otherwise say nothing at all)."""
+        if self._start is None:
+            return
+        self._start.wait_for(what, timeout_s)
+        if not self.progress.live:
+            bound = f" (at most {timeout_s:g}s)" if timeout_s else ""
+            self.progress.print(f"batchbench: {self._start.name}: waiting for {what}{bound}")
 
     async def get(self, cache: EngineCache, name: str, batching: BatchingConfig | None) -> Engine:
         """The live engine, or one started now with its start on the display."""

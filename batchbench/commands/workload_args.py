@@ -107,7 +107,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
     parser.add_argument("--scrape-interval", type=positive_seconds, default=0.25, metavar="SECONDS",
                         help="how often the engine's metrics are read (default 0.25; see batchbench run --help)")
     parser.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
-                        help="per-request deadline over the whole stream (default: the profile's)")
+                        help="per-request deadline over the whole stream (default: the profile's); also how long a "
+                             "request of the engine's warm-up may go without a word before the start is given up")
     parser.add_argument("--workers", type=workers_option, default=1, metavar="N|auto",
                         help="load-generator processes, each with its own event loop (default 1: this one); auto "
                              "chooses per level from the expected chunk rate (batchbench/load/workers.py)")
