@@ -12,7 +12,7 @@ import pytest
 from batchbench.cli import main
 from batchbench.reports.model import KEY_METRICS
 from batchbench.results.document import RunDocument
-from tests.test_reports import STORED_HF, STORED_VLLM, _repeated, md_table_after, two_engines  # noqa: F401
+from tests.test_reports import STORED_HF, STORED_VLLM, md_table_after, noise_and_regression, two_engines  # noqa: F401
 
 #: The key metrics' stored fields (summary paths), by CSV column.
 STORED_FIELD = {"ttft_p50_s": "ttft.p50", "ttft_p99_s": "ttft.p99", "tpot_p50_s": "tpot.p50",
@@ -77,10 +77,7 @@ def test_records_csv_has_every_request_of_every_run(two_engines: Path, tmp_path:
 
 def test_compare_json_has_the_tables_rows_with_their_verdicts(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    _repeated(tmp_path / "a", "vllm", [0.100, 0.110, 0.200])
-    _repeated(tmp_path / "a", "tgi", [0.100, 0.110, 0.120])
-    _repeated(tmp_path / "b", "vllm", [0.150, 0.140, 0.160])  # 10% worse, but A's repeats spread wide: noise
-    _repeated(tmp_path / "b", "tgi", [0.250, 0.260, 0.240])  # beyond any doubt: a regression
+    noise_and_regression(tmp_path / "a", tmp_path / "b")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     table = capsys.readouterr().out
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json"]) == 0
