@@ -15,6 +15,7 @@ from batchbench.cli import main
 from batchbench.commands.common import EXIT_ENGINE, EXIT_FAILURES, EXIT_USAGE
 from batchbench.commands.workload_args import slo_samples
 from batchbench.core.placement import usable_cpus
+from batchbench.fixtures import tiny_model_dir
 from batchbench.measures.slo import Slo
 from tests.server_process import serving
 
@@ -109,6 +110,43 @@ def test_a_warm_up_that_hangs_ends_the_start_within_the_request_timeout_naming_r
     (line,) = [line for line in captured.err.splitlines() if "cannot run" in line]
     got = "after 3 of 16 tokens the stream stopped" if fault == "hang" else "no response at all"
     assert "request warm-up-0000" in line and f"warm-up to {url}: the engine sent nothing for 2s ({got})" in line
+
+
+@pytest.fixture(scope="module")
+def served_as_a_name() -> Iterator[str]:
+    """vLLM serving the embedded model from its folder under a name of its own (``--served-model-name``)."""
+    with serving("batchbench.fixtures.protocol", "vllm", "--token-delay", "0.001", "--model", "tiny-llama",
+                 "--model-root", str(tiny_model_dir())) as url:
+        yield url
+
+
+@pytest.mark.parametrize("model", [None, "tiny-llama", "path", "relative path"])
+def test_at_a_url_model_is_the_served_name_or_its_path_and_the_tokenizer_is_the_served_root(
+        served_as_a_name: str, model: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if model == "relative path":
+        monkeypatch.chdir(tiny_model_dir().parent)
+    given = {"path": str(tiny_model_dir()), "relative path": f"./{tiny_model_dir().name}"}.get(model or "", model)
+    dataset = tmp_path / "text.jsonl"
+    dataset.write_text('{"prompt": "hello there world", "output_len": 3}\n{"prompt": "a b c d", "output_len": 2}\n')
+    code = main(["bench", "--engine", "vllm", "--engine-url", served_as_a_name, *(["--model", given] if given else []),
+                 "--dataset", str(dataset), "--num-requests", "4", "--concurrency", "2",
+                 "--results-dir", str(tmp_path / "results"), "--no-report"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"serves tiny-llama (from {tiny_model_dir()}); requests name tiny-llama" in out
+    assert f"tokenizer {tiny_model_dir()} (the served model's root on /v1/models)" in out
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "results").glob("bench-*/vllm_*.json")]
+    assert doc["summary"]["ok"] == 4  # a path sent as the model would have been refused (404)
+    assert doc["engine"]["model"]["path"] == str(tiny_model_dir())
+
+
+def test_at_a_url_a_model_it_does_not_serve_fails_before_start_naming_the_served_ones(
+        served_as_a_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(["bench", "--engine", "vllm", "--engine-url", served_as_a_name, "--model", "org/other",
+                        "--input-len", "4", "--results-dir", str(tmp_path)], capsys)
+    assert f"--model org/other: vllm at {served_as_a_name} serves no such model; it serves: tiny-llama (from " \
+           f"{tiny_model_dir()})" in err
 
 
 def test_an_engine_that_cannot_be_reached_is_an_engine_error(tmp_path: Path,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import EngineOptions, engine_class, make_engine
+from batchbench.adapters.served import ServedModel, fetch_served_models, pick_served_model
 from batchbench.analysis import validity
 from batchbench.analysis.findings import QUESTIONS, Findings
 from batchbench.analysis.findings.decisions import slo_text
@@ -68,6 +70,25 @@ def parsed_by(cls: type[Any]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(str(exc)) from None
     convert.__name__ = cls.__name__.lower()
     return convert
+
+
+def served_models_at_urls(engines: Sequence[str], options: EngineOptions) -> ServedModel | None:
+    """Each engine at a URL: the served model ``--model`` means (a served name, or the path it was loaded from),
+    said in a line with the name requests will give; ValueError naming the served models when it means none. The
+    first such engine's model is returned: its ``root`` is the tokenizer a text dataset is read with. A server
+    that cannot say (no /v1/models, not reachable yet) is left to its start."""
+    first: ServedModel | None = None
+    for name in engines:
+        if (url := options.url_for(name)) is None:
+            continue
+        served = asyncio.run(fetch_served_models(name, url))
+        if served is None:
+            continue
+        model = pick_served_model(options.model, served, f"{name} at {url}")
+        given = f" (--model {options.model})" if options.model and options.model != model.name else ""
+        print(f"batchbench: {name} at {url} serves {model.text()}; requests name {model.name}{given}")
+        first = first or model
+    return first
 
 
 def one_batching(specs: list[str], command: str, engines: Sequence[str] = ()) -> BatchingConfig | None:

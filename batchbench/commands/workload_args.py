@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from batchbench.adapters.served import ServedModel
 from batchbench.analysis.validity import samples_needed, stat_percentile
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
 from batchbench.core.config import LoadConfig
@@ -201,8 +202,9 @@ def slo_samples(slo: Slo | None) -> int:
 
 
 def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelKind,
-                     levels: list[float]) -> PreparedWorkload:
-    """The workload the options describe, every check done; ValueError with a message for the user."""
+                     levels: list[float], served: ServedModel | None = None) -> PreparedWorkload:
+    """The workload the options describe, every check done; ValueError with a message for the user. ``served``:
+    the model an engine at a URL serves (its root is a text dataset's tokenizer when none is given)."""
     if args.dataset is not None and args.input_len is not None:
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
     if args.burstiness != 1.0 and args.arrival != "gamma":
@@ -241,7 +243,7 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
         result.requests(num_requests)
         return result
     dataset = datasets.load(args.dataset)
-    tok = _tokenizer(args) if dataset.needs_tokenizer else None
+    tok = _tokenizer(args, served) if dataset.needs_tokenizer else None
 
     def from_dataset(n: int) -> Workload:
         built = datasets.build_workload(
@@ -282,13 +284,26 @@ def _check_turns(args: argparse.Namespace, kind: LevelKind) -> None:
                          "give a multiple of it")
 
 
-def _tokenizer(args: argparse.Namespace) -> tokenizer.Tokenizer:
-    """The served model's tokenizer: ``--tokenizer``, else ``--model``'s, else the embedded model's."""
-    source = args.tokenizer or args.model
-    if source is None:
-        if args.engine_url:
-            raise ValueError(f"--dataset {args.dataset} is text, and the engine at a URL serves a model batchbench "
-                             "does not know: give --tokenizer (or --model) so prompts are tokenised as it would")
-        source = str(tiny_model_dir())
-    return tokenizer.load(source)
+def _tokenizer(args: argparse.Namespace, served: ServedModel | None) -> tokenizer.Tokenizer:
+    """The served model's tokenizer: ``--tokenizer``; else, at a URL, the folder or hub id the server loaded its
+    model from (/v1/models' ``root``) when that loads, said in a line; else ``--model``'s; else the embedded
+    model's."""
+    if args.tokenizer:
+        return tokenizer.load(args.tokenizer)
+    if served is not None and served.root is not None:
+        try:
+            tok = tokenizer.load(served.root)
+        except ValueError as exc:
+            if not args.model:
+                raise ValueError(f"--dataset {args.dataset} is text: {exc} (the root /v1/models gives for "
+                                 f"{served.name}); give --tokenizer") from None
+        else:
+            print(f"batchbench: tokenizer {served.root} (the served model's root on /v1/models)")
+            return tok
+    if args.model:
+        return tokenizer.load(args.model)
+    if args.engine_url:
+        raise ValueError(f"--dataset {args.dataset} is text, and the engine at a URL serves a model batchbench "
+                         "does not know: give --tokenizer (or --model) so prompts are tokenised as it would")
+    return tokenizer.load(str(tiny_model_dir()))
 
