@@ -92,7 +92,10 @@ def pick_served_model(given: str | None, served: list[ServedModel], where: str) 
 async def fetch_served_models(engine: str, url: str) -> list[ServedModel] | None:
     """The base models the server at ``url`` lists on ``/v1/models``; None when it cannot say (no such route, not
     reachable yet: the engine's own start then says what is wrong)."""
-    client = make_client(check_url(engine, url))
+    try:
+        client = make_client(check_url(engine, url))
+    except EngineError:  # a malformed URL: the start refuses it in its own words
+        return None
     try:
         async with asyncio.timeout(MODELS_LOOKUP_TIMEOUT_S):
             return served_models(await get_json(client, engine, "/v1/models"))

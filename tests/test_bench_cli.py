@@ -149,6 +149,12 @@ def test_at_a_url_a_model_it_does_not_serve_fails_before_start_naming_the_served
            f"{tiny_model_dir()})" in err
 
 
+def test_a_malformed_engine_url_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(["bench", "--engine", "vllm", "--engine-url", "engine-host:8080", "--input-len", "4",
+                        "--results-dir", str(tmp_path)], capsys)
+    assert "invalid URL 'engine-host:8080': expected http(s)://host:port" in err and "Traceback" not in err
+
+
 def test_an_engine_that_cannot_be_reached_is_an_engine_error(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", *NOWHERE, "--input-len", "4", "--output-len", "4", "--num-requests", "2",
