@@ -141,10 +141,11 @@ def test_at_a_url_model_is_the_served_name_or_its_path_and_the_tokenizer_is_the_
     assert doc["engine"]["model"]["path"] == str(tiny_model_dir())
 
 
+@pytest.mark.parametrize("command", [["bench", "--input-len", "4"], ["capacity", "--slo", "ttft_p99=1s"], ["run"]])
 def test_at_a_url_a_model_it_does_not_serve_fails_before_start_naming_the_served_ones(
-        served_as_a_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = _usage_error(["bench", "--engine", "vllm", "--engine-url", served_as_a_name, "--model", "org/other",
-                        "--input-len", "4", "--results-dir", str(tmp_path)], capsys)
+        served_as_a_name: str, command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error([*command, "--engine", "vllm", "--engine-url", served_as_a_name, "--model", "org/other",
+                        "--results-dir", str(tmp_path)], capsys)
     assert f"--model org/other: vllm at {served_as_a_name} serves no such model; it serves: tiny-llama (from " \
            f"{tiny_model_dir()})" in err
 

@@ -62,6 +62,7 @@ from batchbench.commands.common import (
     place_client,
     positive_int,
     positive_seconds,
+    served_models_at_urls,
     verdict_lines,
     write_report,
 )
@@ -358,6 +359,7 @@ def main(args: argparse.Namespace) -> int:
         if args.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
+        served_models_at_urls(engines, options)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
