@@ -387,6 +387,10 @@ class Engine(ABC):
         await self.stop()
 
 
+#: The least time one health probe is given before it counts as unanswered.
+_MIN_PROBE_S = 1.0
+
+
 @dataclass
 class HealthPoller:
     """Polls a readiness probe until it passes, the deadline passes or a liveness check fails.
@@ -412,13 +416,19 @@ class HealthPoller:
             if alive is not None and (dead := alive()) is not None:
                 raise EngineDied(self.engine, f"exited before becoming healthy: {dead}")
             try:
-                if await probe():
-                    return
+                # Bounded by the deadline too (a server that accepts the connection and never answers must not
+                # hold the start past its timeout), yet given at least a second: cut sooner, a probe that was
+                # about to fail would lose its real reason (a refused connection) to "no answer".
+                async with asyncio.timeout(max(deadline - now(), _MIN_PROBE_S)):
+                    if await probe():
+                        return
                 self.last_error = "not ready yet"
             except EngineError as exc:
                 if exc.permanent:
                     raise
                 self.last_error = exc.detail
+            except TimeoutError:
+                self.last_error = f"the health check sent no answer before the {timeout:g}s start-up timeout"
             if now() >= deadline:
                 raise EngineNotHealthy(
                     self.engine, f"not healthy after {timeout:.0f}s (last answer: {self.last_error})"

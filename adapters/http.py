@@ -14,6 +14,7 @@ aiohttp parses responses in C and writes headers and body in one write.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import ssl
@@ -41,8 +42,11 @@ except ImportError:  # pragma: no cover - exercised where orjson is not installe
 
 #: Status codes an overloaded engine answers with; counted as rejections.
 OVERLOAD_STATUSES = frozenset({429, 503})
-#: Seconds to open a connection; nothing else has a client-side timeout (see :class:`HttpClient`).
+#: Seconds to open a connection. A stream has no other client-side timeout (see :class:`HttpClient`).
 CONNECT_TIMEOUT_S = 10.0
+#: Seconds a whole-document request (health, /v1/models, /metrics, a control route) may take: these answer at
+#: once on a live server, and one that never answers must not hold up an engine's start or a run's end.
+CALL_TIMEOUT_S = 30.0
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -252,15 +256,19 @@ async def sse_data(pieces: AsyncIterable[bytes]) -> AsyncIterator[str]:
 
 
 async def _call(client: HttpClient, engine: str, method: str, path: str, *,
-                params: Mapping[str, Any] | None = None) -> bytes:
-    """One whole request; anything but a 200 is an EngineError (the body shortened, never a whole HTML page)."""
+                params: Mapping[str, Any] | None = None, timeout_s: float = CALL_TIMEOUT_S) -> bytes:
+    """One whole request, answered within ``timeout_s``; anything but a 200 is an EngineError (the body
+    shortened, never a whole HTML page)."""
     try:
-        async with client.request(method, path, params=params) as response:
+        async with asyncio.timeout(timeout_s), client.request(method, path, params=params) as response:
             status, body = response.status, await response.read()
     except aiohttp.ClientConnectorError as exc:
         raise connect_failure(engine, client.base_url, exc) from exc
     except aiohttp.ClientError as exc:
         raise EngineUnreachable(engine, f"{path} failed: {type(exc).__name__}: {exc}") from exc
+    except TimeoutError as exc:
+        raise EngineUnreachable(engine, f"{method} {client.base_url}{path} sent no answer within {timeout_s:g}s") \
+            from exc
     if status != 200:
         raise EngineHTTPError(
             engine, f"HTTP {status} from {client.base_url}{path}: {error_text(body)}", status=status,
@@ -277,9 +285,9 @@ async def get_json(client: HttpClient, engine: str, path: str) -> Any:
         raise StreamProtocolError(engine, f"{path} did not return JSON: {body[:200]!r}") from exc
 
 
-async def get_text(client: HttpClient, engine: str, path: str) -> str:
-    """GET a text document (health, /metrics), mapping failures to EngineError types."""
-    return (await _call(client, engine, "GET", path)).decode("utf-8", "replace")
+async def get_text(client: HttpClient, engine: str, path: str, *, timeout_s: float = CALL_TIMEOUT_S) -> str:
+    """GET a text document (health, /metrics) within ``timeout_s``, mapping failures to EngineError types."""
+    return (await _call(client, engine, "GET", path, timeout_s=timeout_s)).decode("utf-8", "replace")
 
 
 async def post_text(client: HttpClient, engine: str, path: str, *, params: dict[str, Any] | None = None) -> str:

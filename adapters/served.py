@@ -17,6 +17,7 @@ import os
 from abc import abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,6 +39,72 @@ from batchbench.core.environment import cuda_visible_devices
 from batchbench.core.placement import EngineCpus
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.workload.lora import Lora
+
+#: How long the look-up of a URL's served models before a start may take: it answers at once on a live server.
+MODELS_LOOKUP_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A base model on an OpenAI-style server's ``/v1/models``: the name requests give (``id``) and where the server
+    loaded it from (``root``: vLLM 0.32 lists ``root=base_model.model_path``, in
+    ``vllm/entrypoints/openai/models/serving.py``; None where the server does not say)."""
+
+    name: str
+    root: str | None = None
+
+    def text(self) -> str:
+        return self.name if self.root in (None, self.name) else f"{self.name} (from {self.root})"
+
+
+def served_models(listing: Any) -> list[ServedModel]:
+    """The base models of a ``/v1/models`` answer (LoRA adapters, listed with a ``parent``, left out)."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    return [ServedModel(str(card["id"]), str(card["root"]) if card.get("root") else None)
+            for card in data or () if isinstance(card, dict) and card.get("id") and not card.get("parent")]
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two model paths name one folder (a relative path and the absolute one a server was given)."""
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+def pick_served_model(given: str | None, served: list[ServedModel], where: str) -> ServedModel:
+    """The served model ``given`` (``--model``) means: the one of that name, else the one loaded from that path
+    (vLLM answers a request naming the path with a 404, "The model `<path>` does not exist"); without ``given``
+    the first. ValueError naming the served models when none is meant, or there are none."""
+    if not served:
+        raise ValueError(f"{where} lists no model on /v1/models")
+    if not given:
+        return served[0]
+    for model in served:
+        if given == model.name:
+            return model
+    for model in served:
+        if model.root is not None and (given == model.root or _same_path(given, model.root)):
+            return model
+    listed = "; ".join(m.text() for m in served)
+    raise ValueError(f"--model {given}: {where} serves no such model; it serves: {listed}. Give --model one of "
+                     "these names or paths, or leave it out to use the first")
+
+
+async def fetch_served_models(engine: str, url: str) -> list[ServedModel] | None:
+    """The base models the server at ``url`` lists on ``/v1/models``; None when it cannot say (no such route, not
+    reachable yet: the engine's own start then says what is wrong)."""
+    try:
+        client = make_client(check_url(engine, url))
+    except EngineError:  # a malformed URL: the start refuses it in its own words
+        return None
+    try:
+        async with asyncio.timeout(MODELS_LOOKUP_TIMEOUT_S):
+            return served_models(await get_json(client, engine, "/v1/models"))
+    except (EngineError, TimeoutError):
+        return None
+    finally:
+        await client.aclose()
 
 
 class ServedEngine(Engine):
@@ -135,18 +202,25 @@ class ServedEngine(Engine):
             raise
         if self._started_at is not None:
             self.startup_s = now() - self._started_at
-        if not self.model.request_name:
+        if self.url is not None:
             self.model = await self.discover_model()
 
     async def discover_model(self) -> ModelRef:
-        """In URL mode without --model: ask the server which model it serves (OpenAI /v1/models)."""
+        """In URL mode: the model the server serves, as requests must name it (OpenAI /v1/models): ``--model``
+        as a served name or as the path it was loaded from (:func:`pick_served_model`), else the first served.
+        A server without /v1/models is sent ``--model`` as given."""
         assert self.client is not None
-        listing = await get_json(self.client, self.name, "/v1/models")
         try:
-            served = listing["data"][0]["id"]
-        except (KeyError, IndexError, TypeError) as exc:
-            raise StreamProtocolError(self.name, f"/v1/models lists no model: {listing!r:.200}") from exc
-        return ModelRef(served, served_name=served, max_model_len=self.model.max_model_len)
+            listing = await get_json(self.client, self.name, "/v1/models")
+        except EngineHTTPError:
+            if self.model.request_name:
+                return self.model
+            raise
+        try:
+            served = pick_served_model(self.model.path or None, served_models(listing), str(self.base_url))
+        except ValueError as exc:
+            raise EngineError(self.name, str(exc), permanent=True) from exc
+        return ModelRef(served.root or served.name, served_name=served.name, max_model_len=self.model.max_model_len)
 
     async def stop(self) -> None:
         if self.client is not None:

@@ -171,7 +171,10 @@ class TGIEngine(ServedEngine):
         return args
 
     async def discover_model(self) -> ModelRef:
-        """URL mode without --model: TGI serves one model and says which in /info."""
+        """URL mode: TGI serves one model and says which in /info (its requests name none, so --model stays as
+        given)."""
+        if self.model.request_name:
+            return self.model
         info = await self.load_info()
         served = str(info.get("model_id") or "")
         return ModelRef(served, served_name=served or "tgi", max_model_len=self.model.max_model_len)

@@ -86,7 +86,8 @@ class Harness:
         #: The load generator's share of the session's CPU placement: only the loop thread is pinned (the tests
         #: around it keep every CPU); engines it launches set their own.
         self.client_pin = self._loop.call(_pin_loop_thread(options))
-        self._engines = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=max_live)
+        self._engines = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=max_live,
+                                    warm_up_timeout_s=profile.request_timeout_s)
 
     @property
     def max_live_engines(self) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from batchbench.adapters.base import EngineError
 from batchbench.adapters.registry import (
     EngineOptions,
     embedded_engines,
@@ -109,7 +110,10 @@ def engine_options(
                             max_model_len=profile.max_model_len, log_dir=results_dir / "server-logs",
                             placement=placement, unplaced=unplaced)
     for name in selected:
-        make_engine(name, None, options)
+        try:
+            make_engine(name, None, options)
+        except EngineError as exc:  # a malformed --engine-url: a usage error, found before anything starts
+            raise ValueError(str(exc)) from None
     return selected, options
 
 

@@ -73,6 +73,8 @@ class EngineStart:
     timeout_s: float | None
     log_file: LogFile
     started: float = field(default_factory=time.monotonic)
+    #: What the start waits for now (its health check, its warm-up), its own bound and since when.
+    waiting: tuple[str, float | None, float] | None = None
 
     def attach(self, timeout_s: float | None = None, log_file: LogFile = None) -> None:
         """The timeout and the log once known (an engine made inside a cache is only seen after the start began)."""
@@ -85,12 +87,21 @@ class EngineStart:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    def wait_for(self, what: str, timeout_s: float | None) -> None:
+        """The start now waits for ``what``, for at most ``timeout_s`` (None: no bound of its own)."""
+        self.waiting = (what, timeout_s, time.monotonic())
+
     def timing(self) -> str:
         limit = f" of {self.timeout_s:.0f}s" if self.timeout_s else ""
         return f"{self.elapsed:.1f}s{limit}"
 
     def render(self) -> Text:
-        text = Text(f"starting {self.name}: {self.timing()}", no_wrap=True, overflow="ellipsis")
+        head = f"starting {self.name}: {self.timing()}"
+        if self.waiting is not None:
+            what, limit, since = self.waiting
+            head = (f"starting {self.name}: waiting for {what} ({time.monotonic() - since:.1f}s"
+                    + (f" of {limit:g}s" if limit else "") + f"; {self.elapsed:.1f}s in all)")
+        text = Text(head, no_wrap=True, overflow="ellipsis")
         if line := last_log_line(self.log_file):
             text.append(f"  log: {line}", style="dim")
         return text

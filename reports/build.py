@@ -9,6 +9,7 @@ report leads with the findings (``batchbench.analysis.findings``) when they can 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 from batchbench.analysis.findings import Findings, findings_from_documents
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.slo import Slo
-from batchbench.reports import markdown, render_html
+from batchbench.reports import exports, markdown, render_html
 from batchbench.reports.compare import (
     DEFAULT_THRESHOLD_PCT,
     REPORT_SCHEMA,
@@ -32,6 +33,7 @@ from batchbench.reports.compare import (
     read_report_rows,
 )
 from batchbench.reports.content import build_document, group_by_workload
+from batchbench.reports.document import Document
 from batchbench.reports.inputs import Inputs, discover
 from batchbench.reports.model import KEY_METRICS
 from batchbench.reports.series import group_series
@@ -119,15 +121,25 @@ def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_a
 #: ``build_report(findings=...)``'s default: draw them from the documents (:func:`compute_findings`).
 FROM_DOCUMENTS: Any = object()
 
+#: The files each ``batchbench report --format`` writes: html is the whole report, its Markdown and JSON beside
+#: it (what ``batchbench run`` writes); every other format is its one file.
+FORMATS: dict[str, tuple[str, ...]] = {
+    "html": ("report.html", "report.md", "report.json"), "md": ("report.md",), "json": ("report.json",),
+    "csv": ("report.csv",),
+}
+#: The per-request records of every run (``batchbench report --records-csv``).
+RECORDS_CSV = "records.csv"
+
 
 def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = None,
                  threshold_pct: float = DEFAULT_THRESHOLD_PCT, plots: bool = True,
                  warn: Callable[[str], None] = _print_warning, slo: Slo | None = None,
-                 findings: Findings | None = FROM_DOCUMENTS) -> BuildResult:
-    """Read every results document under ``results_dir`` and write the three report files to ``out_dir``.
+                 findings: Findings | None = FROM_DOCUMENTS, files: tuple[str, ...] = FORMATS["html"]) -> BuildResult:
+    """Read every results document under ``results_dir`` and write the report's ``files`` to ``out_dir`` (by
+    default the three of :data:`FORMATS` ``["html"]``; also ``report.csv`` and :data:`RECORDS_CSV`).
 
     ``findings`` are drawn from the documents (under ``slo``, a :class:`batchbench.measures.slo.Slo`) unless given
-    (None: a report without its answer section).
+    (None: a report without its answer section); only the files that show them (html, md, json) need them.
     """
     results_dir, out_dir = Path(results_dir), Path(out_dir)
     if not results_dir.is_dir():
@@ -146,15 +158,23 @@ def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = No
         comparison = compare(ordered, rows, source=Path(baseline).name,
                              threshold_pct=threshold_pct)
     if findings is FROM_DOCUMENTS:
-        findings = compute_findings(inputs, slo)
+        shown = {"report.html", "report.md", "report.json"} & set(files)
+        findings = compute_findings(inputs, slo) if shown else None
     generated_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    doc = build_document(inputs, generated_at=generated_at, baseline=comparison, with_plots=plots,
-                         findings=findings)
-    contents = {
-        "report.json": json.dumps(report_json(inputs, comparison, generated_at, findings), indent=1) + "\n",
-        "report.md": markdown.render(doc),
-        "report.html": render_html.render(doc),
+
+    @functools.cache
+    def doc() -> Document:
+        return build_document(inputs, generated_at=generated_at, baseline=comparison, with_plots=plots,
+                              findings=findings)
+
+    render: dict[str, Callable[[], str]] = {
+        "report.json": lambda: json.dumps(report_json(inputs, comparison, generated_at, findings), indent=1) + "\n",
+        "report.md": lambda: markdown.render(doc()),
+        "report.html": lambda: render_html.render(doc()),
+        "report.csv": lambda: exports.runs_csv(inputs),
+        RECORDS_CSV: lambda: exports.records_csv(inputs),
     }
+    contents = {name: render[name]() for name in files}
     return BuildResult(out_dir, inputs, comparison, _write_all(out_dir, contents), findings)
 
 

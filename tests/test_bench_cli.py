@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from batchbench.cli import main
 from batchbench.commands.common import EXIT_ENGINE, EXIT_FAILURES, EXIT_USAGE
 from batchbench.commands.workload_args import slo_samples
 from batchbench.core.placement import usable_cpus
+from batchbench.fixtures import tiny_model_dir
 from batchbench.measures.slo import Slo
 from tests.server_process import serving
 
@@ -90,6 +92,68 @@ def test_a_level_whose_engine_is_gone_is_recorded_as_failed_and_stop_on_error_st
     assert run["status"] == "failed" and run["reason"] == "all 2 requests timed out (--request-timeout 0.5s)"
     assert "stopping the sweep (--stop-on-error): c=1 #0 failed" in captured.err
     assert len(list(run_dir.glob("vllm_*.json"))) == 1  # the failed level's results are kept
+
+
+@pytest.mark.parametrize("fault", ["hang", "silent"])
+def test_a_warm_up_that_hangs_ends_the_start_within_the_request_timeout_naming_request_and_url(
+        fault: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # hang: every stream stops after three chunks; silent: no request gets even its response headers.
+    with serving("batchbench.fixtures.protocol", "vllm", "--fault", fault, "--fault-after", "3") as url:
+        t0 = time.monotonic()
+        code = main(["bench", "--engine", "vllm", "--engine-url", url, "--input-len", "4", "--output-len", "4",
+                     "--num-requests", "2", "--request-timeout", "2", "--results-dir", str(tmp_path), "--no-report"])
+        elapsed = time.monotonic() - t0
+    captured = capsys.readouterr()
+    assert code == EXIT_ENGINE, captured.out + captured.err
+    assert elapsed < 2 + 3, f"the start took {elapsed:.1f}s"
+    assert "vllm: waiting for its warm-up (16 requests, none silent for 2s)" in captured.out
+    (line,) = [line for line in captured.err.splitlines() if "cannot run" in line]
+    got = "after 3 of 16 tokens the stream stopped" if fault == "hang" else "no response at all"
+    assert "request warm-up-0000" in line and f"warm-up to {url}: the engine sent nothing for 2s ({got})" in line
+
+
+@pytest.fixture(scope="module")
+def served_as_a_name() -> Iterator[str]:
+    """vLLM serving the embedded model from its folder under a name of its own (``--served-model-name``)."""
+    with serving("batchbench.fixtures.protocol", "vllm", "--token-delay", "0.001", "--model", "tiny-llama",
+                 "--model-root", str(tiny_model_dir())) as url:
+        yield url
+
+
+@pytest.mark.parametrize("model", [None, "tiny-llama", "path", "relative path"])
+def test_at_a_url_model_is_the_served_name_or_its_path_and_the_tokenizer_is_the_served_root(
+        served_as_a_name: str, model: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if model == "relative path":
+        monkeypatch.chdir(tiny_model_dir().parent)
+    given = {"path": str(tiny_model_dir()), "relative path": f"./{tiny_model_dir().name}"}.get(model or "", model)
+    dataset = tmp_path / "text.jsonl"
+    dataset.write_text('{"prompt": "hello there world", "output_len": 3}\n{"prompt": "a b c d", "output_len": 2}\n')
+    code = main(["bench", "--engine", "vllm", "--engine-url", served_as_a_name, *(["--model", given] if given else []),
+                 "--dataset", str(dataset), "--num-requests", "4", "--concurrency", "2",
+                 "--results-dir", str(tmp_path / "results"), "--no-report"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"serves tiny-llama (from {tiny_model_dir()}); requests name tiny-llama" in out
+    assert f"tokenizer {tiny_model_dir()} (the served model's root on /v1/models)" in out
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "results").glob("bench-*/vllm_*.json")]
+    assert doc["summary"]["ok"] == 4  # a path sent as the model would have been refused (404)
+    assert doc["engine"]["model"]["path"] == str(tiny_model_dir())
+
+
+@pytest.mark.parametrize("command", [["bench", "--input-len", "4"], ["capacity", "--slo", "ttft_p99=1s"], ["run"]])
+def test_at_a_url_a_model_it_does_not_serve_fails_before_start_naming_the_served_ones(
+        served_as_a_name: str, command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error([*command, "--engine", "vllm", "--engine-url", served_as_a_name, "--model", "org/other",
+                        "--results-dir", str(tmp_path)], capsys)
+    assert f"--model org/other: vllm at {served_as_a_name} serves no such model; it serves: tiny-llama (from " \
+           f"{tiny_model_dir()})" in err
+
+
+def test_a_malformed_engine_url_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(["bench", "--engine", "vllm", "--engine-url", "engine-host:8080", "--input-len", "4",
+                        "--results-dir", str(tmp_path)], capsys)
+    assert "invalid URL 'engine-host:8080': expected http(s)://host:port" in err and "Traceback" not in err
 
 
 def test_an_engine_that_cannot_be_reached_is_an_engine_error(tmp_path: Path,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import ClassVar
 
@@ -10,7 +12,7 @@ import pytest
 from batchbench.adapters.base import Chunk, Engine, EngineCannotRunHere, EngineNotHealthy, Usage
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities
-from batchbench.load.engines import WARM_UP, EngineCache
+from batchbench.load.engines import WARM_UP, EngineCache, WarmUpHung, warm_up
 from batchbench.workload.requests import Request
 
 
@@ -82,3 +84,40 @@ async def test_a_failed_start_is_remembered_and_unrunnable_engines_are_skippable
 
     with pytest.raises(EngineCannotRunHere, match="cannot run here: No module named 'vllm'"):
         await EngineCache(missing).get("fake")
+
+
+class Paced(Fake):
+    """Streams one token every ``interval`` seconds; stops for good after ``stall_after`` tokens (None: never)."""
+
+    def __init__(self, interval: float, stall_after: int | None = None) -> None:
+        super().__init__()
+        self.interval, self.stall_after = interval, stall_after
+        self.cancelled = 0
+
+    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
+        try:
+            for i in range(request.max_tokens):
+                if i == self.stall_after:
+                    await asyncio.Event().wait()
+                await asyncio.sleep(self.interval)
+                yield Chunk(now(), 1)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        yield Chunk(now(), 0, Usage(request.prompt_len, request.max_tokens))
+
+
+async def test_a_warm_up_stream_that_stops_ends_the_warm_up_at_the_silence_bound_and_cancels_the_rest() -> None:
+    engine = Paced(0.001, stall_after=3)
+    t0 = time.monotonic()
+    with pytest.raises(WarmUpHung, match=r"sent nothing for 0\.3s \(after 3 of 16 tokens the stream stopped\)"):
+        await warm_up(engine, 0.3)
+    assert time.monotonic() - t0 < 0.3 + 0.5  # one bound, not one per round of requests
+    assert engine.cancelled == WARM_UP.arrival.concurrency  # every request in flight was cancelled, none left
+
+
+async def test_a_slow_engine_that_keeps_streaming_is_not_hung() -> None:
+    # Each request takes 16 x 0.05 = 0.8 s in all, four times the silence bound: slow, never silent for 0.2 s.
+    engine = Paced(0.05)
+    await warm_up(engine, 0.2)
+    assert engine.cancelled == 0

@@ -41,7 +41,7 @@ def server() -> Iterator[str]:
 async def stream(url: str, requests: int, concurrency: int, tokens: int, prompt: int = 7) -> list[RequestRecord]:
     workload = WorkloadSpec("fast", requests, prompt=Lengths.fixed(prompt), output=Lengths.fixed(tokens),
                             arrival=Arrival("closed", concurrency=concurrency)).build()
-    async with VLLMEngine(model=ModelRef("fast-model"), url=url) as engine:
+    async with VLLMEngine(model=ModelRef(""), url=url) as engine:  # the model the server lists
         return await LoadGenerator(engine, workload).run()
 
 

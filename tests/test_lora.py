@@ -178,7 +178,8 @@ def test_the_cli_refuses_a_rank_above_max_lora_rank_before_anything_starts(
 async def test_a_run_with_adapters_reports_each_adapters_share_and_their_fairness(tmp_path: Path) -> None:
     """Records carry the adapter each request asked for (the payload's model), the summary splits by adapter, and
     the report shows the per-adapter table with Jain's index."""
-    server = VLLMServer(model="fake-model", token_delay=0.001, max_running=64, max_queue=64, kv_capacity_tokens=4096)
+    server = VLLMServer(model="fake-model", token_delay=0.001, max_running=64, max_queue=64, kv_capacity_tokens=4096,
+                        loras=("a8", "b16"))
     await server.start_async()
     try:
         wl = WorkloadSpec("lora", 12, prompt=Lengths.fixed(8), output=Lengths.fixed(4),

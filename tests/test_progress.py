@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from batchbench.adapters.registry import EngineOptions
+from batchbench.commands.common import StartingEngines
 from batchbench.core.records import RequestRecord
 from batchbench.progress import Progress, last_log_line
 
@@ -99,3 +101,24 @@ def test_the_last_log_line_is_read_from_the_end_and_cleaned(tmp_path: Path) -> N
     assert last_log_line(log) == "progress 90%"
     assert last_log_line(tmp_path / "missing.log") == ""
     assert last_log_line(lambda: None) == ""
+
+
+def test_a_start_says_what_it_waits_for_live_and_in_a_log() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system=None, width=160)
+    with Progress(console) as progress, progress.engine_starting("vllm", 20, None) as start:
+        start.wait_for("its warm-up (16 requests, none silent for 10s)", None)
+        progress.refresh()
+        assert re.search(r"starting vllm: waiting for its warm-up \(16 requests, none silent for 10s\) "
+                         r"\(\d+\.\ds; \d+\.\ds in all\)", _ANSI.sub("", out.getvalue()))
+        start.wait_for("its health check at http://host:8000", 20)
+        progress.refresh()
+        assert re.search(r"waiting for its health check at http://host:8000 \(\d+\.\ds of 20s; ",
+                         _ANSI.sub("", out.getvalue()))
+
+    log = io.StringIO()  # not a terminal: the phase is a line of its own, since nothing is redrawn
+    engines = StartingEngines(EngineOptions(), Progress.for_terminal(log))
+    with engines.progress.engine_starting("vllm") as engines._start:
+        engines.phase("its health check at http://host:8000", 20)
+    assert log.getvalue().splitlines()[0] == "batchbench: vllm: waiting for its health check at http://host:8000 " \
+                                             "(at most 20s)"

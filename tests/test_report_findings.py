@@ -19,7 +19,7 @@ from batchbench.measures.slo import Slo
 from batchbench.reports.build import build_report
 from batchbench.results.document import RunDocument
 from tests.synthetic_runs import RunSpec, document, sweep
-from tests.test_reports import _repeated, column, md_table_after, write_run
+from tests.test_reports import column, md_table_after, noise_and_regression, write_run
 
 SLO = Slo.parse("ttft_p99=200ms")
 #: Where a figure starts in a page, whatever it is drawn as (inline SVG, an image, a figure element).
@@ -150,10 +150,7 @@ def test_a_run_with_failures_or_a_nan_figure_is_never_best(tmp_path: Path) -> No
 
 def test_compare_says_per_series_and_metric_the_change_and_whether_it_is_noise(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _repeated(tmp_path / "a", "vllm", [0.100, 0.110, 0.200])
-    _repeated(tmp_path / "a", "tgi", [0.100, 0.110, 0.120])
-    _repeated(tmp_path / "b", "vllm", [0.150, 0.140, 0.160])  # 10% worse, but A's repeats spread wide: noise
-    _repeated(tmp_path / "b", "tgi", [0.250, 0.260, 0.240])  # beyond any doubt: a regression
+    noise_and_regression(tmp_path / "a", tmp_path / "b")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     blocks = {b.split("\n", 1)[0].split(" ")[0]: b for b in re.split(r"\n(?=\S)", out)}

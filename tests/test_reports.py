@@ -370,6 +370,15 @@ def _repeated(folder: Path, engine: str, ttft_p99s: list[float]) -> None:
                   stored={"ttft.p99": value, "output_token_throughput": 1000.0 + i})
 
 
+def noise_and_regression(a: Path, b: Path) -> None:
+    """Two series measured at A and B: vllm 10% worse at B, but A's repeats spread wide (noise); tgi worse beyond
+    any doubt (a regression)."""
+    _repeated(a, "vllm", [0.100, 0.110, 0.200])
+    _repeated(a, "tgi", [0.100, 0.110, 0.120])
+    _repeated(b, "vllm", [0.150, 0.140, 0.160])
+    _repeated(b, "tgi", [0.250, 0.260, 0.240])
+
+
 def test_repeats_are_summarised_as_the_mean_and_its_interval(tmp_path: Path) -> None:
     _repeated(tmp_path / "results", "vllm", [0.100, 0.300, 0.120])
     write_run(tmp_path / "results", engine="tgi", name="tgi_once")  # not repeated: no column

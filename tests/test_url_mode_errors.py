@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 from batchbench.adapters.base import EngineError, EngineNotHealthy
 from batchbench.adapters.http import check_url
+from batchbench.adapters.served import ServedModel, pick_served_model, served_models
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.core.config import ModelRef
 
@@ -63,6 +65,16 @@ async def test_nothing_listening_fails_after_the_url_grace_naming_the_url() -> N
     assert isinstance(error, EngineNotHealthy) and "nothing healthy answered at http://127.0.0.1:1" in str(error)
 
 
+async def test_a_server_that_never_answers_its_health_check_fails_at_the_url_grace_naming_the_url() -> None:
+    # A socket that listens and never accepts: the kernel completes the connection, nothing ever answers.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        elapsed, error = await _connect(url, grace_s=1.0)
+    assert 0.9 < elapsed < 4
+    assert isinstance(error, EngineNotHealthy) and f"nothing healthy answered at {url}" in str(error)
+    assert "the health check sent no answer before the 1s start-up timeout" in str(error)
+
+
 @pytest.mark.parametrize(("given", "root"), [
     ("http://host:8000/v1", "http://host:8000"),
     ("http://host:8000/v1/", "http://host:8000"),
@@ -80,3 +92,18 @@ def test_the_cli_gives_up_on_a_dead_url_within_thirty_seconds(tmp_path: Path) ->
                           capture_output=True, text=True, timeout=60, check=False)
     assert time.monotonic() - t0 < 30
     assert proc.returncode != 0 and "http://127.0.0.1:1" in proc.stderr
+
+
+def test_the_served_model_is_found_by_name_or_by_the_path_it_was_loaded_from(tmp_path: Path) -> None:
+    # vLLM 0.32's /v1/models: the base model (id: its served name, root: its path) and a LoRA adapter on it.
+    listing = {"object": "list", "data": [
+        {"id": "llama", "object": "model", "root": str(tmp_path / "llama"), "parent": None},
+        {"id": "sql-lora", "object": "model", "root": "/adapters/sql", "parent": "llama"}]}
+    served = served_models(listing)
+    assert served == [ServedModel("llama", str(tmp_path / "llama"))]  # adapters are not base models
+    for given in (None, "llama", str(tmp_path / "llama"), str(tmp_path / "x" / ".." / "llama")):
+        assert pick_served_model(given, served, "here").name == "llama"
+    with pytest.raises(ValueError, match=r"--model sql-lora: here serves no such model; it serves: llama \(from "):
+        pick_served_model("sql-lora", served, "here")
+    with pytest.raises(ValueError, match="here lists no model on /v1/models"):
+        pick_served_model(None, served_models({"data": []}), "here")

@@ -41,6 +41,7 @@ from batchbench.commands.common import (
     one_batching,
     place_client,
     serve_loras,
+    served_models_at_urls,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import (
@@ -130,7 +131,7 @@ async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: Bat
                  work: PreparedWorkload, kind: LevelKind, levels: list[float], args: argparse.Namespace, run_dir: Path,
                  timeout_s: float, sweep: Sweep, progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
-    cache = engines_here.cache()
+    cache = engines_here.cache(timeout_s)
     load = work.load(timeout_s, args.scrape_interval)
     try:
         for name in engines:
@@ -174,7 +175,8 @@ def main(args: argparse.Namespace) -> int:
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
                                           cpus=args.cpus)
         batching = one_batching(args.batching, "bench", engines)
-        work = prepare_workload(args, profile, kind=kind, levels=levels)
+        served = served_models_at_urls(engines, options)
+        work = prepare_workload(args, profile, kind=kind, levels=levels, served=served)
         check_lora_specs(args.loras, engines, batching)
         options = with_load_processes(options, args.cpus, work.most_workers(kind, levels))
     except ValueError as exc:

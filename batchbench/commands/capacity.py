@@ -37,6 +37,7 @@ from batchbench.commands.common import (
     one_batching,
     place_client,
     serve_loras,
+    served_models_at_urls,
 )
 from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import (
@@ -104,7 +105,7 @@ async def _find(engines: tuple[str, ...], options: EngineOptions, batching: Batc
                 work: PreparedWorkload, kind: LevelKind, args: argparse.Namespace, run_dir: Path, timeout_s: float,
                 found: Found, progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
-    cache = engines_here.cache()
+    cache = engines_here.cache(timeout_s)
     load = work.load(timeout_s, args.scrape_interval)
     try:
         for name in engines:
@@ -152,7 +153,8 @@ def main(args: argparse.Namespace) -> int:
                                           cpus=args.cpus)
         batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
-        work = prepare_workload(args, profile, kind=kind, levels=[args.start, args.max_level])
+        served = served_models_at_urls(engines, options)
+        work = prepare_workload(args, profile, kind=kind, levels=[args.start, args.max_level], served=served)
         check_lora_specs(args.loras, engines, batching)
         options = with_load_processes(options, args.cpus,
                                       work.most_workers(kind, [args.start, args.max_level]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import EngineOptions, engine_class, make_engine, model_dir
+from batchbench.adapters.served import ServedModel, fetch_served_models, pick_served_model
 from batchbench.analysis import validity
 from batchbench.analysis.findings import QUESTIONS, Findings
 from batchbench.analysis.findings.decisions import slo_text
@@ -67,6 +69,25 @@ def parsed_by(cls: type[Any]) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(str(exc)) from None
     convert.__name__ = cls.__name__.lower()
     return convert
+
+
+def served_models_at_urls(engines: Sequence[str], options: EngineOptions) -> ServedModel | None:
+    """Each engine at a URL: the served model ``--model`` means (a served name, or the path it was loaded from),
+    said in a line with the name requests will give; ValueError naming the served models when it means none. The
+    first such engine's model is returned: its ``root`` is the tokenizer a text dataset is read with. A server
+    that cannot say (no /v1/models, not reachable yet) is left to its start."""
+    first: ServedModel | None = None
+    for name in engines:
+        if (url := options.url_for(name)) is None:
+            continue
+        served = asyncio.run(fetch_served_models(name, url))
+        if served is None:
+            continue
+        model = pick_served_model(options.model, served, f"{name} at {url}")
+        given = f" (--model {options.model})" if options.model and options.model != model.name else ""
+        print(f"batchbench: {name} at {url} serves {model.text()}; requests name {model.name}{given}")
+        first = first or model
+    return first
 
 
 def one_batching(specs: list[str], command: str, engines: Sequence[str] = ()) -> BatchingConfig | None:
@@ -214,9 +235,20 @@ class StartingEngines:
             self._start.attach(engine.startup_timeout, engine.server_log)
         return engine
 
-    def cache(self) -> EngineCache:
-        """An engine cache holding one live engine at a time: measured engines never share the machine."""
-        return EngineCache(self.make, max_live=1)
+    def cache(self, warm_up_timeout_s: float) -> EngineCache:
+        """An engine cache holding one live engine at a time (measured engines never share the machine), each
+        warm-up request bounded by ``warm_up_timeout_s`` (the command's request timeout)."""
+        return EngineCache(self.make, max_live=1, warm_up_timeout_s=warm_up_timeout_s, phase=self.phase)
+
+    def phase(self, what: str, timeout_s: float | None) -> None:
+        """The start under way waits for ``what`` now: on the live display, and as a line in a log (where
+        nothing is redrawn, a start that hangs would otherwise say nothing at all)."""
+        if self._start is None:
+            return
+        self._start.wait_for(what, timeout_s)
+        if not self.progress.live:
+            bound = f" (at most {timeout_s:g}s)" if timeout_s else ""
+            self.progress.print(f"batchbench: {self._start.name}: waiting for {what}{bound}")
 
     async def get(self, cache: EngineCache, name: str, batching: BatchingConfig | None) -> Engine:
         """The live engine, or one started now with its start on the display."""

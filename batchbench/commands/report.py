@@ -1,13 +1,16 @@
 """``batchbench report`` and ``batchbench compare``: reports from results already on disk.
 
-``batchbench report DIR`` builds ``report.{md,html,json}`` from every results
+``batchbench report DIR`` builds ``report.{html,md,json}`` from every results
 document under ``DIR`` (the same report ``batchbench run`` writes at its end),
 optionally against a ``--baseline``: an earlier results folder, results
-document or report.json.
+document or report.json. ``--format md|json|csv`` writes that one file instead:
+``report.csv`` has a row per run with the figures of the report's per-run
+tables (stored values in their units: seconds, fractions, per-second rates).
+``--records-csv`` adds ``records.csv``, every request of every run.
 
 ``batchbench compare A B`` puts two result folders side by side: per engine,
 layout (and other labels) and metric, B's mean against A's, the change, and
-whether it is within noise. Repeats of one measurement are compared as
+whether it is within noise (``--json``: the same rows as a JSON document). Repeats of one measurement are compared as
 means; a change counts only beyond ``--threshold`` percent *and* outside the
 95% interval of A's mean over its repeats (inside it, the machine's noise could
 have made it), which is the rule a report's baseline comparison uses
@@ -21,6 +24,7 @@ an unreadable baseline) or a usage error.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,7 @@ from typing import Any
 from batchbench.commands.common import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, answer_lines, parsed_by
 from batchbench.measures.slo import Slo
 from batchbench.reports import fmt
-from batchbench.reports.build import ReportError, build_report, load_rows
+from batchbench.reports.build import FORMATS, RECORDS_CSV, ReportError, build_report, load_rows
 from batchbench.reports.compare import DEFAULT_THRESHOLD_PCT, BaselineComparison, Delta, compare
 from batchbench.reports.content import format_metric
 from batchbench.reports.model import METRICS_BY_KEY, display_name
@@ -63,6 +67,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="objectives the answer is judged against, e.g. ttft_p99=200ms,tpot_p50=50ms (default: the "
                           "one the runs were measured under, where they all were under one)")
     rep.add_argument("--no-plots", action="store_true", help="skip the figures (faster; HTML without images)")
+    rep.add_argument("--format", choices=sorted(FORMATS), default="html",
+                     help="html: report.html with report.md and report.json beside it (the default); md, json, csv: "
+                          "that one file (report.csv: a row per run, the per-run tables' figures)")
+    rep.add_argument("--records-csv", action="store_true",
+                     help=f"also write {RECORDS_CSV}: every request record of every run, a row each (CSV only: "
+                          "Parquet would need pyarrow, which batchbench does not depend on)")
     _gate_arguments(rep)
     rep.set_defaults(handler=main)
 
@@ -71,6 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     cmp.add_argument("a", type=Path, metavar="A", help="the earlier results (folder, document or report.json)")
     cmp.add_argument("b", type=Path, metavar="B", help="the later results, compared against A")
+    cmp.add_argument("--json", action="store_true",
+                     help="print the comparison as JSON (the table's rows, each with its verdict) instead of a table")
     _gate_arguments(cmp)
     cmp.set_defaults(handler=main_compare)
 
@@ -83,8 +95,9 @@ def main(args: argparse.Namespace) -> int:
     """``batchbench report``."""
     out = args.out if args.out is not None else args.results_dir / "report"
     try:
+        files = FORMATS[args.format] + ((RECORDS_CSV,) if args.records_csv else ())
         result = build_report(args.results_dir, out, baseline=args.baseline, threshold_pct=args.threshold,
-                              plots=not args.no_plots, warn=_warn, slo=args.slo)
+                              plots=not args.no_plots, warn=_warn, slo=args.slo, files=files)
     except ReportError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -112,14 +125,33 @@ def verdict(d: Delta) -> str:
     return "within noise"
 
 
+def _interval(row: dict[str, Any], metric: str) -> tuple[float | None, float | None] | None:
+    """The 95% interval of a series' mean (an older report's min and max); None for a single run."""
+    spread = (row.get("spread") or {}).get(metric) if isinstance(row.get("spread"), dict) else None
+    if isinstance(spread, dict) and (spread.get("n") or 0) > 1:
+        return fmt.num(spread.get("low", spread.get("min"))), fmt.num(spread.get("high", spread.get("max")))
+    return None
+
+
 def _spread_text(row: dict[str, Any], metric: str, value: float | None) -> str:
     spec = METRICS_BY_KEY[metric]
-    spread = (row.get("spread") or {}).get(metric) if isinstance(row.get("spread"), dict) else None
     text = format_metric(spec, value)
-    if isinstance(spread, dict) and (spread.get("n") or 0) > 1:
-        low, high = spread.get("low", spread.get("min")), spread.get("high", spread.get("max"))
-        text += f" [{format_metric(spec, low)}–{format_metric(spec, high)}]"
+    if (interval := _interval(row, metric)) is not None:
+        text += f" [{format_metric(spec, interval[0])}–{format_metric(spec, interval[1])}]"
     return text
+
+
+def _name(row: dict[str, Any]) -> str:
+    return display_name(row.get("engine"), row.get("batching_label"), row.get("labels") or {})
+
+
+def _shown(d: Delta) -> bool:
+    """Whether a metric has a row: one side at least measured it."""
+    return d.baseline is not None or d.current is not None
+
+
+def _improvements(result: BaselineComparison) -> int:
+    return sum(d.improvement for m in result.matches for d in m.deltas)
 
 
 def comparison_lines(result: BaselineComparison) -> list[str]:
@@ -129,20 +161,40 @@ def comparison_lines(result: BaselineComparison) -> list[str]:
     for m in result.matches:
         row = m.current
         wl = row.get("workload") or {}
-        lines.append(f"{display_name(row.get('engine'), row.get('batching_label'), row.get('labels') or {})} "
-                     f"on {wl.get('name')} (A x{m.baseline.get('repeats', 1)}, B x{row.get('repeats', 1)})")
+        lines.append(f"{_name(row)} on {wl.get('name')} (A x{m.baseline.get('repeats', 1)}, "
+                     f"B x{row.get('repeats', 1)})")
         width = max(len(spec.title) for spec in METRICS_BY_KEY.values())
-        for d in m.deltas:
-            if d.baseline is None and d.current is None:
-                continue
+        for d in filter(_shown, m.deltas):
             a, b = _spread_text(m.baseline, d.metric, d.baseline), _spread_text(row, d.metric, d.current)
             lines.append(f"  {METRICS_BY_KEY[d.metric].title:<{width}}  {a:>18} -> {b:<18} "
                          f"{fmt.delta_pct(d.pct):>8}  {verdict(d)}")
     for side, rows in (("A", result.only_baseline), ("B", result.only_current)):
-        for row in rows:
-            name = display_name(row.get("engine"), row.get("batching_label"), row.get("labels") or {})
-            lines.append(f"only in {side}: {name}")
+        lines += [f"only in {side}: {_name(row)}" for row in rows]
     return lines
+
+
+def comparison_json(result: BaselineComparison, a: Path, b: Path) -> dict[str, Any]:
+    """The comparison's table as JSON: per matched series, a row per metric with A's and B's means (in stored
+    units: seconds, per-second rates, fractions), their 95% intervals where repeated, the change and its verdict;
+    then what only one side has."""
+    return {
+        "a": str(a), "b": str(b), "threshold_pct": result.threshold_pct,
+        "rule": "a change counts beyond threshold_pct and outside A's 95% interval (paired where both repeated)",
+        "regressions": result.regressions, "improvements": _improvements(result),
+        "series": [{
+            "name": _name(m.current), "engine": m.current.get("engine"), "batching": m.current.get("batching_label"),
+            "labels": m.current.get("labels") or {}, "workload": m.current.get("workload"),
+            "a_repeats": m.baseline.get("repeats", 1), "b_repeats": m.current.get("repeats", 1),
+            "metrics": [{
+                "metric": d.metric, "title": METRICS_BY_KEY[d.metric].title,
+                "a": d.baseline, "a_interval": _interval(m.baseline, d.metric),
+                "b": d.current, "b_interval": _interval(m.current, d.metric),
+                "change_pct": d.pct, "verdict": verdict(d),
+            } for d in filter(_shown, m.deltas)],
+        } for m in result.matches],
+        "only_in_a": [_name(row) for row in result.only_baseline],
+        "only_in_b": [_name(row) for row in result.only_current],
+    }
 
 
 def main_compare(args: argparse.Namespace) -> int:
@@ -154,12 +206,14 @@ def main_compare(args: argparse.Namespace) -> int:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     result = compare(b, a, source=str(args.a), threshold_pct=args.threshold)
+    n = result.regressions
+    if args.json:
+        print(json.dumps(comparison_json(result, args.a, args.b), indent=1))
+        return EXIT_FAILURES if args.fail_on_regression and n else EXIT_OK
     print(f"batchbench: B ({args.b}) against A ({args.a}): means over repeats [95% interval], change, verdict "
           f"(a change counts beyond {args.threshold:g}% and outside A's interval)")
     for line in comparison_lines(result):
         print(line)
-    n = result.regressions
-    print(f"batchbench: {n} regression{'s' if n != 1 else ''}, "
-          f"{sum(d.improvement for m in result.matches for d in m.deltas)} improvements in {len(result.matches)} "
-          "matched series")
+    print(f"batchbench: {n} regression{'s' if n != 1 else ''}, {_improvements(result)} improvements in "
+          f"{len(result.matches)} matched series")
     return EXIT_FAILURES if args.fail_on_regression and n else EXIT_OK

@@ -62,6 +62,7 @@ from batchbench.commands.common import (
     place_client,
     positive_int,
     positive_seconds,
+    served_models_at_urls,
     verdict_lines,
     write_report,
 )
@@ -131,7 +132,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run_p.add_argument("--slice", type=positive_seconds, default=None, metavar="SECONDS",
                        help="also each run's metrics over windows of this length (results and report)")
     run_p.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
-                       help="per-request deadline over the whole stream (default: the profile's, 120 s quick)")
+                       help="per-request deadline over the whole stream (default: the profile's, 120 s quick); also "
+                            "how long a request of the engine's warm-up may go without a word before the start is "
+                            "given up")
     add_telemetry_arguments(run_p.add_argument)
     run_p.add_argument("--no-report", action="store_true", help="write results only")
     run_p.set_defaults(handler=main)
@@ -286,7 +289,7 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
         engine_options_here = (dataclasses.replace(options, max_model_len=design.max_model_len)
                                if design.max_model_len is not None and sweep.batching is not None else options)
         engines_here = StartingEngines(engine_options_here, progress)
-        cache = engines_here.cache()
+        cache = engines_here.cache(load.request_timeout_s)
         try:
             try:
                 engine = await engines_here.get(cache, name, sweep.batching)
@@ -361,6 +364,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
         gpu = gpu_options(args.gpu_hour_cost, args.no_gpu_telemetry)
+        served_models_at_urls(engines, options)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from batchbench.adapters.served import ServedModel
 from batchbench.analysis.validity import samples_needed, stat_percentile
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
 from batchbench.core.config import LoadConfig
@@ -122,7 +123,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
     parser.add_argument("--scrape-interval", type=positive_seconds, default=0.25, metavar="SECONDS",
                         help="how often the engine's metrics are read (default 0.25; see batchbench run --help)")
     parser.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
-                        help="per-request deadline over the whole stream (default: the profile's)")
+                        help="per-request deadline over the whole stream (default: the profile's); also how long a "
+                             "request of the engine's warm-up may go without a word before the start is given up")
     parser.add_argument("--workers", type=workers_option, default=1, metavar="N|auto",
                         help="load-generator processes, each with its own event loop (default 1: this one); auto "
                              "chooses per level from the expected chunk rate (batchbench/load/workers.py)")
@@ -225,8 +227,9 @@ def slo_samples(slo: Slo | None) -> int:
 
 
 def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelKind,
-                     levels: list[float]) -> PreparedWorkload:
-    """The workload the options describe, every check done; ValueError with a message for the user."""
+                     levels: list[float], served: ServedModel | None = None) -> PreparedWorkload:
+    """The workload the options describe, every check done; ValueError with a message for the user. ``served``:
+    the model an engine at a URL serves (its root is a text dataset's tokenizer when none is given)."""
     if args.dataset is not None and args.input_len is not None:
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
     if args.trace is not None:
@@ -269,7 +272,7 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
         result.requests(num_requests)
         return result
     dataset = datasets.load(args.dataset)
-    tok = _tokenizer(args) if dataset.needs_tokenizer else None
+    tok = _tokenizer(args, served) if dataset.needs_tokenizer else None
 
     def from_dataset(n: int) -> Workload:
         built = datasets.build_workload(
@@ -370,14 +373,27 @@ def _check_turns(args: argparse.Namespace, kind: LevelKind) -> None:
                          "give a multiple of it")
 
 
-def _tokenizer(args: argparse.Namespace) -> tokenizer.Tokenizer:
-    """The served model's tokenizer: ``--tokenizer``, else ``--model``'s, else the embedded models' (the tiny
+def _tokenizer(args: argparse.Namespace, served: ServedModel | None) -> tokenizer.Tokenizer:
+    """The served model's tokenizer: ``--tokenizer``; else, at a URL, the folder or hub id the server loaded its
+    model from (/v1/models' ``root``) when that loads, said in a line; else ``--model``'s; else the embedded
+    model's (the tiny
     model's, which the 8B-shaped one shares)."""
-    source = args.tokenizer or args.model
-    if source is None:
-        if args.engine_url:
-            raise ValueError(f"--dataset {args.dataset} is text, and the engine at a URL serves a model batchbench "
-                             "does not know: give --tokenizer (or --model) so prompts are tokenised as it would")
-        source = str(tiny_model_dir())
-    return tokenizer.load(str(shipped_tokenizer_dir(source) or source))
+    if args.tokenizer:
+        return tokenizer.load(args.tokenizer)
+    if served is not None and served.root is not None:
+        try:
+            tok = tokenizer.load(served.root)
+        except ValueError as exc:
+            if not args.model:
+                raise ValueError(f"--dataset {args.dataset} is text: {exc} (the root /v1/models gives for "
+                                 f"{served.name}); give --tokenizer") from None
+        else:
+            print(f"batchbench: tokenizer {served.root} (the served model's root on /v1/models)")
+            return tok
+    if args.model:
+        return tokenizer.load(str(shipped_tokenizer_dir(args.model) or args.model))
+    if args.engine_url:
+        raise ValueError(f"--dataset {args.dataset} is text, and the engine at a URL serves a model batchbench "
+                         "does not know: give --tokenizer (or --model) so prompts are tokenised as it would")
+    return tokenizer.load(str(tiny_model_dir()))
 
