@@ -91,7 +91,10 @@ async def test_a_padded_batch_streams_each_request_its_tokens_and_is_accounted_e
     (call,) = model.calls
     assert call["max_new_tokens"] == call["min_new_tokens"] == 7 and call["pad_token_id"] == 0
     assert call["rows"][0] == [0] * 9 + [1] * 2 and call["attention_mask"].tolist()[0] == [0] * 9 + [1] * 2
-    report = await hf.report()
+    # The streams end with their last tokens, a moment before generate() returns and the batch's duration is set.
+    deadline = now() + 5
+    while (report := await hf.report())["batches"][0]["duration_s"] is None and now() < deadline:
+        await asyncio.sleep(0.01)
     (batch,) = report["batches"]
     assert batch["padded_prompt_len"] == 11 and batch["duration_s"] > 0
     assert report["prompt_pad_tokens"] == 9 + 6 + 3 and report["prompt_pad_fraction"] == 18 / 44
