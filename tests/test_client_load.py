@@ -310,16 +310,18 @@ SPIN_BOUNDED = "import time\nend = time.time() + 3.0\nwhile time.time() < end: p
 def test_an_idle_loop_whose_cpu_others_hold_waited_and_is_contended_not_saturated() -> None:
     """A real measurement: an idle loop, niced behind processes spinning on its CPU, wakes late (52-77 ms at p50
     here) and had it never waited for a CPU it would have kept time: the verdict is contention, not the client's
-    saturation. How late it wakes is the scheduler's to say: of two tries, one must be late."""
+    saturation. How late it wakes is the scheduler's to say: of three tries behind eight spinners, one must be
+    late."""
     cpu = min(os.sched_getaffinity(0))
     tries = []
-    for _ in range(2):
-        load = _idle_loop_behind_spinners(cpu, 4)
+    for _ in range(3):
+        load = _idle_loop_behind_spinners(cpu, 8)
         tries.append(load)
         # However late it woke, the waits were the lateness (own lag measured 0.2-0.3 ms).
         assert load.busy_fraction < 0.2 and load.own_lag is not None and load.own_lag[1] < BURST_LAG_S, load
-        assert load.loop_wait_s is not None and load.loop_wait_s > 0.3 * load.wall_s, load
+        assert load.loop_wait_s is not None, load
         if load.judged_lag is not None and load.judged_lag[1] > MAX_LOOP_LAG_S:
+            assert load.loop_wait_s >= load.judged_lag[1], load  # a late try waited for its CPU at least that long
             assert load.contended and not load.saturated
             found = validity.check(_summary(), client=load, warmed_up=True)
             assert not found.valid and set(found.kinds) == {"machine contention"}, found.why
