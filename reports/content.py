@@ -280,12 +280,14 @@ def turn_table(runs: list[Run]) -> Table | None:
                          "— means no request of that turn succeeded.")
 
 
-def slices_table(runs: list[Run]) -> Table | None:
-    """Each sliced run's windows (``--slice``): a row per window; None when no run was sliced."""
+def windows_table(runs: list[Run], which: str) -> Table | None:
+    """Each run's windows, ``slices`` (``--slice``) or ``stages`` (``bench --stages``): a row per window; None
+    when no run has any."""
     rows = []
     for name, r in zip(_column_names(runs), runs):
-        for w in r.slices:
-            rows.append([Cell(name), Cell(f"{w.start_s:g}–{w.end_s:g}"), Cell(fmt.count(w.sent)),
+        for w in getattr(r, which):
+            span = f"{w.start_s:g}–{w.end_s:g}"
+            rows.append([Cell(name), Cell(f"{w.label} ({span})" if w.label else span), Cell(fmt.count(w.sent)),
                          Cell(fmt.count(w.failed)), Cell(f"{w.output_token_throughput:.1f}"),
                          Cell("—" if w.ttft is None else fmt.ms(w.ttft.p50)),
                          Cell("—" if w.ttft is None else fmt.ms(w.ttft.p99)),
@@ -294,10 +296,12 @@ def slices_table(runs: list[Run]) -> Table | None:
                          Cell("—" if w.waiting_max is None else f"{w.waiting_max:g}")])
     if not rows:
         return None
-    return Table(["Run", "window (s)", "sent", "failed", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms",
-                  "KV max", "waiting max"], rows,
-                 caption="Each run over fixed windows of its time: the requests sent in a window (and their TTFT), "
-                         "the tokens and inter-token gaps that arrived in it, the server's KV usage and queue there.")
+    return Table(["Run", "stage (s)" if which == "stages" else "window (s)", "sent", "failed", "out tok/s",
+                  "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms", "KV max", "waiting max"], rows,
+                 caption="Each run over windows of its time: the requests sent in a window (and their TTFT), the "
+                         "tokens and inter-token gaps that arrived in it, the server's KV usage and queue there."
+                         + (" A stage's window is its time; the last runs on to the run's end." if which == "stages"
+                            else ""))
 
 
 def lora_table(runs: list[Run]) -> Table | None:
@@ -493,7 +497,9 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
             sec.blocks.append(Section("TTFT by turn", level=3, blocks=[turns]))
         if (loras := lora_table(members)) is not None:
             sec.blocks.append(Section("LoRA adapters", level=3, blocks=[loras]))
-        if (windows := slices_table(members)) is not None:
+        if (stages := windows_table(members, "stages")) is not None:
+            sec.blocks.append(Section("By stage", level=3, blocks=[stages]))
+        if (windows := windows_table(members, "slices")) is not None:
             figure = plots.slices_figure(members, colors) if with_plots else None
             blocks: list[Block] = [] if figure is None else [Plot(
                 f"Output tokens/s and TTFT p99 per time window on {title}, a line per sliced run.", figure)]

@@ -133,6 +133,8 @@ class Run:
     placement: Placement | None = None
     #: The run's metrics over fixed windows (``--slice``; empty: not sliced).
     slices: list[Slice] = field(default_factory=list)
+    #: A staged load's stages, each its own window (empty: not staged).
+    stages: list[Slice] = field(default_factory=list)
 
     @property
     def partial(self) -> bool:
@@ -317,6 +319,7 @@ def build_run(source: str, doc: RunDocument) -> Run:
         notes=notes,
         placement=header.placement,
         slices=footer.slices if footer is not None else [],
+        stages=footer.stages if footer is not None else [],
     )
 
 

@@ -49,9 +49,8 @@ def test_every_request_token_and_gap_is_in_one_window(case: tuple[list[RequestRe
     assert sum(s.itl.count for s in slices if s.itl) == sum(len(r.chunk_times) - 1 for r in records if r.ok)
     for r in records:  # a request's TTFT is in the window it was sent in
         if r.ok and r.ttft_s is not None:
-            home = slices[min(int(r.sent_s // width), len(slices) - 1)]
-            assert home.start_s - 1e-6 <= r.sent_s <= home.end_s + 1e-6
-            assert home.ttft is not None and home.ttft.min <= r.ttft_s <= home.ttft.max
+            homes = [w for w in slices if w.start_s - 1e-6 <= r.sent_s <= w.end_s + 1e-6]  # 1 or 2 at an edge
+            assert any(w.ttft is not None and w.ttft.min <= r.ttft_s <= w.ttft.max for w in homes)
 
 
 def test_windows_show_a_slowdown_the_whole_run_averages_away() -> None:

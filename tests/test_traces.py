@@ -50,7 +50,7 @@ def test_equal_hash_ids_are_equal_blocks_and_the_replay_is_seeded() -> None:
             known = by_block.setdefault(h, tokens)
             shorter = min(len(known), len(tokens))
             assert known[:shorter] == tokens[:shorter]  # a partial last block is the block's beginning
-    assert wl.arrival.kind == "trace" and wl.arrival.open_loop and wl.arrival.rate == pytest.approx(trace.rate)
+    assert wl.arrival.kind == "timed" and wl.arrival.open_loop and wl.arrival.rate == pytest.approx(trace.rate)
 
 
 def test_a_trace_is_time_scaled_to_a_rate_gap_by_gap() -> None:
@@ -59,7 +59,7 @@ def test_a_trace_is_time_scaled_to_a_rate_gap_by_gap() -> None:
     assert doubled.arrival.rate == pytest.approx(wl.arrival.rate * 2)
     assert [r.arrival_s for r in doubled.requests] == pytest.approx([r.arrival_s / 2 for r in wl.requests], abs=1e-6)
     assert [r.prompt_token_ids for r in doubled.requests] == [r.prompt_token_ids for r in wl.requests]
-    with pytest.raises(ValueError, match="a trace's send times are its own"):
+    with pytest.raises(ValueError, match="send times are the workload's own"):
         wl.with_arrival(wl.arrival)
 
 

@@ -108,7 +108,7 @@ MAX_SCHEDULE_LAG_S = 0.010
 WARM_UP_LABEL = "warmed_up"
 #: Arrival kinds whose sends follow a schedule (``Arrival.open_loop`` minus offline, which sends everything at
 #: once and whose lag is queueing at the client by design).
-_SCHEDULED_ARRIVALS = ("poisson", "gamma", "trace")
+_SCHEDULED_ARRIVALS = ("poisson", "gamma", "timed")
 #: Distributions whose percentiles validity checks, by the Summary field holding them.
 _CHECKED_METRICS = ("ttft", "tpot", "e2e")
 

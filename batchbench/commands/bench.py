@@ -47,9 +47,10 @@ from batchbench.commands.points import EngineSession, PointResult, finish, level
 from batchbench.commands.workload_args import (
     LevelKind,
     PreparedWorkload,
+    add_stages_argument,
     add_workload_arguments,
     prepare_workload,
-    trace_levels,
+    timed_levels,
 )
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
@@ -107,6 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     levels.add_argument("--rate", type=rate_list, default=None, metavar="LIST",
                         help="requests sent per second (inf: all at once); a comma list is a sweep")
     add_workload_arguments(p)
+    add_stages_argument(p)
     on_error = p.add_mutually_exclusive_group()
     on_error.add_argument("--stop-on-error", dest="stop_on_error", action="store_true",
                           help="stop the sweep at the first level that fails outright")
@@ -164,7 +166,7 @@ class _Stop(Exception):
 def main(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
     try:
-        replay = trace_levels(args)
+        replay = timed_levels(args)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE

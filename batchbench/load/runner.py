@@ -14,7 +14,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,11 @@ from batchbench.measures.gpu import GpuOptions, energy_of
 from batchbench.measures.guardrails import server_summary
 from batchbench.measures.machine_load import MachineLoad, MachineMeter
 from batchbench.measures.metrics import Summary, summarize
-from batchbench.measures.slices import time_slices
+from batchbench.measures.slices import Slice, stage_windows, time_slices
 from batchbench.measures.slo import Slo
 from batchbench.results.document import JournalWriter, RunFooter, RunHeader, ScrapeStats
 from batchbench.workload.requests import Workload
+from batchbench.workload.stages import boundaries
 
 
 @dataclass
@@ -55,6 +56,8 @@ class RunResult:
     #: Who held the machine's CPU (were these the engine's figures?). Whether these two loads make the run
     #: invalid is the analysis stage's verdict (``batchbench.analysis.validity.load_reasons``), not the runner's.
     machine: MachineLoad
+    #: A staged load's stages, each its own window (empty: not staged).
+    stages: list[Slice] = field(default_factory=list)
 
 
 def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str = "") -> Path:
@@ -173,6 +176,9 @@ async def run(
                 duration_s=duration, gpu_hour_cost=gpu.gpu_hour_cost))
             slices = [] if load.slice_s is None else time_slices(
                 generator.records, scraper.samples, width_s=load.slice_s, duration_s=duration)
+            plan = workload.spec.stages
+            stages = stage_windows(generator.records, scraper.samples, edges=boundaries(plan),
+                                   labels=[s.label for s in plan], duration_s=duration) if plan else []
             report = await engine.report()
             client = meter.result(generator.records) if pool is None else \
                 ClientLoad.combined([meter.result(), *pool.client_loads])
@@ -190,7 +196,9 @@ async def run(
                 machine=machine,
                 gpu=gpu_telemetry,
                 slices=slices,
+                stages=stages,
             ))
         finally:
             writer.close()  # where the footer could not be written: every record handed over still is (partial)
-    return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client, machine)
+    return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client, machine,
+                     stages)

@@ -105,7 +105,7 @@ def auto_workers(workload: Workload, cores: int | None = None) -> int:
     arrival = workload.arrival
     if arrival.kind == "waves" or not workload.requests:
         return 1
-    if arrival.kind in ("poisson", "gamma", "trace"):
+    if arrival.kind in ("poisson", "gamma", "timed"):
         mean_output = sum(r.max_tokens for r in workload.requests) / len(workload.requests)
         need = math.ceil(arrival.rate * mean_output / CHUNKS_PER_WORKER)
     else:

@@ -1,5 +1,6 @@
-"""A run's metrics over fixed windows of its time (``--slice SECONDS``): warm-up, drift and saturation within one
-run, which its whole-run percentiles average away (AIPerf's time slices answer the same question).
+"""A run's metrics over windows of its time: fixed ones (``--slice SECONDS``: warm-up, drift and saturation within
+one run, which its whole-run percentiles average away; AIPerf's time slices answer the same question) or a staged
+load's stages (``bench --stages``: each stage on its own).
 
 Each window holds what happened in it, on the run's clock (0 = the first scheduled send): the requests sent in it
 and their TTFT (a request belongs to the window it was sent in, where its latency was decided), the output tokens
@@ -10,10 +11,11 @@ usage and queue as its samples in the window read them. The last window is as lo
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
@@ -42,10 +44,8 @@ class Slice:
     kv_usage_max: float | None
     waiting_mean: float | None
     waiting_max: float | None
-
-
-def _index(t: float, width_s: float, n: int) -> int:
-    return min(max(int(t // width_s), 0), n - 1)
+    #: What the window is, where it is more than its times (a stage: ``rate=2:60s``).
+    label: str | None = None
 
 
 def time_slices(records: Sequence[RequestRecord], samples: Sequence[ServerMetrics], *, width_s: float,
@@ -56,35 +56,57 @@ def time_slices(records: Sequence[RequestRecord], samples: Sequence[ServerMetric
     if not duration_s > 0:
         return []
     n = math.ceil(duration_s / width_s - 1e-9)
+    return windows(records, samples, [k * width_s for k in range(n)] + [duration_s])
+
+
+def stage_windows(records: Sequence[RequestRecord], samples: Sequence[ServerMetrics], *, edges: Sequence[float],
+                  labels: Sequence[str], duration_s: float) -> list[Slice]:
+    """One window per stage (``edges``: each stage's start, then the last one's end); the last stage's window runs
+    on to the run's end, so the requests still in flight when the sends stop are its, where they were sent."""
+    ends = [*edges[1:-1], max(edges[-1], duration_s)]
+    return [replace(w, label=label) for w, label in zip(windows(records, samples, [*edges[:-1], ends[-1]]), labels)]
+
+
+def windows(records: Sequence[RequestRecord], samples: Sequence[ServerMetrics],
+            edges: Sequence[float]) -> list[Slice]:
+    """The run between consecutive ``edges`` (seconds from its start, increasing): a record or sample belongs to
+    the window its time falls in, one before the first edge to the first, one after the last to the last."""
+    n = len(edges) - 1
+    if n < 1:
+        return []
+
+    def index(t: float) -> int:
+        return min(max(bisect.bisect_right(edges, t) - 1, 0), n - 1)
+
     sent, failed, finished, tokens = [0] * n, [0] * n, [0] * n, [0] * n
     ttfts: list[list[float]] = [[] for _ in range(n)]
     gaps: list[list[float]] = [[] for _ in range(n)]
     kv: list[list[float]] = [[] for _ in range(n)]
     waiting: list[list[float]] = [[] for _ in range(n)]
     for r in records:
-        k = _index(r.sent_s, width_s, n)
+        k = index(r.sent_s)
         sent[k] += 1
         if not r.ok:
             failed[k] += 1
         elif r.ttft_s is not None:
             ttfts[k].append(r.ttft_s)
         if r.done_s is not None:
-            finished[_index(r.done_s, width_s, n)] += 1
+            finished[index(r.done_s)] += 1
         for t, count in zip(r.chunk_times, r.chunk_tokens):
-            tokens[_index(t, width_s, n)] += count
+            tokens[index(t)] += count
         if r.ok:
             for a, b in itertools.pairwise(r.chunk_times):
-                gaps[_index(b, width_s, n)].append(b - a)
+                gaps[index(b)].append(b - a)
     for s in samples:
-        if 0 <= s.t <= duration_s:
-            k = _index(s.t, width_s, n)
+        if edges[0] <= s.t <= edges[-1]:
+            k = index(s.t)
             if s.kv_usage is not None:
                 kv[k].append(s.kv_usage)
             if s.waiting is not None:
                 waiting[k].append(s.waiting)
     out = []
     for k in range(n):
-        start, end = k * width_s, min((k + 1) * width_s, duration_s)
+        start, end = edges[k], edges[k + 1]
         out.append(Slice(
             start_s=round(start, 6), end_s=round(end, 6), sent=sent[k], failed=failed[k], finished=finished[k],
             output_tokens=tokens[k], output_token_throughput=tokens[k] / (end - start),

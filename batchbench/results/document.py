@@ -226,6 +226,8 @@ class RunFooter:
         "clocks, or why there are no figures; null: not recorded (an older document)"))
     slices: list[Slice] = field(default_factory=list, metadata=field_doc(
         "the run's metrics over windows of LoadConfig.slice_s (batchbench.measures.slices); empty: not sliced"))
+    stages: list[Slice] = field(default_factory=list, metadata=field_doc(
+        "a staged load's stages, each its own window (the last one's runs to the run's end); empty: not staged"))
 
 
 @dataclass(kw_only=True)

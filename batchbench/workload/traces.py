@@ -158,7 +158,7 @@ def build_workload(trace: Trace, *, num_requests: int | None = None, block_size:
                    seed: int = 0, vocab_size: int = 2048, max_model_len: int | None = None) -> Workload:
     """The trace's first ``num_requests`` entries (all: None) as a workload at the trace's own pace.
 
-    Arrival kind ``trace`` (open loop, at ``Arrival.rate`` = the trace's mean rate); :func:`at_rate` time-scales
+    Arrival kind ``timed`` (open loop, at ``Arrival.rate`` = the trace's mean rate); :func:`at_rate` time-scales
     it. Raises TraceError for a request that does not fit ``max_model_len`` or hash ids that do not cover it.
     """
     entries = trace.entries[:num_requests]
@@ -186,7 +186,7 @@ def build_workload(trace: Trace, *, num_requests: int | None = None, block_size:
     plens, olens = [e.input_len for e in entries], [e.output_len for e in entries]
     rate = (len(entries) - 1) / entries[-1].offset_s if len(entries) > 1 and entries[-1].offset_s > 0 else trace.rate
     spec = WorkloadSpec(f"trace-{stem}", len(entries), prompt=Lengths.uniform(min(plens), max(plens)),
-                        output=Lengths.uniform(min(olens), max(olens)), arrival=Arrival("trace", rate=rate),
+                        output=Lengths.uniform(min(olens), max(olens)), arrival=Arrival("timed", rate=rate),
                         seed=seed, vocab_size=vocab_size)
     return Workload(spec, tuple(requests))
 
@@ -194,10 +194,10 @@ def build_workload(trace: Trace, *, num_requests: int | None = None, block_size:
 def at_rate(workload: Workload, rate: float) -> Workload:
     """A trace workload time-scaled to ``rate`` requests/s on average: every gap by the same factor."""
     native = workload.arrival
-    if native.kind != "trace":
+    if native.kind != "timed":
         raise ValueError(f"at_rate() scales a trace's send times, not {native.kind!r} arrivals")
     factor = native.rate / rate
-    spec = replace(workload.spec, arrival=Arrival("trace", rate=rate))
+    spec = replace(workload.spec, arrival=Arrival("timed", rate=rate))
     return Workload(spec, tuple(Request(r.request_id, r.prompt_token_ids, r.max_tokens, round(r.arrival_s * factor, 6))
                                 for r in workload.requests))
 
