@@ -155,3 +155,15 @@ def test_a_model_path_that_is_not_there_is_a_usage_error_before_any_engine_start
                  "--results-dir", str(tmp_path)]) == EXIT_USAGE
     assert f"--model {tmp_path / 'nowhere'}: no such file or folder" in capsys.readouterr().err
     assert not list(tmp_path.glob("run-*"))  # nothing was started, nothing written
+
+
+@pytest.mark.parametrize(("option", "why"), [
+    (["--lora-adapters", "8,16"], "suites/test_multi_lora.py"), (["--turns", "3"], "suites/test_multi_turn.py"),
+    (["--trace", "t.jsonl"], "your own workload and load are bench's"),
+])
+def test_run_says_why_it_does_not_take_a_bench_option(option: list[str], why: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", *option])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"{option[0]} is not an option of the main job" in err and why in err

@@ -406,3 +406,23 @@ def test_an_engine_that_served_other_lengths_is_named_with_the_first_difference(
     assert any(s.startswith("alpha: workload parity: 2 of 480 requests' prompt token counts differ") and
                "request w-00003: prompt 17 tokens, workload 16" in s for s in found.details)
     assert findings_from_documents(sweep(levels=(1, 2))).parity["alpha"].ok  # no counts reported: nothing to flag
+
+
+def test_lora_runs_get_a_sentence_on_whether_their_adapters_were_served_alike() -> None:
+    from batchbench.measures.metrics import summarize
+
+    docs = []
+    for repeat in range(2):
+        doc = document(RunSpec(engine="alpha", concurrency=4, repeat=repeat, requests=40))
+        # Two adapters; "b"'s requests waited four times as long for their first token.
+        records = [dataclasses.replace(r, lora="a" if i % 2 else "b",
+                                       chunk_times=[t + (0.15 if i % 2 == 0 else 0.0) for t in r.chunk_times])
+                   for i, r in enumerate(doc.records)]
+        assert doc.footer is not None and doc.footer.duration_s is not None
+        summary = summarize(records, duration_s=doc.footer.duration_s)
+        docs.append(dataclasses.replace(doc, records=records, footer=dataclasses.replace(doc.footer, summary=summary)))
+    found = findings_from_documents(docs)
+    (sentence,) = [d for d in found.details if "LoRA adapters" in d]
+    assert sentence.startswith("alpha continuous at 4: 2 LoRA adapters, TTFT p50 from ")
+    assert "(a) to " in sentence and "(b)" in sentence and "Jain's fairness of their request speeds" in sentence
+    assert not [d for d in findings_from_documents([document(RunSpec())]).details if "LoRA" in d]

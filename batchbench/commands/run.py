@@ -105,6 +105,32 @@ def share(text: str) -> float:
     return value
 
 
+#: ``bench`` options the main job does not take, each with why and where that measurement is.
+_BENCH_ONLY = {
+    ("--lora-adapters", "--lora-split"): "LoRA serving is measured by bench --lora-adapters and the multi-LoRA suite "
+                                         "(pytest suites/test_multi_lora.py)",
+    ("--turns", "--think-time"): "conversations are measured by bench --turns and the multi-turn suite "
+                                 "(pytest suites/test_multi_turn.py)",
+    ("--dataset", "--trace", "--stages", "--input-len", "--output-len", "--rate", "--concurrency"):
+        "your own workload and load are bench's (or capacity's)",
+}
+
+
+class _NotForRun(argparse.Action):
+    """A ``bench`` option given to ``run``: a usage error that says why, rather than argparse's "unrecognized
+    arguments". The main job sweeps one fixed design (the regimes suite's workload), so that every engine is
+    compared on the same requests; speculative decoding is a --batching setting, which run refuses already."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+        self.why = why
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is not an option of the main job, which sweeps one fixed workload so that "
+                     f"every engine is compared on the same requests: {self.why}")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Adds ``batchbench run`` to the top-level parser."""
     run_p = sub.add_parser("run", help="the main job: each engine's batch-size sweep, its answer and the report",
@@ -137,6 +163,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "given up")
     add_telemetry_arguments(run_p.add_argument)
     run_p.add_argument("--no-report", action="store_true", help="write results only")
+    for options, why in _BENCH_ONLY.items():
+        for option in options:
+            run_p.add_argument(option, action=_NotForRun, why=why, dest=f"_not_{option.strip('-')}")
     run_p.set_defaults(handler=main)
 
 

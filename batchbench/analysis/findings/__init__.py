@@ -11,6 +11,7 @@ keeps its type, its computation and its sentence together:
 - :mod:`~batchbench.analysis.findings.batching`: continuous over static batching, and its mechanism;
 - :mod:`~batchbench.analysis.findings.padding`: what a batch with one long prompt costs;
 - :mod:`~batchbench.analysis.findings.energy`: tokens per joule, joules per request and cost along each curve;
+- :mod:`~batchbench.analysis.findings.loras`: whether a multi-LoRA run's adapters were served alike;
 - :mod:`~batchbench.analysis.findings.slo`: each point against the SLO, the most goodput, the largest batch within it;
 - :mod:`~batchbench.analysis.findings.comparisons`: engines against each other;
 - :mod:`~batchbench.analysis.findings.speculation`, :mod:`~batchbench.analysis.findings.turns`: speculative
@@ -35,6 +36,7 @@ from batchbench.analysis.findings import (
     comparisons,
     energy,
     invalid,
+    loras,
     memory,
     padding,
     regimes,
@@ -291,6 +293,7 @@ def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, ski
     details += [c.sentence() for c in compared if c.layout != "continuous"]
     details += [speculation.sentence(sp) for sp in speculated]
     details += energy.sentences(points)
+    details += loras.sentences(points)
     details += [f"{name}: {warning}." for name, served in parities.items() if (warning := served.warning())]
     if skipped:
         details.append(f"{len(skipped)} document(s) not used: {'; '.join(skipped)}.")
