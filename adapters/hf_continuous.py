@@ -52,10 +52,6 @@ class HFContinuousEngine(HFServerEngine):
             raise ValueError(f"engine 'hf-continuous': max_batched_tokens ({budget}) must be >= max_batch_size "
                              f"({seqs}): every running sequence needs a token of the step's budget")
 
-    def __init__(self, batching: BatchingConfig | None = None, **options: Any) -> None:
-        super().__init__(batching, **options)
-        self.check_config(self.batching, max_model_len=self.model.max_model_len)
-
     def kv_blocks(self) -> int | None:
         """Blocks asked for: the capacity in whole blocks, None when the engine sizes its cache."""
         cap = self.batching.kv_capacity_tokens

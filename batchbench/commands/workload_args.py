@@ -327,15 +327,20 @@ def _mean_rate(plan: tuple[stages.Stage, ...]) -> float:
     return sum(s.expected_requests for s in plan) / stages.boundaries(plan)[-1]
 
 
+def _refuse_given(option: str, flags: tuple[tuple[str, object], ...], why: str) -> None:
+    """ValueError ``OPTION with FLAG, ...: why`` for the ``flags`` that were given (a value other than None, False
+    or empty), if any was."""
+    given = [flag for flag, value in flags if value not in (None, False, ())]
+    if given:
+        raise ValueError(f"{option} with {', '.join(given)}: {why}")
+
+
 def _check_stages(args: argparse.Namespace, kind: LevelKind) -> None:
     """What staged load cannot be combined with; ValueError naming the flags."""
-    clashes = [flag for flag, given in (("--dataset", args.dataset), ("--turns", args.turns != 1),
-                                        ("--num-requests", args.num_requests), ("--duration", args.duration),
-                                        ("--arrival", args.arrival != "poisson"), ("--trace-speed", args.trace_speed))
-               if given not in (None, False)]
-    if clashes:
-        raise ValueError(f"--stages with {', '.join(clashes)}: the stages set when and how many requests are sent "
-                         "(Poisson at each stage's rate); leave them out")
+    _refuse_given("--stages", (("--dataset", args.dataset), ("--turns", args.turns != 1),
+                               ("--num-requests", args.num_requests), ("--duration", args.duration),
+                               ("--arrival", args.arrival != "poisson"), ("--trace-speed", args.trace_speed)),
+                  "the stages set when and how many requests are sent (Poisson at each stage's rate); leave them out")
     if kind != "rate":
         raise ValueError("--stages are rates (rate=, ramp=), not a concurrency")
 
@@ -370,13 +375,10 @@ def _load_trace(args: argparse.Namespace) -> traces.Trace:
 def _prepare_trace(args: argparse.Namespace, profile: Profile, *, kind: LevelKind,
                    levels: list[float]) -> PreparedWorkload:
     """The trace's requests, built and checked against the context window before an engine starts."""
-    clashes = [flag for flag, given in (("--input-len", args.input_len), ("--output-len", args.output_len),
-                                        ("--dataset", args.dataset), ("--turns", args.turns != 1),
-                                        ("--lora-adapters", getattr(args, "loras", ())))
-               if given not in (None, False, ())]
-    if clashes:
-        raise ValueError(f"--trace with {', '.join(clashes)}: a trace's requests are its own (lengths, times); "
-                         "leave them out")
+    _refuse_given("--trace", (("--input-len", args.input_len), ("--output-len", args.output_len),
+                              ("--dataset", args.dataset), ("--turns", args.turns != 1),
+                              ("--lora-adapters", getattr(args, "loras", ()))),
+                  "a trace's requests are its own (lengths, times); leave them out")
     if kind != "rate":
         raise ValueError("--trace is replayed at its recorded pace, or time-scaled to a rate: not by concurrency "
                          "(capacity: --by rate)")

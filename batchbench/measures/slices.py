@@ -63,8 +63,8 @@ def stage_windows(records: Sequence[RequestRecord], samples: Sequence[ServerMetr
                   labels: Sequence[str], duration_s: float) -> list[Slice]:
     """One window per stage (``edges``: each stage's start, then the last one's end); the last stage's window runs
     on to the run's end, so the requests still in flight when the sends stop are its, where they were sent."""
-    ends = [*edges[1:-1], max(edges[-1], duration_s)]
-    return [replace(w, label=label) for w, label in zip(windows(records, samples, [*edges[:-1], ends[-1]]), labels)]
+    cut = [*edges[:-1], max(edges[-1], duration_s)]
+    return [replace(w, label=label) for w, label in zip(windows(records, samples, cut), labels)]
 
 
 def windows(records: Sequence[RequestRecord], samples: Sequence[ServerMetrics],
