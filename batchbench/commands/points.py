@@ -34,10 +34,12 @@ from batchbench.core.config import BatchingConfig, LoadConfig
 from batchbench.core.server_metrics import prefix_cache_hit_rate
 from batchbench.load.engines import EngineCache
 from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.ray_workers import LATE_START_S
 from batchbench.load.runner import RunResult, run
 from batchbench.measures import parity
 from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo, Verdict
+from batchbench.results.document import WorkerReport
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,31 @@ def _line(point: PointResult) -> str:
     stages = "".join(f"\n      stage {w.label} ({w.start_s:g}–{w.end_s:g} s): {w.sent} sent, {w.failed} failed, "
                      f"{w.output_token_throughput:.1f} out tok/s, TTFT p50 {_ms(w.ttft.p50 if w.ttft else None)} "
                      f"p99 {_ms(w.ttft.p99 if w.ttft else None)}" for w in point.result.stages)
-    return f"{text} -> {point.result.path}{stages}"
+    workers = "".join(f"\n      {line}" for line in worker_lines(point.result.workers))
+    return f"{text} -> {point.result.path}{stages}{workers}"
+
+
+def worker_lines(reports: list[WorkerReport]) -> list[str]:
+    """What the user must know of a run's workers: where Ray put them and how their clocks compared, which
+    started late, which were lost (nothing for local processes that all finished)."""
+    lines = []
+    on_ray = [r for r in reports if r.pool == "ray"]
+    if on_ray:
+        hosts = sorted({r.host for r in on_ray})
+        offsets = [abs(r.clock_offset_s) for r in on_ray if r.clock_offset_s is not None]
+        rtts = [r.clock_rtt_s for r in on_ray if r.clock_rtt_s is not None]
+        clocks = (f"; clocks within {1e3 * max(offsets):.2f} ms of the driver's (±{1e3 * max(rtts) / 2:.2f} ms)"
+                  if offsets and rtts else "")
+        lines.append(f"workers: {len(on_ray)} on Ray, {len({r.node for r in on_ray})} node(s) "
+                     f"({', '.join(hosts)}){clocks}")
+    for r in reports:
+        if r.start_late_s is not None and r.start_late_s > LATE_START_S:
+            lines.append(f"worker {r.index} ({r.host}) began {1e3 * r.start_late_s:.1f} ms after the start instant")
+        if r.lost is not None:
+            at = f" at {r.lost_at_s:.1f} s" if r.lost_at_s is not None else ""
+            lines.append(f"worker {r.index} ({r.host}) was LOST{at}: {r.lost}; {r.records} of its {r.requests} "
+                         "records came back, the rest are failed (worker_died)")
+    return lines
 
 
 class EngineSession:

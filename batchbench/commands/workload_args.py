@@ -83,9 +83,19 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def workers_option(text: str) -> int | None:
-    """``--workers``: a number of load-generator processes, or ``auto`` (None: chosen per level from its load)."""
-    return None if text == "auto" else positive_int(text)
+@dataclass(frozen=True)
+class Workers:
+    """``--workers``: how many load-generator workers (None: chosen per level from its load) and where they run."""
+
+    count: int | None = 1
+    pool: Literal["processes", "ray"] = "processes"
+
+
+def workers_option(text: str) -> Workers:
+    """``N`` or ``auto`` processes of this host, or ``ray:N`` actors on a Ray cluster."""
+    if text.startswith("ray:"):
+        return Workers(positive_int(text[4:]), "ray")
+    return Workers(None if text == "auto" else positive_int(text))
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: bool = False) -> None:
@@ -141,9 +151,14 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
     parser.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                         help="per-request deadline over the whole stream (default: the profile's); also how long a "
                              "request of the engine's warm-up may go without a word before the start is given up")
-    parser.add_argument("--workers", type=workers_option, default=1, metavar="N|auto",
+    parser.add_argument("--workers", type=workers_option, default=Workers(), metavar="N|auto|ray:N",
                         help="load-generator processes, each with its own event loop (default 1: this one); auto "
-                             "chooses per level from the expected chunk rate (batchbench/load/workers.py)")
+                             "chooses per level from the expected chunk rate (batchbench/load/workers.py); ray:N "
+                             "places N workers on a Ray cluster, spread over its nodes (load/ray_workers.py, "
+                             "needs pip install 'batchbench[ray]')")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help="with --workers ray:N: the Ray cluster's address (host:port of its head, or "
+                             "ray://host:10001); default: a Ray started on this host for the command")
     parser.add_argument("--slice", type=positive_seconds, default=None, metavar="SECONDS",
                         help="also each run's metrics over windows of this length (throughput, TTFT/ITL, errors, "
                              "KV usage, queue): warm-up, drift and saturation within a run")
@@ -171,8 +186,11 @@ class PreparedWorkload:
     #: Builds ``n`` requests (released all at once; each level gives its own arrivals).
     build: Callable[[int], Workload]
     notes: list[str] = field(default_factory=list)
-    #: Load-generator processes per run (None: :func:`batchbench.load.workers.auto_workers` per level).
+    #: Load-generator workers per run (None: :func:`batchbench.load.workers.auto_workers` per level).
     workers: int | None = 1
+    #: Where they run: processes of this host, or Ray actors (``--workers ray:N``) on ``ray_address``'s cluster.
+    pool: Literal["processes", "ray"] = "processes"
+    ray_address: str | None = None
     #: Each run's metrics also over windows of this many seconds (``--slice``; None: not sliced).
     slice_s: float | None = None
     #: The stages of a staged load (empty: none); its requests carry their own send times.
@@ -222,7 +240,7 @@ class PreparedWorkload:
     def load(self, request_timeout_s: float, scrape_interval_s: float) -> LoadConfig:
         """How every point's load is sent (each point's own number of workers: :meth:`workers_for`)."""
         return LoadConfig(request_timeout_s=request_timeout_s, send_until_s=self.duration_s, slice_s=self.slice_s,
-                          scrape_interval_s=scrape_interval_s)
+                          scrape_interval_s=scrape_interval_s, worker_pool=self.pool, ray_address=self.ray_address)
 
     def _size(self, kind: LevelKind, level: float) -> int:
         if self.duration_s is None or self.trace is not None:  # a trace is cut by time when it is sent
@@ -250,6 +268,15 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
                      levels: list[float], served: ServedModel | None = None) -> PreparedWorkload:
     """The workload the options describe, every check done; ValueError with a message for the user. ``served``:
     the model an engine at a URL serves (its root is a text dataset's tokenizer when none is given)."""
+    if args.ray_address is not None and args.workers.pool != "ray":
+        raise ValueError("--ray-address is the cluster of --workers ray:N: give both")
+    result = _prepare_workload(args, profile, kind=kind, levels=levels, served=served)
+    result.pool, result.ray_address = args.workers.pool, args.ray_address
+    return result
+
+
+def _prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelKind,
+                      levels: list[float], served: ServedModel | None) -> PreparedWorkload:
     if args.dataset is not None and args.input_len is not None:
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
     if args.trace is not None:
@@ -294,7 +321,7 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
                                 loras=tuple(a.name for a in loras), lora_weights=weights, **sessions).build()
 
         result = PreparedWorkload("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
-                              args.seed, synthetic, workers=args.workers, slice_s=args.slice,
+                              args.seed, synthetic, workers=args.workers.count, slice_s=args.slice,
                               stages=getattr(args, "stages", None) or ())
         result.requests(num_requests)
         return result
@@ -314,7 +341,7 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
         return Workload(spec, tuple(replace(r, lora=a) for r, a in zip(built.requests, order)))
 
     result = PreparedWorkload(f"dataset-{args.dataset.stem}", num_requests, args.duration, args.warmup, args.arrival,
-                          args.burstiness, args.seed, from_dataset, workers=args.workers, slice_s=args.slice)
+                          args.burstiness, args.seed, from_dataset, workers=args.workers.count, slice_s=args.slice)
     if dataset.skipped:
         result.notes.append(f"{args.dataset}: skipped {dataset.skipped} conversation(s) without a human turn "
                             "and a reply")
@@ -390,7 +417,7 @@ def _prepare_trace(args: argparse.Namespace, profile: Profile, *, kind: LevelKin
 
     num_requests = min(args.num_requests or len(trace.entries), len(trace.entries))
     result = PreparedWorkload(f"trace-{args.trace.stem}", num_requests, args.duration, args.warmup, args.arrival,
-                              args.burstiness, args.seed, from_trace, workers=args.workers, trace=trace,
+                              args.burstiness, args.seed, from_trace, workers=args.workers.count, trace=trace,
                               slice_s=args.slice)
     built = result.requests(num_requests)
     used = trace.entries[:num_requests]

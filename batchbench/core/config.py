@@ -282,7 +282,13 @@ class LoadConfig:
     scrape_interval_s: float | None = field(default=SCRAPE_INTERVAL_S, metadata=field_doc(
         "how often the engine's metrics are scraped (null in documents from before it was recorded)"))
     workers: int = field(default=1, metadata=field_doc(
-        "load-generator processes the run is sent from (batchbench.load.workers; 1: the measuring process alone)"))
+        "load-generator workers the run is sent from (batchbench.load.workers; 1 local: the measuring process "
+        "alone)"))
+    worker_pool: Literal["processes", "ray"] = field(default="processes", metadata=field_doc(
+        "where the workers run: processes of this host (--workers N) or actors on a Ray cluster (--workers ray:N, "
+        "batchbench.load.ray_workers)"))
+    ray_address: str | None = field(default=None, metadata=field_doc(
+        "the Ray cluster's address (--ray-address); null: a Ray started on this host for the run (or none used)"))
     slice_s: float | None = field(default=None, metadata=field_doc(
         "the run's metrics also over windows of this many seconds (batchbench.measures.slices); null: not sliced"))
 
@@ -299,3 +305,5 @@ class LoadConfig:
             raise ValueError(f"slice_s must be > 0, not {self.slice_s!r}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, not {self.workers}")
+        if self.ray_address is not None and self.worker_pool != "ray":
+            raise ValueError("a Ray address is for workers on Ray (--workers ray:N)")

@@ -26,6 +26,7 @@ from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.load import pinning
 from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.ray_workers import RayWorkerPool
 from batchbench.load.scraper import Scraper
 from batchbench.load.workers import WorkerPool, partition
 from batchbench.measures.client_load import ClientLoad, ClientMeter
@@ -35,7 +36,7 @@ from batchbench.measures.machine_load import MachineLoad, MachineMeter
 from batchbench.measures.metrics import Summary, summarize
 from batchbench.measures.slices import Slice, stage_windows, time_slices
 from batchbench.measures.slo import Slo
-from batchbench.results.document import JournalWriter, RunFooter, RunHeader, ScrapeStats
+from batchbench.results.document import JournalWriter, RunFooter, RunHeader, ScrapeStats, WorkerReport
 from batchbench.workload.requests import Workload
 from batchbench.workload.stages import boundaries
 
@@ -58,6 +59,8 @@ class RunResult:
     machine: MachineLoad
     #: A staged load's stages, each its own window (empty: not staged).
     stages: list[Slice] = field(default_factory=list)
+    #: Each load-generator worker (empty: sent from this process alone).
+    workers: list[WorkerReport] = field(default_factory=list)
 
 
 def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str = "") -> Path:
@@ -93,7 +96,8 @@ async def run(
     """
     load = load or LoadConfig()
     gpu = gpu or GpuOptions()
-    if load.workers > 1:  # as many as the workload can be split into (ValueError for waves: before anything starts)
+    on_ray = load.worker_pool == "ray"
+    if load.workers > 1 or on_ray:  # as many as the workload can be split into (ValueError for waves: before anything)
         load = dataclasses.replace(load, workers=len(partition(workload, load.workers)))
     workers = load.workers
     ttft_slo_s, tpot_slo_s = slo.request_limits() if slo is not None else (None, None)
@@ -107,13 +111,14 @@ async def run(
         if on_record is not None:
             on_record(r)
 
-    pool: WorkerPool | None = None
-    generator: LoadGenerator | WorkerPool
-    if workers > 1:
-        # The processes start before t0 (they take a moment, and the schedule must not wait for them) and before
+    pool: WorkerPool | RayWorkerPool | None = None
+    generator: LoadGenerator | WorkerPool | RayWorkerPool
+    if workers > 1 or on_ray:
+        # The workers start before t0 (they take a moment, and the schedule must not wait for them) and before
         # the header, which records the CPUs each one reports; one that fails still leaves a partial document.
-        generator = pool = WorkerPool(engine, workload, workers=workers, on_record=record, config=load,
-                                      placement=client_pin.placement if client_pin is not None else None)
+        kind = RayWorkerPool if on_ray else WorkerPool
+        generator = pool = kind(engine, workload, workers=workers, on_record=record, config=load,
+                                placement=client_pin.placement if client_pin is not None else None)
     else:
         generator = LoadGenerator(engine, workload, on_record=record, config=load)
     pool_failed: BaseException | None = None
@@ -141,7 +146,8 @@ async def run(
         if pool_failed is not None:
             raise pool_failed
         await engine.begin_run()
-        t0 = now()
+        # Workers on other hosts need the start instant ahead of time (RayWorkerPool.start_lead_s).
+        t0 = now() + (pool.start_lead_s if isinstance(pool, RayWorkerPool) else 0.0)
         scraper = Scraper(engine, interval_s=interval_s, t0=t0, on_sample=writer.sample)
         meter = ClientMeter()
         machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())
@@ -180,6 +186,7 @@ async def run(
             stages = stage_windows(generator.records, scraper.samples, edges=boundaries(plan),
                                    labels=[s.label for s in plan], duration_s=duration) if plan else []
             report = await engine.report()
+            reports = pool.reports if pool is not None else []
             client = meter.result(generator.records) if pool is None else \
                 ClientLoad.combined([meter.result(), *pool.client_loads])
             writer.finish(RunFooter(
@@ -197,8 +204,9 @@ async def run(
                 gpu=gpu_telemetry,
                 slices=slices,
                 stages=stages,
+                workers=reports,
             ))
         finally:
             writer.close()  # where the footer could not be written: every record handed over still is (partial)
     return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client, machine,
-                     stages)
+                     stages, reports)

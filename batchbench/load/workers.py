@@ -36,6 +36,7 @@ import math
 import multiprocessing
 import os
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
@@ -51,6 +52,7 @@ from batchbench.core.records import RequestRecord
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.pinning import Pinned, pin_self
 from batchbench.measures.client_load import ClientLoad, ClientMeter
+from batchbench.results.document import WorkerReport
 from batchbench.workload.requests import Request, Workload
 
 #: Chunks a second one worker is given at most when choosing the number of workers: a core ingests ~45k
@@ -278,28 +280,45 @@ class WorkerPool:
             child.ready.set_exception(WorkerError(f"load-generator worker {child.index}: {value}"))
 
     def _lost(self, child: _Child) -> None:
-        """Records for the requests a dead child took with it: those it had sent or was due to send.
-
-        With a deadline (``send_until_s``) requests never sent are not recorded, as in one process: a
-        closed-loop part takes its requests in order, so the ones in flight are its first unfinished
-        ``concurrency``; an open-loop part's are the unfinished ones already due."""
+        """Records for the requests a dead child took with it."""
         died = (child.ended_at or now()) - self.t0
-        missing = [r for r in child.part.requests if r.request_id not in child.finished]
-        if self.config.send_until_s is not None:
-            arrival = child.part.arrival
-            missing = ([r for r in missing if r.arrival_s <= died] if arrival.open_loop
-                       else missing[:arrival.concurrency])
         why = (f"load-generator worker {child.index} (pid {child.process.pid}) {_exit(child.process)} before "
                "this request's record came back")
-        open_loop = child.part.arrival.open_loop
-        for request in missing:
-            scheduled = request.arrival_s if open_loop else died
-            record = RequestRecord(request_id=request.request_id, prompt_len=request.prompt_len,
-                                   max_tokens=request.max_tokens, scheduled_s=scheduled, sent_s=scheduled,
-                                   priority=request.priority, error_kind=WORKER_DIED, error=why,
-                                   closed_s=died, done_s=died)
+        for record in lost_records(child.part, child.finished, died, self.config.send_until_s, why):
             self.records.append(record)
             self.on_record(record)
+
+    @property
+    def reports(self) -> list[WorkerReport]:
+        """Each worker as the results document keeps it (one host: one clock, no offset to measure)."""
+        host = socket.gethostname()
+        return [WorkerReport(
+            index=c.index, pool="processes", host=host, pid=c.process.pid,
+            cpus=sorted(c.pinned.cpus) if c.pinned is not None and c.pinned.cpus else None,
+            requests=len(c.part.requests), records=len(c.finished), client=c.load,
+            lost=None if c.load is not None else f"{_exit(c.process)}",
+            lost_at_s=None if c.load is not None or c.ended_at is None else c.ended_at - self.t0)
+            for c in self._children]
+
+
+def lost_records(part: Workload, finished: set[str], died_s: float, send_until_s: float | None,
+                 why: str) -> list[RequestRecord]:
+    """Failed records (``worker_died``, ``why``) for the requests of ``part`` a lost worker took with it: those
+    it had sent or was due to send by ``died_s`` (from the start), that never came back.
+
+    With a deadline (``send_until_s``) requests never sent are not recorded, as in one process: a closed-loop
+    part takes its requests in order, so the ones in flight are its first unfinished ``concurrency``; an
+    open-loop part's are the unfinished ones already due."""
+    missing = [r for r in part.requests if r.request_id not in finished]
+    arrival = part.arrival
+    if send_until_s is not None:
+        missing = ([r for r in missing if r.arrival_s <= died_s] if arrival.open_loop
+                   else missing[:arrival.concurrency])
+    return [RequestRecord(request_id=r.request_id, prompt_len=r.prompt_len, max_tokens=r.max_tokens,
+                          scheduled_s=r.arrival_s if arrival.open_loop else died_s,
+                          sent_s=r.arrival_s if arrival.open_loop else died_s,
+                          priority=r.priority, error_kind=WORKER_DIED, error=why, closed_s=died_s, done_s=died_s)
+            for r in missing]
 
 
 def _exit(process: BaseProcess) -> str:

@@ -204,6 +204,38 @@ def _unreadable(label: str, reader: Callable[[dict[str, Any]], Any]) -> dict[str
 
 
 @dataclass(frozen=True, kw_only=True)
+class WorkerReport:
+    """One load-generator worker of a run sent from several (``batchbench.load.workers``) or from Ray
+    (``batchbench.load.ray_workers``): where it ran, how its clock and start compared with the driver's, what it
+    cost, and whether it was lost."""
+
+    index: int = field(metadata=field_doc("its place in the partition (worker i sends part i)"))
+    pool: Literal["processes", "ray"] = field(metadata=field_doc(
+        "local processes (--workers N) or Ray actors (--workers ray:N)"))
+    host: str = field(metadata=field_doc("the host name it ran on"))
+    node: str | None = field(default=None, metadata=field_doc("its Ray node's id; null: a local process"))
+    pid: int | None = None
+    cpus: list[int] | None = field(default=None, metadata=field_doc("the CPUs it ran on, read back; null: not known"))
+    requests: int = field(default=0, metadata=field_doc("requests of its part"))
+    records: int = field(default=0, metadata=field_doc("records it delivered (those of a lost worker's unfinished "
+                                                        "requests are the driver's, error_kind worker_died)"))
+    clock_offset_s: float | None = field(default=None, metadata=field_doc(
+        "its wall clock minus the driver's, from the round trip of least delay (NTP's estimate); only the start "
+        "instant depends on it: each latency is a duration on the sender's own monotonic clock. Null: the "
+        "driver's host (one clock)"))
+    clock_rtt_s: float | None = field(default=None, metadata=field_doc(
+        "that round trip's time: the offset is known to within half of it"))
+    start_late_s: float | None = field(default=None, metadata=field_doc(
+        "how long after the agreed start instant its load generator began, on its own clock"))
+    cpu_s: float | None = field(default=None, metadata=field_doc(
+        "its whole process's CPU time over the run (the load generator's loop, record delivery, the Ray core "
+        "worker's threads); the loop's own is client.cpu_s"))
+    client: ClientLoad | None = field(default=None, metadata=_unreadable("worker client load", ClientLoad.from_dict))
+    lost: str | None = field(default=None, metadata=field_doc("why it was lost mid-run; null: it finished"))
+    lost_at_s: float | None = field(default=None, metadata=field_doc("when the driver saw it lost, from the start"))
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunFooter:
     """How a run ended and what it measured: written once, when it ends (absent from a killed run's journal)."""
 
@@ -228,6 +260,8 @@ class RunFooter:
         "the run's metrics over windows of LoadConfig.slice_s (batchbench.measures.slices); empty: not sliced"))
     stages: list[Slice] = field(default_factory=list, metadata=field_doc(
         "a staged load's stages, each its own window (the last one's runs to the run's end); empty: not staged"))
+    workers: list[WorkerReport] = field(default_factory=list, metadata=field_doc(
+        "each load-generator worker, when the run was sent from several or from Ray; empty: this process alone"))
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,528 @@
+"""Load-generator workers on a Ray cluster (``--workers ray:N``): load from many hosts, one exact results document.
+
+One client host carries some tens of thousands of chunks a second per core; a serving cluster behind a router
+needs more. :class:`RayWorkerPool` places N workers as Ray actors (a placement group of N one-CPU bundles,
+spread over the cluster's nodes), each sending its part of the workload with the unchanged
+:class:`~batchbench.load.loadgen.LoadGenerator` on an event loop of its own. The partition is the local workers'
+(:func:`batchbench.load.workers.partition`), so a run is the same requests at the same times whether it is split
+over processes or hosts.
+
+- **Clocks.** Each host measures its own requests: every timestamp is a duration on the sender's monotonic
+  clock from its own copy of the start instant, so host clocks need not agree for latencies, and a schedule
+  lag is against that host's copy of the schedule. Only the start instant crosses hosts: before the run the
+  driver measures each worker's wall-clock offset (NTP's estimate from the round trip of least delay, kept
+  in the results with its round trip), sends the instant as the driver's wall time, and each worker turns it
+  into its own monotonic time. A worker that begins late says by how much (``start_late_s``).
+- **Exact merge.** Records stream back as they finish (a Ray streaming generator, batches of at most
+  :data:`BATCH_S`), and the driver journals each as it arrives: the results document holds every record and
+  its percentiles are computed from all of them (nothing is merged from histograms). Each worker's own
+  client load (loop lag, CPU, read bursts) comes back at its end and is combined into the run's validity as
+  the local workers' are (:meth:`batchbench.measures.client_load.ClientLoad.combined`); the footer keeps each
+  worker's, with its host, node, CPUs, clock offset and start.
+- **Faults.** A worker whose actor or node dies, or that sends nothing (not even its heartbeat, every
+  :data:`HEARTBEAT_S`) for :data:`SILENCE_S`, is lost: what it delivered is kept, its requests that never came
+  back are failed records (``worker_died``, naming the worker, its host and what happened), and the others go
+  on. Whatever way the run ends, :meth:`RayWorkerPool.close` kills its actors and removes its placement group;
+  a Ray this process started is shut down when the process exits (Ray's own exit hook, or
+  :func:`disconnect`). Ctrl-C cancels the run: every worker is told to stop (its in-flight requests come back
+  as ``cancelled`` records), then killed after :data:`STOP_GRACE_S`.
+
+Ray is an optional dependency (``pip install 'batchbench[ray]'``), imported only here and only when asked for.
+Every node must have the same batchbench installed (checked at start). The engine's URL must be one the
+workers' nodes reach: a loopback URL is refused for a worker on another node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from typing import Any
+
+from batchbench.adapters.base import Engine
+from batchbench.core import eventloop
+from batchbench.core.clock import now
+from batchbench.core.config import LoadConfig
+from batchbench.core.placement import CpuPlacement
+from batchbench.core.records import RequestRecord
+from batchbench.load.loadgen import LoadGenerator
+from batchbench.load.pinning import Pinned, pin_self
+from batchbench.load.timer import SendTimer
+from batchbench.load.workers import START_TIMEOUT_S, STOP_GRACE_S, WorkerError, lost_records, partition, shares
+from batchbench.measures.client_load import ClientLoad, ClientMeter
+from batchbench.results.document import WorkerReport
+from batchbench.workload.requests import Workload
+
+#: What to install when Ray is missing.
+RAY_MISSING = "workers on Ray need Ray: pip install 'batchbench[ray]'"
+#: A worker's records reach the driver at most this long after they finish (one batch per delivery).
+BATCH_S = 0.05
+#: A worker with nothing to deliver says it is alive this often.
+HEARTBEAT_S = 0.5
+#: A worker that delivers nothing, not even a heartbeat, for this long is lost (or the request timeout, if less).
+SILENCE_S = 10.0
+#: Round trips to each worker to estimate its clock's offset (the one of least delay is kept).
+CLOCK_PROBES = 7
+#: The start instant is at least this far ahead when it is sent, so every worker has it in time.
+MIN_LEAD_S = 0.25
+#: A worker that begins this long after the start instant is reported as late.
+LATE_START_S = 0.005
+#: The namespace of the actors batchbench places (their names: ``batchbench-<run>-<i>``).
+NAMESPACE = "batchbench"
+#: The object store of a Ray batchbench starts on this host: records and workload parts are small.
+LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise WorkerError(RAY_MISSING) from None
+    return ray
+
+
+def _version() -> str:
+    try:
+        return metadata.version("batchbench")
+    except metadata.PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        return "unknown"
+
+
+# --------------------------------------------------------------------------- the worker (a Ray actor)
+
+
+class Worker:
+    """One worker's body, run as a Ray actor (:func:`_actor_class`): its own event loop on a thread of its own.
+
+    ``prepare`` pins it and starts the load generator's loop with the engine's client; ``run`` is a streaming
+    generator that starts the part at the agreed instant and yields ``(records, events)`` batches until it is
+    done; ``stop`` cancels the part from another call (the actor takes two calls at once)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._out: queue.SimpleQueue[RequestRecord | tuple[str, Any]] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._go: asyncio.Future[tuple[float, float]] | None = None
+        self._ready = threading.Event()
+        self._failed: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def hello(self) -> dict[str, Any]:
+        """Who and where it is: the driver checks the version and whether the engine is reachable from here."""
+        ray = _ray()
+        return {"host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id(),
+                "ip": ray.util.get_node_ip_address(), "pid": os.getpid(), "version": _version()}
+
+    def clock(self) -> float:
+        """Its wall clock now (the driver's offset estimate)."""
+        return time.time()
+
+    def prepare(self, engine: Engine, part: Workload, config: LoadConfig, cpu: int | None) -> list[int]:
+        """Pin to ``cpu`` (None: as placed), start the loop and the engine's client; its CPUs, or WorkerError."""
+        pinned = pin_self(cpu)  # first: the loop's thread inherits it
+        self._thread = threading.Thread(target=self._serve, args=(engine, part, config), daemon=True,
+                                        name=f"batchbench-ray-worker-{self.index}")
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT_S):
+            raise WorkerError(f"worker {self.index}: its engine client did not start within {START_TIMEOUT_S:g}s")
+        if self._failed is not None:
+            raise WorkerError(f"worker {self.index}: {self._failed}")
+        return sorted(pinned.cpus)
+
+    def run(self, start_wall: float, offset_s: float) -> Iterator[tuple[list[RequestRecord], list[tuple[str, Any]]]]:
+        """Start at the driver's wall time ``start_wall`` (this clock is ``offset_s`` ahead); yield deliveries."""
+        assert self._loop is not None and self._go is not None, "run() before prepare()"
+        self._loop.call_soon_threadsafe(self._go.set_result, (start_wall, offset_s))
+        records: list[RequestRecord] = []
+        events: list[tuple[str, Any]] = []
+        flushed = time.monotonic()
+        done = False
+        while not done:
+            try:
+                item = self._out.get(timeout=BATCH_S)
+            except queue.Empty:
+                item = None
+            if isinstance(item, RequestRecord):
+                records.append(item)
+            elif item is not None:
+                events.append(item)
+                done = item[0] == "done"
+            waited = time.monotonic() - flushed
+            if done or ((records or events) and waited >= BATCH_S) or waited >= HEARTBEAT_S:
+                yield records, events
+                records, events, flushed = [], [], time.monotonic()
+
+    def stop(self) -> None:
+        """Cancel the part: its in-flight requests become ``cancelled`` records, delivered like the others."""
+        if self._loop is not None and self._main is not None:
+            self._loop.call_soon_threadsafe(self._main.cancel)
+
+    def _serve(self, engine: Engine, part: Workload, config: LoadConfig) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            eventloop.run(self._part(engine, part, config))
+
+    async def _part(self, engine: Engine, part: Workload, config: LoadConfig) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self._main = asyncio.current_task()
+        self._go = loop.create_future()
+        try:
+            await engine.start()  # at a URL: only the HTTP client
+        except Exception as exc:
+            self._failed = f"{type(exc).__name__}: {exc}"
+            self._ready.set()
+            return
+        self._ready.set()
+        cpu0 = time.process_time()
+        meter = ClientMeter()
+        generator = LoadGenerator(engine, part, on_record=self._out.put, config=config)
+        try:
+            start_wall, offset_s = await self._go
+            # The agreed instant on this host's monotonic clock: its wall time here, less the wall time now.
+            t0 = now() + (start_wall + offset_s - time.time())
+            with SendTimer() as timer:
+                await timer.until(t0)
+            self._out.put(("started", now() - t0))
+            with meter:
+                await generator.run(t0)
+        finally:
+            try:
+                self._out.put(("done", (meter.result(generator.records), time.process_time() - cpu0)))
+            finally:
+                await engine.stop()
+
+
+def _actor_class() -> Any:
+    """:class:`Worker` as a Ray actor class: one CPU, two calls at once (``run`` streams while ``stop`` may come)."""
+    ray = _ray()
+    return ray.remote(num_cpus=1, max_concurrency=2, max_restarts=0)(Worker)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def connect(address: str | None, cpus: int) -> Any:
+    """This process's connection to Ray: to the cluster at ``address``, or a Ray started here with at least
+    ``cpus`` logical CPUs (kept for the process's later runs, shut down when it exits); the ``ray`` module."""
+    ray = _ray()
+    if ray.is_initialized():
+        ours = _connection.get("address")
+        if ours == address and (address is not None or ray.cluster_resources().get("CPU", 0) >= cpus):
+            return ray
+        ray.shutdown()
+    options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING, "namespace": NAMESPACE}
+    try:
+        if address is None:
+            ray.init(num_cpus=max(cpus, os.cpu_count() or 1), include_dashboard=False,
+                     object_store_memory=LOCAL_OBJECT_STORE_BYTES, **options)
+        else:
+            ray.init(address=address, **options)
+    except Exception as exc:  # ConnectionError, a bad address, a version mismatch: Ray's own message
+        where = f"the Ray cluster at {address}" if address else "a Ray on this host"
+        raise WorkerError(f"cannot connect to {where}: {type(exc).__name__}: {exc}") from exc
+    _connection["address"] = address
+    return ray
+
+
+def disconnect() -> None:
+    """Leave Ray (a Ray this process started stops with it)."""
+    if "address" in _connection:
+        _ray().shutdown()
+        _connection.clear()
+
+
+#: The address this process connected to (None: a Ray it started), while connected.
+_connection: dict[str, str | None] = {}
+
+
+@dataclass
+class _Remote:
+    """One worker as the driver sees it."""
+
+    index: int
+    part: Workload
+    actor: Any
+    hello: dict[str, Any] = field(default_factory=dict)
+    cpus: list[int] | None = None
+    offset_s: float = 0.0
+    rtt_s: float | None = None
+    finished: set[str] = field(default_factory=set)
+    start_late_s: float | None = None
+    load: ClientLoad | None = None
+    cpu_s: float | None = None
+    lost: str | None = None
+    lost_at_s: float | None = None
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def where(self) -> str:
+        return f"worker {self.index} (host {self.hello.get('host', '?')}, pid {self.hello.get('pid', '?')})"
+
+
+class RayWorkerPool:
+    """A run's load sent from ``workers`` Ray actors; the same ``start``/``run(t0)``/``close`` and ``records`` as
+    :class:`batchbench.load.workers.WorkerPool`, plus :attr:`start_lead_s` (how far ahead of now the run's
+    ``t0`` must be for every worker to have it) and :attr:`reports` (each worker, for the footer)."""
+
+    def __init__(self, engine: Engine, workload: Workload, *, workers: int,
+                 on_record: Callable[[RequestRecord], None] = lambda record: None,
+                 config: LoadConfig | None = None, placement: CpuPlacement | None = None) -> None:
+        self.twin = engine.url_twin()  # ValueError here, before anything starts, for an in-process engine
+        self.url: str = getattr(self.twin, "base_url", None) or ""
+        self.workload = workload
+        self.config = config or LoadConfig()
+        self.parts = partition(workload, workers)
+        self.on_record = on_record
+        self.placement = placement
+        self.records: list[RequestRecord] = []
+        self.t0 = 0.0
+        self._remotes: list[_Remote] = []
+        self._group: Any = None
+        self._ray: Any = None
+        self._host_ip = ""
+
+    @property
+    def start_lead_s(self) -> float:
+        """How far ahead the start instant is set: several of the slowest clock round trips, at least
+        :data:`MIN_LEAD_S`."""
+        rtts = [r.rtt_s for r in self._remotes if r.rtt_s is not None]
+        return max(MIN_LEAD_S, 10 * max(rtts, default=0.0))
+
+    @property
+    def pids(self) -> frozenset[int]:
+        """The harness's processes on this host, not other work on the machine: the workers here and, when this
+        process started Ray, Ray's own (its children: the GCS, the raylet, their workers)."""
+        workers = {r.hello["pid"] for r in self._remotes if r.hello.get("ip") == self._host_ip}
+        started_here = "address" in _connection and _connection["address"] is None
+        return frozenset(workers | (_descendants(os.getpid()) if started_here else set()))
+
+    @property
+    def pinned(self) -> list[Pinned]:
+        """The CPUs of the workers on this host, as they reported them (for the placement record)."""
+        return [Pinned(frozenset(r.cpus)) for r in self._remotes
+                if r.cpus is not None and r.hello.get("ip") == self._host_ip]
+
+    @property
+    def client_loads(self) -> list[ClientLoad]:
+        return [r.load for r in self._remotes if r.load is not None]
+
+    @property
+    def reports(self) -> list[WorkerReport]:
+        return [WorkerReport(
+            index=r.index, pool="ray", host=r.hello.get("host", "?"), node=r.hello.get("node"),
+            pid=r.hello.get("pid"), cpus=r.cpus, requests=len(r.part.requests), records=len(r.finished),
+            clock_offset_s=r.offset_s, clock_rtt_s=r.rtt_s, start_late_s=r.start_late_s, cpu_s=r.cpu_s,
+            client=r.load, lost=r.lost, lost_at_s=r.lost_at_s) for r in self._remotes]
+
+    async def __aenter__(self) -> RayWorkerPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Place the workers, check them, measure their clocks and start their engine clients; WorkerError
+        (everything placed removed) if they cannot be."""
+        try:
+            await self._place()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _place(self) -> None:
+        n = len(self.parts)
+        ray = self._ray = connect(self.config.ray_address, n)
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._host_ip = ray.util.get_node_ip_address()
+        run = uuid.uuid4().hex[:8]
+        self._group = placement_group([{"CPU": 1}] * n, strategy="SPREAD", name=f"batchbench-{run}")
+        try:
+            await asyncio.wait_for(self._group.ready(), START_TIMEOUT_S)
+        except TimeoutError:
+            raise WorkerError(
+                f"the Ray cluster cannot place {n} workers of one CPU each within {START_TIMEOUT_S:g}s (it has "
+                f"{ray.cluster_resources().get('CPU', 0):g} CPUs, {ray.available_resources().get('CPU', 0):g} "
+                "free)") from None
+        actor = _actor_class()
+        self._remotes = [_Remote(i, part, actor.options(
+            name=f"batchbench-{run}-{i}", scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self._group, placement_group_bundle_index=i)).remote(i)) for i, part in enumerate(self.parts)]
+        hellos = await self._within(asyncio.gather(*(r.actor.hello.remote() for r in self._remotes)), "start")
+        for remote, hello in zip(self._remotes, hellos):
+            remote.hello = hello
+            self._check(remote)
+        for remote in self._remotes:  # one at a time: round trips measured on a quiet driver
+            await self._measure_clock(remote)
+        in_flight = shares(self.config.max_in_flight, n)
+        cpus = await self._within(asyncio.gather(*(r.actor.prepare.remote(
+            self.twin, r.part, replace(self.config, max_in_flight=max(1, in_flight[r.index])),
+            self._cpu(r)) for r in self._remotes)), "start its engine client")
+        for remote, pinned in zip(self._remotes, cpus):
+            remote.cpus = pinned or None
+
+    async def _within(self, calls: Any, what: str) -> Any:
+        try:
+            return await asyncio.wait_for(calls, START_TIMEOUT_S)
+        except TimeoutError:
+            raise WorkerError(f"the Ray workers did not {what} within {START_TIMEOUT_S:g}s") from None
+        except self._ray.exceptions.RayError as exc:
+            raise WorkerError(f"a Ray worker failed to {what}: {_cause(exc)}") from exc
+
+    def _check(self, remote: _Remote) -> None:
+        """Refuse a worker that runs another batchbench or cannot reach the engine's URL."""
+        ours, theirs = _version(), remote.hello.get("version")
+        if theirs != ours:
+            raise WorkerError(f"{remote.where} runs batchbench {theirs}, this driver {ours}: install the same "
+                              "batchbench on every node")
+        host = _url_host(self.url)
+        if _loopback(host) and remote.hello.get("ip") != self._host_ip:
+            raise WorkerError(
+                f"{remote.where} is on another node ({remote.hello.get('ip')}) and cannot reach the engine at "
+                f"{self.url}: give --engine-url an address the cluster's nodes reach")
+
+    async def _measure_clock(self, remote: _Remote) -> None:
+        best: tuple[float, float] | None = None
+        for _ in range(CLOCK_PROBES):
+            sent = time.time()
+            theirs = await self._within(remote.actor.clock.remote(), "answer a clock probe")
+            back = time.time()
+            rtt = back - sent
+            if best is None or rtt < best[0]:
+                best = (rtt, theirs - (sent + back) / 2)
+        assert best is not None
+        remote.rtt_s, remote.offset_s = best
+
+    def _cpu(self, remote: _Remote) -> int | None:
+        """A worker on this host takes its client CPU, as a local worker would; elsewhere Ray placed it."""
+        if self.placement is None or remote.hello.get("ip") != self._host_ip:
+            return None
+        return self.placement.client_cpu(remote.index)
+
+    async def run(self, t0: float | None = None) -> list[RequestRecord]:
+        """Every worker sends its part from ``t0`` (this host's monotonic clock; set it :attr:`start_lead_s`
+        ahead); all records, in arrival order."""
+        self.t0 = now() + self.start_lead_s if t0 is None else t0
+        start_wall = time.time() + (self.t0 - now())
+        silence = min(SILENCE_S, self.config.request_timeout_s)
+        for remote in self._remotes:
+            remote.task = asyncio.create_task(self._follow(remote, start_wall, silence))
+        tasks = [r.task for r in self._remotes if r.task is not None]
+        try:
+            await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
+            await self._stop()
+            raise
+        return self.records
+
+    async def _follow(self, remote: _Remote, start_wall: float, silence_s: float) -> None:
+        """Take in one worker's deliveries until it is done or lost."""
+        stream = remote.actor.run.remote(start_wall, remote.offset_s)
+        try:
+            while True:
+                try:
+                    ref = await asyncio.wait_for(stream.__anext__(), silence_s)
+                    records, events = await ref
+                except StopAsyncIteration:
+                    break
+                for record in records:
+                    remote.finished.add(record.request_id)
+                    self.records.append(record)
+                    self.on_record(record)
+                for kind, value in events:
+                    if kind == "started":
+                        remote.start_late_s = value
+                    elif kind == "done":
+                        remote.load, remote.cpu_s = value
+        except TimeoutError:
+            self._lose(remote, f"sent nothing, not even its heartbeat, for {silence_s:g}s")
+        except self._ray.exceptions.RayError as exc:
+            self._lose(remote, _cause(exc))
+        if remote.load is None and remote.lost is None:
+            self._lose(remote, "its stream ended before it said it was done")
+
+    def _lose(self, remote: _Remote, why: str) -> None:
+        remote.lost, remote.lost_at_s = why, now() - self.t0
+        with contextlib.suppress(Exception):  # it may be gone already: make sure it is
+            self._ray.kill(remote.actor, no_restart=True)
+        what = f"{remote.where} was lost ({why}) before this request's record came back"
+        for record in lost_records(remote.part, remote.finished, remote.lost_at_s, self.config.send_until_s, what):
+            self.records.append(record)
+            self.on_record(record)
+
+    async def _stop(self) -> None:
+        """Tell every running worker to stop, and give them :data:`STOP_GRACE_S` to deliver their last records."""
+        running = [r for r in self._remotes if r.task is not None and not r.task.done()]
+        for remote in running:
+            with contextlib.suppress(Exception):
+                remote.actor.stop.remote()
+        if running:
+            await asyncio.wait([r.task for r in running if r.task is not None], timeout=STOP_GRACE_S)
+
+    async def close(self) -> None:
+        """Stop what still runs, kill every actor and remove the placement group (nothing of ours stays)."""
+        await self._stop()
+        for remote in self._remotes:
+            if remote.task is not None and not remote.task.done():
+                remote.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await remote.task
+            with contextlib.suppress(Exception):
+                self._ray.kill(remote.actor, no_restart=True)
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
+            with contextlib.suppress(Exception):
+                remove_placement_group(self._group)
+            self._group = None
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from /proc (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    with open(f"/proc/{entry}/stat") as stat:
+                        parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                    children.setdefault(parent, []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _cause(exc: BaseException) -> str:
+    """A Ray error's first line (its full text repeats the traceback of the worker)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _url_host(url: str) -> str:
+    from yarl import URL
+    return URL(url).host or ""
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
