@@ -231,6 +231,8 @@ def test_bench_sends_from_the_workers_asked_for(server: str, tmp_path: Path,
     (doc,) = tmp_path.glob("bench-*/vllm_*.json")
     run = RunDocument.load(doc)
     assert run.header.load.workers == 2 and len(run.records) == 12 and all(r.ok for r in run.records)
+    assert run.footer is not None and [(w.pool, w.records, w.lost) for w in run.footer.workers] == [
+        ("processes", 6, None), ("processes", 6, None)]
     assert _no_workers_left()
 
 

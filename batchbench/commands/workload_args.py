@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -20,6 +21,7 @@ from batchbench.analysis.validity import samples_needed, stat_percentile
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
 from batchbench.core.config import LoadConfig
 from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
+from batchbench.load.ray_workers import unusable
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo
 from batchbench.workload import datasets, stages, tokenizer, traces
@@ -157,8 +159,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                              "places N workers on a Ray cluster, spread over its nodes (load/ray_workers.py, "
                              "needs pip install 'batchbench[ray]')")
     parser.add_argument("--ray-address", default=None, metavar="ADDR",
-                        help="with --workers ray:N: the Ray cluster's address (host:port of its head, or "
-                             "ray://host:10001); default: a Ray started on this host for the command")
+                        help="with --workers ray:N: the Ray cluster's address (host:port of its head's GCS, or "
+                             "ray://host:10001 for Ray Client); default: $RAY_ADDRESS where set (ray job submit "
+                             "sets it), else a Ray started on this host for the command")
     parser.add_argument("--slice", type=positive_seconds, default=None, metavar="SECONDS",
                         help="also each run's metrics over windows of this length (throughput, TTFT/ITL, errors, "
                              "KV usage, queue): warm-up, drift and saturation within a run")
@@ -270,8 +273,12 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
     the model an engine at a URL serves (its root is a text dataset's tokenizer when none is given)."""
     if args.ray_address is not None and args.workers.pool != "ray":
         raise ValueError("--ray-address is the cluster of --workers ray:N: give both")
+    # As Ray's own tools do: RAY_ADDRESS (``ray job submit`` sets it for its entrypoint) when no address is given.
+    address = (args.ray_address or os.environ.get("RAY_ADDRESS") or None) if args.workers.pool == "ray" else None
+    if args.workers.pool == "ray" and (why := unusable(address)) is not None:
+        raise ValueError(why)
     result = _prepare_workload(args, profile, kind=kind, levels=levels, served=served)
-    result.pool, result.ray_address = args.workers.pool, args.ray_address
+    result.pool, result.ray_address = args.workers.pool, address
     return result
 
 

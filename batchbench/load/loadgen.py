@@ -27,6 +27,7 @@ from batchbench.adapters.base import Engine, EngineError, StreamProtocolError, U
 from batchbench.core.clock import now
 from batchbench.core.config import LoadConfig
 from batchbench.core.records import RequestRecord
+from batchbench.load.collector import Paused
 from batchbench.load.timer import SendTimer
 from batchbench.workload.requests import Request, Workload
 
@@ -58,14 +59,15 @@ class LoadGenerator:
         """Send every request; return all records (failed ones included), in completion order."""
         self.t0 = now() if t0 is None else t0
         arrival = self.workload.arrival
-        if sessions := self.workload.sessions():
-            await self._sessions(sessions, arrival.concurrency)
-        elif arrival.open_loop:
-            await self._open_loop()
-        elif arrival.kind == "closed":
-            await self._closed_loop(arrival.concurrency)
-        else:
-            await self._waves(arrival.concurrency)
+        with Paused():  # no collector pauses in the schedule (load/collector.py)
+            if sessions := self.workload.sessions():
+                await self._sessions(sessions, arrival.concurrency)
+            elif arrival.open_loop:
+                await self._open_loop()
+            elif arrival.kind == "closed":
+                await self._closed_loop(arrival.concurrency)
+            else:
+                await self._waves(arrival.concurrency)
         return self.records
 
     async def _open_loop(self) -> None:
@@ -208,6 +210,7 @@ class LoadGenerator:
             self.in_flight -= 1
             self.records.append(record)
             self.on_record(record)
+            Paused.check()
         return record
 
 

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import ipaddress
 import logging
 import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -49,7 +51,10 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Any
 
+import yarl
+
 from batchbench.adapters.base import Engine
+from batchbench.adapters.launch.cleanup import CleanupRegistry
 from batchbench.core import eventloop
 from batchbench.core.clock import now
 from batchbench.core.config import LoadConfig
@@ -79,6 +84,8 @@ MIN_LEAD_S = 0.25
 LATE_START_S = 0.005
 #: The namespace of the actors batchbench places (their names: ``batchbench-<run>-<i>``).
 NAMESPACE = "batchbench"
+#: How long a TCP connection to the Ray address may take before it is called unreachable.
+PROBE_S = 3.0
 #: The object store of a Ray batchbench starts on this host: records and workload parts are small.
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20
 
@@ -89,6 +96,33 @@ def _ray() -> Any:
     except ImportError:
         raise WorkerError(RAY_MISSING) from None
     return ray
+
+
+def unusable(address: str | None) -> str | None:
+    """Why workers on Ray cannot be had at ``address`` (None: a Ray started here), found in seconds: Ray is not
+    installed, or nothing answers at the address's port. ``ray.init`` itself retries an address that does not
+    answer for minutes; a port that answers but is not Ray's is left to it. None: try it."""
+    if importlib.util.find_spec("ray") is None:
+        return RAY_MISSING
+    if address is None or address == "auto":
+        return None
+    try:
+        host, port = _host_port(address)
+    except ValueError:
+        return (f"--ray-address {address!r} is not HOST:PORT (the head's GCS port, 6379 unless changed) or "
+                "ray://HOST:PORT (Ray Client, 10001)")
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_S):
+            return None
+    except OSError as exc:
+        return f"nothing answers at the Ray address {address} within {PROBE_S:g}s ({exc}): is the cluster's head up?"
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    url = yarl.URL(address if "://" in address else f"ray://{address}")
+    if not url.host or url.explicit_port is None:
+        raise ValueError(address)
+    return url.host, url.explicit_port
 
 
 def _version() -> str:
@@ -115,6 +149,7 @@ class Worker:
         self._main: asyncio.Task[None] | None = None
         self._go: asyncio.Future[tuple[float, float]] | None = None
         self._ready = threading.Event()
+        self._ended = threading.Event()  # set once "done" is queued: the last delivery follows at once
         self._failed: str | None = None
         self._thread: threading.Thread | None = None
 
@@ -144,24 +179,23 @@ class Worker:
         """Start at the driver's wall time ``start_wall`` (this clock is ``offset_s`` ahead); yield deliveries."""
         assert self._loop is not None and self._go is not None, "run() before prepare()"
         self._loop.call_soon_threadsafe(self._go.set_result, (start_wall, offset_s))
-        records: list[RequestRecord] = []
-        events: list[tuple[str, Any]] = []
-        flushed = time.monotonic()
-        done = False
-        while not done:
-            try:
-                item = self._out.get(timeout=BATCH_S)
-            except queue.Empty:
-                item = None
-            if isinstance(item, RequestRecord):
-                records.append(item)
-            elif item is not None:
-                events.append(item)
-                done = item[0] == "done"
-            waited = time.monotonic() - flushed
-            if done or ((records or events) and waited >= BATCH_S) or waited >= HEARTBEAT_S:
+        quiet_since = time.monotonic()
+        while True:
+            # Woken every BATCH_S (at once when the part ends), never per record: a thread woken for each one
+            # takes turns with the loop's thread for the GIL and the CPU (docs/measurement.md, the journal's
+            # writer). A loop thread that ended without saying so ends the stream too (the driver calls it lost).
+            ended = self._ended.wait(BATCH_S) or not (self._thread is not None and self._thread.is_alive())
+            records: list[RequestRecord] = []
+            events: list[tuple[str, Any]] = []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    item = self._out.get_nowait()
+                    (records if isinstance(item, RequestRecord) else events).append(item)
+            if records or events or time.monotonic() - quiet_since >= HEARTBEAT_S:
                 yield records, events
-                records, events, flushed = [], [], time.monotonic()
+                quiet_since = time.monotonic()
+            if ended and self._out.empty():
+                return
 
     def stop(self) -> None:
         """Cancel the part: its in-flight requests become ``cancelled`` records, delivered like the others."""
@@ -170,36 +204,42 @@ class Worker:
 
     def _serve(self, engine: Engine, part: Workload, config: LoadConfig) -> None:
         with contextlib.suppress(asyncio.CancelledError):
-            eventloop.run(self._part(engine, part, config))
+            eventloop.run(_send_part(self, engine, part, config))
 
-    async def _part(self, engine: Engine, part: Workload, config: LoadConfig) -> None:
-        loop = self._loop = asyncio.get_running_loop()
-        self._main = asyncio.current_task()
-        self._go = loop.create_future()
+
+async def _send_part(worker: Worker, engine: Engine, part: Workload, config: LoadConfig) -> None:
+    """The worker's loop thread: its engine client, then its part from the agreed instant. Not a method: Ray makes
+    an actor class with any ``async def`` an async actor, whose calls all wait on one event loop (``stop`` then
+    waited for ``run`` to end)."""
+    loop = worker._loop = asyncio.get_running_loop()
+    worker._main = asyncio.current_task()
+    worker._go = loop.create_future()
+    try:
+        await engine.start()  # at a URL: only the HTTP client
+    except Exception as exc:
+        worker._failed = f"{type(exc).__name__}: {exc}"
+        worker._ready.set()
+        return
+    worker._ready.set()
+    out = worker._out
+    cpu0 = time.process_time()
+    meter = ClientMeter()
+    generator = LoadGenerator(engine, part, on_record=out.put, config=config)
+    try:
+        start_wall, offset_s = await worker._go
+        # The agreed instant on this host's monotonic clock: its wall time here, less the wall time now.
+        t0 = now() + (start_wall + offset_s - time.time())
+        with SendTimer() as timer:
+            await timer.until(t0)
+        out.put(("started", now() - t0))
+        with meter:
+            await generator.run(t0)
+    finally:
         try:
-            await engine.start()  # at a URL: only the HTTP client
-        except Exception as exc:
-            self._failed = f"{type(exc).__name__}: {exc}"
-            self._ready.set()
-            return
-        self._ready.set()
-        cpu0 = time.process_time()
-        meter = ClientMeter()
-        generator = LoadGenerator(engine, part, on_record=self._out.put, config=config)
-        try:
-            start_wall, offset_s = await self._go
-            # The agreed instant on this host's monotonic clock: its wall time here, less the wall time now.
-            t0 = now() + (start_wall + offset_s - time.time())
-            with SendTimer() as timer:
-                await timer.until(t0)
-            self._out.put(("started", now() - t0))
-            with meter:
-                await generator.run(t0)
+            out.put(("done", (meter.result(generator.records), time.process_time() - cpu0)))
+            worker._ended.set()
         finally:
-            try:
-                self._out.put(("done", (meter.result(generator.records), time.process_time() - cpu0)))
-            finally:
-                await engine.stop()
+            await engine.stop()
 
 
 def _actor_class() -> Any:
@@ -214,6 +254,8 @@ def _actor_class() -> Any:
 def connect(address: str | None, cpus: int) -> Any:
     """This process's connection to Ray: to the cluster at ``address``, or a Ray started here with at least
     ``cpus`` logical CPUs (kept for the process's later runs, shut down when it exits); the ``ray`` module."""
+    if (why := unusable(address)) is not None:
+        raise WorkerError(why)
     ray = _ray()
     if ray.is_initialized():
         ours = _connection.get("address")
@@ -221,24 +263,44 @@ def connect(address: str | None, cpus: int) -> Any:
             return ray
         ray.shutdown()
     options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING, "namespace": NAMESPACE}
+    # ray.init replaces SIGTERM's handler with one that raises SystemExit wherever the main thread is (the run's
+    # loop, mid-callback); batchbench keeps what it had: die of the signal, or the launch registry's teardown.
+    # Our actors and placement group are the job's: the cluster removes them when this driver is gone, and a
+    # Ray started here shares this process's fate.
+    on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
         if address is None:
-            ray.init(num_cpus=max(cpus, os.cpu_count() or 1), include_dashboard=False,
+            # "local": a new Ray even where one already runs on this host (a bare ray.init would join that one).
+            ray.init(address="local", num_cpus=max(cpus, os.cpu_count() or 1), include_dashboard=False,
                      object_store_memory=LOCAL_OBJECT_STORE_BYTES, **options)
         else:
             ray.init(address=address, **options)
     except Exception as exc:  # ConnectionError, a bad address, a version mismatch: Ray's own message
         where = f"the Ray cluster at {address}" if address else "a Ray on this host"
         raise WorkerError(f"cannot connect to {where}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if on_sigterm is not None:
+            signal.signal(signal.SIGTERM, on_sigterm)
     _connection["address"] = address
+    if address is None:
+        CLEANUP.register("ray", disconnect, "the Ray started for the load generator")
+    CLEANUP.install()
     return ray
 
 
 def disconnect() -> None:
     """Leave Ray (a Ray this process started stops with it)."""
+    CLEANUP.discard("ray")
     if "address" in _connection:
         _ray().shutdown()
         _connection.clear()
+
+
+#: What a SIGTERM or SIGHUP must not leave behind: the actors and placement group of a run (the cluster would
+#: remove them once it sees this driver gone) and a Ray started here (whose agents outlive a killed driver by a
+#: minute or more). Torn down, then the signal does what it did before (the launch registry's teardown, or
+#: death). Ctrl-C is not among them: it cancels the run, whose workers stop and send their last records.
+CLEANUP = CleanupRegistry((signal.SIGTERM, signal.SIGHUP))
 
 
 #: The address this process connected to (None: a Ray it started), while connected.
@@ -349,6 +411,7 @@ class RayWorkerPool:
         self._host_ip = ray.util.get_node_ip_address()
         run = uuid.uuid4().hex[:8]
         self._group = placement_group([{"CPU": 1}] * n, strategy="SPREAD", name=f"batchbench-{run}")
+        CLEANUP.register(id(self), self._remove, f"the {n} Ray workers of a run")
         try:
             await asyncio.wait_for(self._group.ready(), START_TIMEOUT_S)
         except TimeoutError:
@@ -382,28 +445,16 @@ class RayWorkerPool:
             raise WorkerError(f"a Ray worker failed to {what}: {_cause(exc)}") from exc
 
     def _check(self, remote: _Remote) -> None:
-        """Refuse a worker that runs another batchbench or cannot reach the engine's URL."""
-        ours, theirs = _version(), remote.hello.get("version")
-        if theirs != ours:
-            raise WorkerError(f"{remote.where} runs batchbench {theirs}, this driver {ours}: install the same "
-                              "batchbench on every node")
-        host = _url_host(self.url)
-        if _loopback(host) and remote.hello.get("ip") != self._host_ip:
-            raise WorkerError(
-                f"{remote.where} is on another node ({remote.hello.get('ip')}) and cannot reach the engine at "
-                f"{self.url}: give --engine-url an address the cluster's nodes reach")
+        if (why := refusal(remote.hello, self.url, self._host_ip)) is not None:
+            raise WorkerError(f"{remote.where} {why}")
 
     async def _measure_clock(self, remote: _Remote) -> None:
-        best: tuple[float, float] | None = None
+        probes = []
         for _ in range(CLOCK_PROBES):
             sent = time.time()
             theirs = await self._within(remote.actor.clock.remote(), "answer a clock probe")
-            back = time.time()
-            rtt = back - sent
-            if best is None or rtt < best[0]:
-                best = (rtt, theirs - (sent + back) / 2)
-        assert best is not None
-        remote.rtt_s, remote.offset_s = best
+            probes.append((sent, theirs, time.time()))
+        remote.offset_s, remote.rtt_s = clock_offset(probes)
 
     def _cpu(self, remote: _Remote) -> int | None:
         """A worker on this host takes its client CPU, as a local worker would; elsewhere Ray placed it."""
@@ -421,10 +472,12 @@ class RayWorkerPool:
             remote.task = asyncio.create_task(self._follow(remote, start_wall, silence))
         tasks = [r.task for r in self._remotes if r.task is not None]
         try:
-            await asyncio.gather(*tasks)
+            await asyncio.wait(tasks)  # not gather: cancelled, it would cancel them before the last records came
         except asyncio.CancelledError:
             await self._stop()
             raise
+        for task in tasks:
+            task.result()  # a failure of the driver's own (a lost worker is not one: it is recorded)
         return self.records
 
     async def _follow(self, remote: _Remote, start_wall: float, silence_s: float) -> None:
@@ -479,6 +532,12 @@ class RayWorkerPool:
                 remote.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await remote.task
+        self._remove()
+
+    def _remove(self) -> None:
+        """Kill every actor and remove the placement group, at once (also from SIGTERM's handler: CLEANUP)."""
+        CLEANUP.discard(id(self))
+        for remote in self._remotes:
             with contextlib.suppress(Exception):
                 self._ray.kill(remote.actor, no_restart=True)
         if self._group is not None:
@@ -486,6 +545,26 @@ class RayWorkerPool:
             with contextlib.suppress(Exception):
                 remove_placement_group(self._group)
             self._group = None
+
+
+def refusal(hello: dict[str, Any], url: str, driver_ip: str) -> str | None:
+    """Why a worker that said ``hello`` cannot send this run (None: it can): it runs another batchbench than
+    this driver, or it is on another node and the engine's URL is this host's loopback."""
+    ours, theirs = _version(), hello.get("version")
+    if theirs != ours:
+        return f"runs batchbench {theirs}, this driver {ours}: install the same batchbench on every node"
+    if _loopback(_url_host(url)) and hello.get("ip") != driver_ip:
+        return (f"is on another node ({hello.get('ip')}) and cannot reach the engine at {url}: give --engine-url "
+                "an address the cluster's nodes reach")
+    return None
+
+
+def clock_offset(probes: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Another host's clock minus ours, and the round trip it was measured over, from ``(sent, theirs, back)``
+    probes (our clock before asking, their reading, our clock after): NTP's estimate from the probe of least
+    round trip, which is off by at most half that round trip, however the delay split between the two ways."""
+    sent, theirs, back = min(probes, key=lambda p: p[2] - p[0])
+    return theirs - (sent + back) / 2, back - sent
 
 
 def _descendants(pid: int) -> set[int]:
@@ -515,8 +594,7 @@ def _cause(exc: BaseException) -> str:
 
 
 def _url_host(url: str) -> str:
-    from yarl import URL
-    return URL(url).host or ""
+    return yarl.URL(url).host or ""
 
 
 def _loopback(host: str) -> bool:

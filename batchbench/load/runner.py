@@ -169,7 +169,9 @@ async def run(
         raise
     finally:
         try:
-            duration = now() - t0
+            # Not below a microsecond: a run stopped before its start instant (Ray's workers get it a moment
+            # ahead) measured nothing, and no duration is zero.
+            duration = max(now() - t0, 1e-6)
             machine = machine_meter.result()  # while the workers still run: an ended process is not seen
             gpu_telemetry = gpu_meter.stop()
             if pool is not None:
