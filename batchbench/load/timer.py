@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import math
 import os
 import sys
 
@@ -95,9 +96,9 @@ class SendTimer:
                 self._loop.remove_reader(self._fd)
             loop.add_reader(self._fd, self._fired)
             self._loop = loop
-        seconds = int(deadline)
+        seconds, nanoseconds = divmod(math.ceil(deadline * 1e9), 1_000_000_000)  # never before the deadline
         self._spec.it_value.tv_sec = seconds
-        self._spec.it_value.tv_nsec = int((deadline - seconds) * 1e9)
+        self._spec.it_value.tv_nsec = nanoseconds
         if _LIBC.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
         self._waiter = loop.create_future()

@@ -1,0 +1,184 @@
+"""Benchmark: the same load from one local load generator and from two workers on a two-node Ray cluster.
+
+The fast stream server (first token 20 ms after arrival, then one every 10 ms; its own account of what it did is
+the truth) runs on one CPU; this process, the Ray cluster it starts (``ray.cluster_utils.Cluster``: a head and a
+second node, one logical CPU each) and the workers Ray places share the other. Each round runs both layouts at
+each load, alternating which goes first:
+
+- open loop, Poisson 1,000 requests/s of 8 tokens for 4 s (the issue's per-request figure);
+- closed loop, 128 streams of 32 tokens for 3 s (chunks/s).
+
+For each run it prints chunks/s, the client's CPU per chunk (this process, plus the workers' and Ray's own
+processes on Ray), the TTFT p50 and ITL p50 errors against the server's truth, the schedule lag p99, whether
+:mod:`batchbench.analysis.validity` calls the run valid, and what Ray adds per record (its run's client CPU less
+the local run's, over the records). ``pytest tests/test_ray_benchmark.py -s`` prints the table;
+``BATCHBENCH_BENCH_ROUNDS=3`` runs more rounds (default 1); ``--benchmark-json=out.json`` keeps them.
+
+On two CPUs this measures what Ray costs, not what it buys: the workers share one CPU with the driver and Ray's
+daemons, where on a cluster each has a host of its own (docs/ray.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchbench import selftest
+from batchbench.adapters.vllm import VLLMEngine
+from batchbench.analysis import validity
+from batchbench.core import eventloop
+from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.load import ray_workers
+from batchbench.load.runner import RunResult, run
+from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
+
+ROUNDS = int(os.environ.get("BATCHBENCH_BENCH_ROUNDS", "1"))
+SETTINGS = selftest.Settings()
+LOADS = {"poisson 1000/s": (Arrival("poisson", rate=1000.0), 8, 4.0),
+         "closed c=128": (Arrival("closed", concurrency=128), 32, 3.0)}
+
+pytestmark = pytest.mark.skipif(ray_workers.unusable(None) == ray_workers.RAY_MISSING, reason="Ray is not installed")
+
+
+def _ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def _cpu_s(pids: set[int]) -> dict[int, float]:
+    hz = os.sysconf("SC_CLK_TCK")
+    return {pid: _ticks(pid) / hz for pid in pids}
+
+
+@dataclass
+class Row:
+    load: str
+    layout: str
+    round: int
+    chunks: int
+    chunks_per_s: float
+    records: int
+    driver_cpu_s: float
+    worker_cpu_s: float
+    ray_cpu_s: float
+    ttft_error_ms: float | None
+    itl_error_ms: float | None
+    lag_p99_ms: float | None
+    verdict: str
+
+    @property
+    def client_cpu_s(self) -> float:
+        return self.driver_cpu_s + self.worker_cpu_s + self.ray_cpu_s
+
+
+@pytest.fixture(scope="module")
+def placed() -> Iterator[tuple[str, Any, set[int], str]]:
+    """The fast server on one CPU; this process and the Ray cluster it starts on the other."""
+    where = selftest.placement()
+    from ray.cluster_utils import Cluster
+
+    with selftest.fast_server(SETTINGS, cpu=where.server) as url, selftest.pinned(where.client):
+        server = {pid for pid in ray_workers._descendants(os.getpid())
+                  if b"protocol.fast" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        try:
+            yield url, cluster, server, where.describe()
+        finally:
+            ray_workers.disconnect()
+            cluster.shutdown()
+
+
+def _row(load: str, layout: str, k: int, result: RunResult, truth: dict[str, Any], driver_s: float, ray_s: float,
+         arrival: Arrival) -> Row:
+    s = result.summary
+    judged = validity.check(s, status=result.status, arrival=arrival.kind, client=result.client,
+                            machine=result.machine, warmed_up=True)
+    ttft = truth.get("ttft_s")
+    itl = truth.get("itl_s")
+    chunks = sum(len(r.chunk_times) for r in result.records)
+    return Row(
+        load=load, layout=layout, round=k, chunks=chunks, chunks_per_s=chunks / result.duration_s,
+        records=len(result.records), driver_cpu_s=driver_s,
+        worker_cpu_s=sum(w.cpu_s or 0.0 for w in result.workers), ray_cpu_s=ray_s,
+        ttft_error_ms=1e3 * (s.ttft.p50 - ttft["p50"]) if s.ttft and ttft else None,
+        itl_error_ms=1e3 * (s.itl_per_chunk.p50 - itl["p50"]) if s.itl_per_chunk and itl else None,
+        lag_p99_ms=1e3 * s.schedule_lag.p99 if arrival.open_loop and s.schedule_lag else None,
+        verdict="valid" if judged.valid else "INVALID: " + "; ".join(judged.reasons))
+
+
+def test_one_local_worker_against_two_on_ray(placed: tuple[str, Any, set[int], str], benchmark: Any) -> None:
+    url, cluster, server, where = placed
+    rows: list[Row] = []
+
+    async def measure() -> None:
+        async with VLLMEngine(model=ModelRef(selftest.MODEL), url=url) as engine:
+            with tempfile.TemporaryDirectory(prefix="batchbench-ray-bench-") as tmp:
+                warm = WorkloadSpec("warm", 32, prompt=Lengths.fixed(4), output=Lengths.fixed(4),
+                                    arrival=Arrival("closed", concurrency=8)).build()
+                on_ray = LoadConfig(worker_pool="ray", ray_address=cluster.address, workers=2)
+                await run(engine, warm, results_dir=Path(tmp), reset_cache=False)
+                await run(engine, warm, results_dir=Path(tmp), reset_cache=False, load=on_ray)
+                for k in range(ROUNDS):
+                    for load, (arrival, tokens, seconds) in LOADS.items():
+                        layouts = ["local", "ray"] if k % 2 == 0 else ["ray", "local"]
+                        for layout in layouts:
+                            # Closed loop: enough requests to keep every stream busy until the deadline, no more
+                            # (the driver builds, hashes and ships every request of the workload).
+                            request_s = SETTINGS.ttft_s + (tokens - 1) * SETTINGS.interval_s
+                            n = (int(arrival.rate * seconds) if arrival.open_loop
+                                 else arrival.concurrency * (math.ceil(seconds / request_s) + 1))
+                            workload = WorkloadSpec(f"bench-{k}", n, prompt=Lengths.fixed(4),
+                                                    output=Lengths.fixed(tokens), arrival=arrival, seed=k).build()
+                            config = LoadConfig(request_timeout_s=60.0, send_until_s=seconds)
+                            if layout == "ray":
+                                config = LoadConfig(request_timeout_s=60.0, send_until_s=seconds, workers=2,
+                                                    worker_pool="ray", ray_address=cluster.address)
+                            await selftest.server_truth(url)
+                            # Ray's processes alive from before the run to after it (its daemons and idle
+                            # workers; the run's own actors report their CPU themselves).
+                            before = _cpu_s(ray_workers._descendants(os.getpid()) - server)
+                            cpu = time.process_time()
+                            result = await run(engine, workload, results_dir=Path(tmp), reset_cache=False,
+                                               load=config)
+                            cpu = time.process_time() - cpu
+                            after = _cpu_s(set(before))
+                            ray_s = sum(after[p] - before[p] for p in before if after[p] >= before[p] > 0)
+                            rows.append(_row(load, layout, k, result, await selftest.server_truth(url), cpu, ray_s,
+                                             arrival))
+
+    benchmark.pedantic(lambda: eventloop.run(measure()), rounds=1, iterations=1)
+
+    def ms(value: float | None, spec: str = "+.3f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    print(f"\n{where}; Ray: 2 nodes of 1 CPU each, on the client's CPU")
+    print(f"{'load':>15} {'layout':>6} {'chunks/s':>9} {'us CPU/chunk':>12} {'(driver/workers/ray)':>22} "
+          f"{'TTFT err':>9} {'ITL err':>8} {'lag p99':>8}  verdict")
+    for row in rows:
+        print(f"{row.load:>15} {row.layout:>6} {row.chunks_per_s:9.0f} {1e6 * row.client_cpu_s / row.chunks:12.1f} "
+              f"{row.driver_cpu_s:6.2f}/{row.worker_cpu_s:5.2f}/{row.ray_cpu_s:5.2f} s    "
+              f"{ms(row.ttft_error_ms):>9} {ms(row.itl_error_ms):>8} {ms(row.lag_p99_ms, '.2f'):>8}  {row.verdict}")
+    by = {(row.load, row.layout, row.round): row for row in rows}
+    for load in LOADS:
+        for k in range(ROUNDS):
+            local, on_ray = by[load, "local", k], by[load, "ray", k]
+            added = 1e6 * (on_ray.client_cpu_s / on_ray.records - local.client_cpu_s / local.records)
+            per_record = [1e6 * row.client_cpu_s / row.records for row in (on_ray, local)]
+            print(f"{load}, round {k}: Ray adds {added:.0f} us of client CPU per record ({per_record[0]:.0f} "
+                  f"against {per_record[1]:.0f})")
+    benchmark.extra_info.update({"placement": where, "rows": [row.__dict__ for row in rows]})
+    assert {(row.load, row.layout) for row in rows} == {(load, layout) for load in LOADS
+                                                       for layout in ("local", "ray")}
