@@ -17,7 +17,7 @@ from batchbench.adapters.base import Chunk, Engine
 from batchbench.core.config import Capabilities, LoadConfig
 from batchbench.core.records import RequestRecord
 from batchbench.fixtures import tiny_model_dir
-from batchbench.load import loadgen
+from batchbench.load import loadgen, timer
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.measures import parity
 from batchbench.workload import datasets, tokenizer
@@ -170,6 +170,7 @@ async def test_a_closed_loop_of_a_set_duration_sends_nothing_after_it(monkeypatc
 async def test_an_open_loop_of_a_set_duration_releases_nothing_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = itertools.count()  # moves one second each time it is read: the deadline passes after a few releases
     monkeypatch.setattr(loadgen, "now", lambda: float(next(clock)))
+    monkeypatch.setattr(timer, "now", lambda: float(next(clock)))  # the send timer reads the same clock
     workload = WorkloadSpec("w", 50, output=Lengths.fixed(1), arrival=Arrival("poisson", rate=1000.0)).build()
     records = await LoadGenerator(Instant(), workload, config=LoadConfig(send_until_s=10.0)).run(t0=0.0)
     assert 0 < len(records) < 10
