@@ -1,9 +1,9 @@
 """Python's cyclic garbage collector held off while a run sends: its pauses were the open loop's worst lags.
 
-A collection of the oldest generation walks every tracked object: the imports (a CLI that loaded transformers
-holds about a million) and the run's own records, which grow with it. At Poisson 1,000 requests/s (8-token
+A collection of the oldest generation walks every tracked object: the imports (the CLI holds ~100k, ~420k once
+torch and transformers are loaded) and the run's own records, which grow with it. At Poisson 1,000 requests/s (8-token
 outputs, against the fast server, client pinned to its own CPU) the schedule lag's p99 was 1.1-2.7 ms with the
-collector on and 0.6-0.9 ms with it off, and the client spent ~5% less CPU per request (docs/measurement.md).
+collector on and 0.6-0.9 ms with it off, and the client spent ~3% less CPU per request (docs/measurement.md).
 AIPerf does the same in its timing-critical workers (freeze, then disable).
 
 While paused, the objects that existed before are frozen (``gc.freeze``: moved out of every generation, so the
