@@ -11,6 +11,9 @@ stay far above what the engines under test produce.
 Each record is journalled as a real run does (``JournalWriter``), so the figure is
 the whole client path: request, stream parsing, record keeping and its write.
 
+``test_open_loop_cost_and_schedule_lag_at_1000_per_second``: Poisson 1,000 requests/s of 8 tokens against the fast
+server, CPU per request and schedule lag, the load generator alone and a whole run (its docstring).
+
 ``test_selftest_ramp`` is a short ``batchbench selftest`` (:mod:`batchbench.selftest`): the client against the
 fast server (20 ms TTFT, then a token every 10 ms; pinned to one CPU and the client to another where there
 are two), chunks/s, CPU per chunk, ITL p50 and TTFT p50 errors against the server's own, loop lag, read

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from batchbench import selftest
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_OK, EXIT_USAGE
+from batchbench.commands.common import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from batchbench.commands.workload_args import Workers, workers_option
 from batchbench.core.clock import now
 from batchbench.core.config import LoadConfig, ModelRef
@@ -280,9 +280,13 @@ def _alive(pid: int) -> bool:
 
 
 @needs_ray
-@pytest.mark.parametrize("where", ["a Ray started by bench", "a cluster at an address"])
-def test_sigterm_to_bench_leaves_nothing_of_ours_running(cluster: Any, server: str, tmp_path: Path,
-                                                         where: str) -> None:
+@pytest.mark.parametrize(("where", "sig"), [("a Ray started by bench", signal.SIGTERM),
+                                           ("a cluster at an address", signal.SIGTERM),
+                                           ("a cluster at an address", signal.SIGINT)])
+def test_a_signal_to_bench_leaves_nothing_of_ours_running(cluster: Any, server: str, tmp_path: Path,
+                                                          where: str, sig: signal.Signals) -> None:
+    """SIGTERM: the run's actors and placement group (and a Ray bench started) go, then bench dies of it. Ctrl-C:
+    the run is cancelled, its workers send back their requests in flight as cancelled, bench exits 130."""
     address = ["--ray-address", cluster.address] if where == "a cluster at an address" else []
     before = _ray_processes()
     proc = subprocess.Popen([sys.executable, "-m", "batchbench", "bench", "--engine", "vllm", "--engine-url",
@@ -296,17 +300,43 @@ def test_sigterm_to_bench_leaves_nothing_of_ours_running(cluster: Any, server: s
         while not list(tmp_path.glob("bench-*/vllm_*.jsonl")) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(2.0)  # into the run: each worker streams requests of 10 s
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == -signal.SIGTERM, out
-    assert "SIGTERM: stopped the 2 Ray workers of a run" in out
+    if sig == signal.SIGTERM:
+        assert proc.returncode == -signal.SIGTERM, out
+        assert "SIGTERM: stopped the 2 Ray workers of a run" in out
+    else:
+        assert proc.returncode == EXIT_INTERRUPTED and "interrupted" in out, out
+        (path,) = tmp_path.glob("bench-*/vllm_*.json")
+        doc = RunDocument.load(path)
+        assert Counter(r.error_kind for r in doc.records) == {"cancelled": 4}  # both workers' streams in flight
+        assert doc.footer is not None and doc.footer.status == "interrupted"
     deadline = time.monotonic() + 20
     while (left := [pid for pid in _ray_processes() - before if _alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"Ray processes {left} outlived the SIGTERM of batchbench bench"
     assert _ours_left(cluster.address) == ([], [])
-    (journal,) = tmp_path.glob("bench-*/vllm_*.jsonl")
-    assert journal.read_text().startswith('{"type":"header"')
+    if sig == signal.SIGTERM:
+        (journal,) = tmp_path.glob("bench-*/vllm_*.jsonl")
+        assert journal.read_text().startswith('{"type":"header"')
+
+
+def test_the_runs_line_names_where_ray_put_the_workers_and_what_was_lost() -> None:
+    from batchbench.commands.points import worker_lines
+    from batchbench.results.document import WorkerReport
+
+    reports = [WorkerReport(index=0, pool="ray", host="load-a", node="n1", requests=10, records=10,
+                            clock_offset_s=-0.0004, clock_rtt_s=0.0006, start_late_s=0.0001),
+               WorkerReport(index=1, pool="ray", host="load-b", node="n2", requests=10, records=3,
+                            clock_offset_s=0.0002, clock_rtt_s=0.0008, start_late_s=0.012,
+                            lost="ActorDiedError: the node died", lost_at_s=4.25)]
+    assert worker_lines(reports) == [
+        "workers: 2 on Ray, 2 node(s) (load-a, load-b); clocks within 0.40 ms of the driver's (±0.40 ms)",
+        "worker 1 (load-b) began 12.0 ms after the start instant",
+        "worker 1 (load-b) was LOST at 4.2 s: ActorDiedError: the node died; 3 of its 10 records came back, the "
+        "rest are failed (worker_died)"]
+    local = [WorkerReport(index=0, pool="processes", host="h", requests=5, records=5)]
+    assert worker_lines(local) == []  # local processes that all finished: nothing to say
