@@ -13,8 +13,8 @@ over processes or hosts.
   driver measures each worker's wall-clock offset (NTP's estimate from the round trip of least delay, kept
   in the results with its round trip), sends the instant as the driver's wall time, and each worker turns it
   into its own monotonic time. A worker that begins late says by how much (``start_late_s``).
-- **Exact merge.** Records stream back as they finish (a Ray streaming generator, batches of at most
-  :data:`BATCH_S`), and the driver journals each as it arrives: the results document holds every record and
+- **Exact merge.** Records stream back every :data:`BATCH_S` (a Ray streaming generator fed by a delivery
+  thread that wakes on that clock, not per record), and the driver journals each as it arrives: the results document holds every record and
   its percentiles are computed from all of them (nothing is merged from histograms). Each worker's own
   client load (loop lag, CPU, read bursts) comes back at its end and is combined into the run's validity as
   the local workers' are (:meth:`batchbench.measures.client_load.ClientLoad.combined`); the footer keeps each
@@ -25,7 +25,8 @@ over processes or hosts.
   on. Whatever way the run ends, :meth:`RayWorkerPool.close` kills its actors and removes its placement group;
   a Ray this process started is shut down when the process exits (Ray's own exit hook, or
   :func:`disconnect`). Ctrl-C cancels the run: every worker is told to stop (its in-flight requests come back
-  as ``cancelled`` records), then killed after :data:`STOP_GRACE_S`.
+  as ``cancelled`` records), then killed after :data:`STOP_GRACE_S`. SIGTERM and SIGHUP (:data:`CLEANUP`) kill
+  the actors, remove the placement group and shut down a Ray started here before the signal takes its course.
 
 Ray is an optional dependency (``pip install 'batchbench[ray]'``), imported only here and only when asked for.
 Every node must have the same batchbench installed (checked at start). The engine's URL must be one the
