@@ -2,9 +2,10 @@
 
 A collection of the oldest generation walks every tracked object: the imports (the CLI holds ~100k, ~420k once
 torch and transformers are loaded) and the run's own records, which grow with it. At Poisson 1,000 requests/s (8-token
-outputs, against the fast server, client pinned to its own CPU) the schedule lag's p99 was 1.1-2.7 ms with the
-collector on and 0.6-0.9 ms with it off, and the client spent ~3% less CPU per request (docs/measurement.md).
-AIPerf does the same in its timing-critical workers (freeze, then disable).
+outputs, against the fast server, client pinned to its own CPU) the schedule lag's p99 was 0.81-0.92 ms with the
+collector on and 0.51-0.63 ms held off, the CPU per request within noise of each other
+(tests/test_loadgen_benchmark.py, docs/measurement.md). AIPerf does the same in its timing-critical workers (freeze,
+then disable).
 
 While paused, the objects that existed before are frozen (``gc.freeze``: moved out of every generation, so the
 guard's collections never walk them) and automatic collection is off. The load path keeps what it makes (records)

@@ -13,12 +13,12 @@ over processes or hosts.
   driver measures each worker's wall-clock offset (NTP's estimate from the round trip of least delay, kept
   in the results with its round trip), sends the instant as the driver's wall time, and each worker turns it
   into its own monotonic time. A worker that begins late says by how much (``start_late_s``).
-- **Exact merge.** Records stream back every :data:`BATCH_S` (a Ray streaming generator fed by a delivery
-  thread that wakes on that clock, not per record), and the driver journals each as it arrives: the results document holds every record and
-  its percentiles are computed from all of them (nothing is merged from histograms). Each worker's own
-  client load (loop lag, CPU, read bursts) comes back at its end and is combined into the run's validity as
-  the local workers' are (:meth:`batchbench.measures.client_load.ClientLoad.combined`); the footer keeps each
-  worker's, with its host, node, CPUs, clock offset and start.
+- **Exact merge.** Records stream back every :data:`BATCH_S` (a Ray streaming generator fed by a delivery thread
+  that wakes on that clock, not per record), and the driver journals each as it arrives: the results document holds
+  every record and its percentiles are computed from all of them (nothing is merged from histograms). Each worker's
+  own client load (loop lag, CPU, read bursts) comes back at its end and is combined into the run's validity as the
+  local workers' are (:meth:`batchbench.measures.client_load.ClientLoad.combined`); the footer keeps each worker's,
+  with its host, node, CPUs, clock offset and start.
 - **Faults.** A worker whose actor or node dies, or that sends nothing (not even its heartbeat, every
   :data:`HEARTBEAT_S`) for :data:`SILENCE_S`, is lost: what it delivered is kept, its requests that never came
   back are failed records (``worker_died``, naming the worker, its host and what happened), and the others go
@@ -182,9 +182,9 @@ class Worker:
         self._loop.call_soon_threadsafe(self._go.set_result, (start_wall, offset_s))
         quiet_since = time.monotonic()
         while True:
-            # Woken every BATCH_S (at once when the part ends), never per record: a thread woken for each one
-            # takes turns with the loop's thread for the GIL and the CPU (docs/measurement.md, the journal's
-            # writer). A loop thread that ended without saying so ends the stream too (the driver calls it lost).
+            # Woken every BATCH_S (at once when the part ends): one Ray object a delivery, not one a record, and
+            # no thread switch per record. A loop thread that ended without saying so ends the stream too (the
+            # driver calls the worker lost).
             ended = self._ended.wait(BATCH_S) or not (self._thread is not None and self._thread.is_alive())
             records: list[RequestRecord] = []
             events: list[tuple[str, Any]] = []

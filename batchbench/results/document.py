@@ -374,8 +374,6 @@ assert not {f.name for f in dataclasses.fields(RunHeader)} & {f.name for f in da
 
 #: Handed to the writer thread last: write what came before, then stop.
 _STOP = object()
-#: How long the journal's writer gathers records before it writes them (JournalWriter._write_batches).
-WRITE_EVERY_S = 0.02
 
 
 def _line(entry: dict[str, Any]) -> str:
@@ -407,7 +405,6 @@ class JournalWriter:
     _queue: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _error: BaseException | None = field(default=None, init=False, repr=False)
-    _closing: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     @property
     def journal_path(self) -> Path:
@@ -424,19 +421,12 @@ class JournalWriter:
         self._thread.start()
 
     def _write_batches(self) -> None:
-        """The writer thread: everything queued so far in one write and one flush, until :data:`_STOP`.
-
-        After the first item of a batch it waits :data:`WRITE_EVERY_S` (or until :meth:`close`) for the rest:
-        woken for every record, this thread and the measuring loop took turns holding the GIL and the client's
-        CPU, and journalling cost 0.15 ms a record at Poisson 1,000/s, half the load generator's own cost
-        (docs/measurement.md). A process killed outright loses at most that long of records more."""
+        """The writer thread: everything queued so far in one write and one flush, until :data:`_STOP`."""
         journal = self._journal
         assert journal is not None
         take, take_now = self._queue.get, self._queue.get_nowait
         while True:
             batch = [take()]
-            if batch[0] is not _STOP:
-                self._closing.wait(WRITE_EVERY_S)
             try:
                 while batch[-1] is not _STOP:
                     batch.append(take_now())
@@ -485,7 +475,6 @@ class JournalWriter:
     def _join(self) -> None:
         """Let the writer thread write everything handed over, then stop it."""
         if self._thread is not None:
-            self._closing.set()
             self._queue.put(_STOP)
             self._thread.join()
             self._thread = None
