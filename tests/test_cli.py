@@ -33,7 +33,7 @@ def fake_vllm_url() -> Iterator[str]:
 def test_run_sweeps_the_curve_static_waves_and_the_padding_pair_with_repeats(
         fake_vllm_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["run", "--engine", "vllm", "--engine-url", f"vllm={fake_vllm_url}", "--repeats", "2",
-                 "--max-repeats", "3", "--precision", "0.1%", "--levels", "2,1", "--results-dir", str(tmp_path)])
+                 "--max-repeats", "3", "--precision", "0.0001%", "--levels", "2,1", "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
     (run_dir,) = tmp_path.glob("run-*")  # each invocation writes into a folder of its own
@@ -45,9 +45,10 @@ def test_run_sweeps_the_curve_static_waves_and_the_padding_pair_with_repeats(
     measured = [("continuous", 1), ("continuous", 2), ("homogeneous", 8), ("padded-mixed", 8),
                 ("static-waves", 8)]
     assert sorted(repeats) == measured
-    # Two passes each, and one more where the throughput was not within ±0.1% (a target no machine meets).
-    assert all(sorted(r) == [0, 1, 2] for r in repeats.values()), repeats
-    assert {d["labels"]["precision"] for d in docs} == {0.001}
+    # Two passes each, and one more where the throughput was not within ±0.0001% (a target no machine meets; ±0.1%
+    # was met by chance: static waves against this server repeat to within 0.07%, and two runs that close settle).
+    assert all(sorted(r) == [0, 1, 2] for r in repeats.values()), (repeats, out)
+    assert {d["labels"]["precision"] for d in docs} == {0.000001}
     # An engine at a URL keeps its own configuration: no KV fit was designed for it.
     assert {d["labels"]["kv_fit"] for d in docs} == {None}
     # An engine at a URL runs in processes that are not ours to tell apart: no share is foreign for sure, and the
