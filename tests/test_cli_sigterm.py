@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from batchbench.cli import main
+from tests.processes import alive
 
 pytestmark = pytest.mark.engine
 
@@ -33,15 +34,6 @@ def processes_with(needle: bytes) -> list[int]:
             except OSError:  # gone meanwhile, or not ours to read
                 continue
     return found
-
-
-def alive(pid: int) -> bool:
-    """Running, not merely a zombie waiting for whichever process adopted it to reap it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_sigterm_during_the_main_job_stops_the_server_and_keeps_the_records(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from batchbench.load.workers import WORKER_DIED, partition
 from batchbench.measures.metrics import summarize
 from batchbench.results.document import RunDocument
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
+from tests.processes import alive
 
 #: Nothing listens here: a usage error must be found before anything tries to reach it.
 NOWHERE = ["--engine", "vllm", "--engine-url", "vllm=http://127.0.0.1:9"]
@@ -272,13 +273,6 @@ def _ray_processes() -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @needs_ray
 @pytest.mark.parametrize(("where", "sig"), [("a Ray started by bench", signal.SIGTERM),
                                            ("a cluster at an address", signal.SIGTERM),
@@ -315,7 +309,7 @@ def test_a_signal_to_bench_leaves_nothing_of_ours_running(cluster: Any, server: 
         assert Counter(r.error_kind for r in doc.records) == {"cancelled": 4}  # both workers' streams in flight
         assert doc.footer is not None and doc.footer.status == "interrupted"
     deadline = time.monotonic() + 20
-    while (left := [pid for pid in _ray_processes() - before if _alive(pid)]) and time.monotonic() < deadline:
+    while (left := [pid for pid in _ray_processes() - before if alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"Ray processes {left} outlived the SIGTERM of batchbench bench"
     assert _ours_left(cluster.address) == ([], [])

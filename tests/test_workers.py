@@ -30,6 +30,7 @@ from batchbench.load.workers import WORKER_DIED, WorkerPool, auto_workers, parti
 from batchbench.measures.machine_load import MachineMeter
 from batchbench.results.document import RunDocument
 from batchbench.workload.requests import Arrival, Lengths, Request, Workload, WorkloadSpec
+from tests.processes import alive
 from tests.server_process import serving
 
 TOKEN_DELAY_S = 0.01
@@ -263,13 +264,6 @@ def _workers_of(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
-    except OSError:
-        return False
-
-
 def test_sigterm_to_bench_leaves_no_worker_process(server: str, tmp_path: Path) -> None:
     """A killed parent closes its end of every worker's pipe: each worker stops at once (SIGKILL included)."""
     proc = subprocess.Popen([sys.executable, "-m", "batchbench", "bench", "--engine", "vllm", "--engine-url",
@@ -288,6 +282,6 @@ def test_sigterm_to_bench_leaves_no_worker_process(server: str, tmp_path: Path) 
         if proc.poll() is None:
             proc.kill()
     deadline = time.monotonic() + 10
-    while (left := [pid for pid in workers if _alive(pid)]) and time.monotonic() < deadline:
+    while (left := [pid for pid in workers if alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"worker processes {left} outlived the SIGTERM of batchbench bench"

@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
@@ -64,7 +64,7 @@ from batchbench.core.records import RequestRecord
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.pinning import Pinned, pin_self
 from batchbench.load.timer import SendTimer
-from batchbench.load.workers import START_TIMEOUT_S, STOP_GRACE_S, WorkerError, lost_records, partition, shares
+from batchbench.load.workers import START_TIMEOUT_S, STOP_GRACE_S, Pool, WorkerError
 from batchbench.measures.client_load import ClientLoad, ClientMeter
 from batchbench.results.document import WorkerReport
 from batchbench.workload.requests import Workload
@@ -332,7 +332,7 @@ class _Remote:
         return f"worker {self.index} (host {self.hello.get('host', '?')}, pid {self.hello.get('pid', '?')})"
 
 
-class RayWorkerPool:
+class RayWorkerPool(Pool):
     """A run's load sent from ``workers`` Ray actors; the same ``start``/``run(t0)``/``close`` and ``records`` as
     :class:`batchbench.load.workers.WorkerPool`, plus :attr:`start_lead_s` (how far ahead of now the run's
     ``t0`` must be for every worker to have it) and :attr:`reports` (each worker, for the footer)."""
@@ -340,15 +340,8 @@ class RayWorkerPool:
     def __init__(self, engine: Engine, workload: Workload, *, workers: int,
                  on_record: Callable[[RequestRecord], None] = lambda record: None,
                  config: LoadConfig | None = None, placement: CpuPlacement | None = None) -> None:
-        self.twin = engine.url_twin()  # ValueError here, before anything starts, for an in-process engine
+        super().__init__(engine, workload, workers=workers, on_record=on_record, config=config, placement=placement)
         self.url: str = getattr(self.twin, "base_url", None) or ""
-        self.workload = workload
-        self.config = config or LoadConfig()
-        self.parts = partition(workload, workers)
-        self.on_record = on_record
-        self.placement = placement
-        self.records: list[RequestRecord] = []
-        self.t0 = 0.0
         self._remotes: list[_Remote] = []
         self._group: Any = None
         self._ray: Any = None
@@ -387,23 +380,8 @@ class RayWorkerPool:
             clock_offset_s=r.offset_s, clock_rtt_s=r.rtt_s, start_late_s=r.start_late_s, cpu_s=r.cpu_s,
             client=r.load, lost=r.lost, lost_at_s=r.lost_at_s) for r in self._remotes]
 
-    async def __aenter__(self) -> RayWorkerPool:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def start(self) -> None:
-        """Place the workers, check them, measure their clocks and start their engine clients; WorkerError
-        (everything placed removed) if they cannot be."""
-        try:
-            await self._place()
-        except BaseException:
-            await self.close()
-            raise
-
-    async def _place(self) -> None:
+    async def _launch(self) -> None:
+        """Place the workers, check them, measure their clocks and start their engine clients."""
         n = len(self.parts)
         ray = self._ray = connect(self.config.ray_address, n)
         from ray.util.placement_group import placement_group
@@ -430,10 +408,9 @@ class RayWorkerPool:
             self._check(remote)
         for remote in self._remotes:  # one at a time: round trips measured on a quiet driver
             await self._measure_clock(remote)
-        in_flight = shares(self.config.max_in_flight, n)
         cpus = await self._within(asyncio.gather(*(r.actor.prepare.remote(
-            self.twin, r.part, replace(self.config, max_in_flight=max(1, in_flight[r.index])),
-            self._cpu(r)) for r in self._remotes)), "start its engine client")
+            self.twin, r.part, self.part_config(r.index), self._cpu(r)) for r in self._remotes)),
+            "start its engine client")
         for remote, pinned in zip(self._remotes, cpus):
             remote.cpus = pinned or None
 
@@ -493,8 +470,7 @@ class RayWorkerPool:
                     break
                 for record in records:
                     remote.finished.add(record.request_id)
-                    self.records.append(record)
-                    self.on_record(record)
+                    self.take(record)
                 for kind, value in events:
                     if kind == "started":
                         remote.start_late_s = value
@@ -511,10 +487,8 @@ class RayWorkerPool:
         remote.lost, remote.lost_at_s = why, now() - self.t0
         with contextlib.suppress(Exception):  # it may be gone already: make sure it is
             self._ray.kill(remote.actor, no_restart=True)
-        what = f"{remote.where} was lost ({why}) before this request's record came back"
-        for record in lost_records(remote.part, remote.finished, remote.lost_at_s, self.config.send_until_s, what):
-            self.records.append(record)
-            self.on_record(record)
+        self.lose(remote.part, remote.finished, remote.lost_at_s,
+                  f"{remote.where} was lost ({why}) before this request's record came back")
 
     async def _stop(self) -> None:
         """Tell every running worker to stop, and give them :data:`STOP_GRACE_S` to deliver their last records."""

@@ -28,7 +28,7 @@ from batchbench.load import pinning
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.ray_workers import RayWorkerPool
 from batchbench.load.scraper import Scraper
-from batchbench.load.workers import WorkerPool, partition
+from batchbench.load.workers import Pool, WorkerPool, partition
 from batchbench.measures.client_load import ClientLoad, ClientMeter
 from batchbench.measures.gpu import GpuOptions, energy_of
 from batchbench.measures.guardrails import server_summary
@@ -111,8 +111,8 @@ async def run(
         if on_record is not None:
             on_record(r)
 
-    pool: WorkerPool | RayWorkerPool | None = None
-    generator: LoadGenerator | WorkerPool | RayWorkerPool
+    pool: Pool | None = None
+    generator: LoadGenerator | Pool
     if workers > 1 or on_ray:
         # The workers start before t0 (they take a moment, and the schedule must not wait for them) and before
         # the header, which records the CPUs each one reports; one that fails still leaves a partial document.
@@ -146,8 +146,7 @@ async def run(
         if pool_failed is not None:
             raise pool_failed
         await engine.begin_run()
-        # Workers on other hosts need the start instant ahead of time (RayWorkerPool.start_lead_s).
-        t0 = now() + (pool.start_lead_s if isinstance(pool, RayWorkerPool) else 0.0)
+        t0 = now() + (pool.start_lead_s if pool is not None else 0.0)  # workers elsewhere are told it ahead
         scraper = Scraper(engine, interval_s=interval_s, t0=t0, on_sample=writer.sample)
         meter = ClientMeter()
         machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Self
 
 from batchbench.adapters.base import Engine
 from batchbench.core import eventloop
@@ -136,7 +136,65 @@ class _Child:
     pinned: Pinned | None = None
 
 
-class WorkerPool:
+class Pool:
+    """What the two kinds of worker pool share: a workload split into parts, one per worker, each sent against the
+    engine's running server (``Engine.url_twin``), every record handed to ``on_record`` as it comes back and kept in
+    ``records``; ``start()`` (or ``async with``) before the run's ``t0``, ``close()`` whatever happens.
+    :class:`WorkerPool` runs the workers as processes of this host, ``ray_workers.RayWorkerPool`` as Ray actors."""
+
+    #: How far ahead of now the run's ``t0`` must be set for every worker to have it in time (processes of this host
+    #: read the same clock: no lead; workers on other hosts are told the instant over the network).
+    start_lead_s: float = 0.0
+
+    def __init__(self, engine: Engine, workload: Workload, *, workers: int,
+                 on_record: Callable[[RequestRecord], None] = lambda record: None,
+                 config: LoadConfig | None = None, placement: CpuPlacement | None = None) -> None:
+        self.twin = engine.url_twin()  # ValueError here, before anything starts, for an in-process engine
+        self.workload = workload
+        self.config = config or LoadConfig()
+        self.parts = partition(workload, workers)
+        self.on_record = on_record
+        self.placement = placement
+        self.records: list[RequestRecord] = []
+        self.t0 = 0.0
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start the workers and wait until each is ready; WorkerError (everything started stopped) if not."""
+        try:
+            await self._launch()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _launch(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    def part_config(self, index: int) -> LoadConfig:
+        """Worker ``index``'s load config: its share of the run's bound on requests in flight (at least one)."""
+        return replace(self.config, max_in_flight=max(1, shares(self.config.max_in_flight, len(self.parts))[index]))
+
+    def take(self, record: RequestRecord) -> None:
+        """A record back from a worker (or made for one that was lost): kept, and handed on."""
+        self.records.append(record)
+        self.on_record(record)
+
+    def lose(self, part: Workload, finished: set[str], died_s: float, why: str) -> None:
+        """Failed records for the requests of a lost worker's ``part`` that never came back (:func:`lost_records`)."""
+        for record in lost_records(part, finished, died_s, self.config.send_until_s, why):
+            self.take(record)
+
+
+class WorkerPool(Pool):
     """A run's load sent from ``workers`` processes; the same ``run(t0)`` and ``records`` as LoadGenerator.
 
     ``async with WorkerPool(...) as pool:`` (or ``start()`` ... ``close()``) starts the children, before the
@@ -150,14 +208,7 @@ class WorkerPool:
     def __init__(self, engine: Engine, workload: Workload, *, workers: int,
                  on_record: Callable[[RequestRecord], None] = lambda record: None,
                  config: LoadConfig | None = None, placement: CpuPlacement | None = None) -> None:
-        self.twin = engine.url_twin()  # ValueError here, before anything starts, for an in-process engine
-        self.workload = workload
-        self.config = config or LoadConfig()
-        self.parts = partition(workload, workers)
-        self.on_record = on_record
-        self.placement = placement
-        self.records: list[RequestRecord] = []
-        self.t0 = 0.0
+        super().__init__(engine, workload, workers=workers, on_record=on_record, config=config, placement=placement)
         self._children: list[_Child] = []
 
     @property
@@ -175,30 +226,15 @@ class WorkerPool:
         """Each child's own load-generator load (a child that died sent none)."""
         return [c.load for c in self._children if c.load is not None]
 
-    async def __aenter__(self) -> WorkerPool:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def start(self) -> None:
-        """Start the children and wait until each is connected and ready; WorkerError (all stopped) if not."""
-        try:
-            await self._spawn()
-        except BaseException:
-            await self.close()
-            raise
-
-    async def _spawn(self) -> None:
+    async def _launch(self) -> None:
+        """Start the children and wait until each is connected and ready."""
         loop = asyncio.get_running_loop()
         context = multiprocessing.get_context("spawn")
-        in_flight = shares(self.config.max_in_flight, len(self.parts))
         for index, part in enumerate(self.parts):
             ours, theirs = context.Pipe()
-            config = replace(self.config, max_in_flight=max(1, in_flight[index]))
             cpu = self.placement.client_cpu(index) if self.placement is not None else None
-            process = context.Process(target=_child_main, args=(self.twin, part, config, theirs, cpu),
+            process = context.Process(target=_child_main, args=(self.twin, part, self.part_config(index), theirs,
+                                                                cpu),
                                       name=f"batchbench-worker-{index}", daemon=True)
             process.start()
             theirs.close()  # the child holds the only writing end: its death closes the pipe
@@ -269,8 +305,7 @@ class WorkerPool:
         kind, value = message
         if kind == "record":
             child.finished.add(value.request_id)
-            self.records.append(value)
-            self.on_record(value)
+            self.take(value)
         elif kind == "ready":
             child.pinned = value
             child.ready.set_result(None)
@@ -282,11 +317,8 @@ class WorkerPool:
     def _lost(self, child: _Child) -> None:
         """Records for the requests a dead child took with it."""
         died = (child.ended_at or now()) - self.t0
-        why = (f"load-generator worker {child.index} (pid {child.process.pid}) {_exit(child.process)} before "
-               "this request's record came back")
-        for record in lost_records(child.part, child.finished, died, self.config.send_until_s, why):
-            self.records.append(record)
-            self.on_record(record)
+        self.lose(child.part, child.finished, died, f"load-generator worker {child.index} (pid {child.process.pid}) "
+                  f"{_exit(child.process)} before this request's record came back")
 
     @property
     def reports(self) -> list[WorkerReport]:
