@@ -104,6 +104,7 @@ def placed() -> Iterator[tuple[str, Any, set[int], str]]:
 def _row(load: str, layout: str, k: int, result: RunResult, truth: dict[str, Any], driver_s: float, ray_s: float,
          arrival: Arrival) -> Row:
     s = result.summary
+    assert s.requests > 0 and s.failed == 0, f"{load} {layout}: {s.failed} of {s.requests} requests failed"
     judged = validity.check(s, status=result.status, arrival=arrival.kind, client=result.client,
                             machine=result.machine, warmed_up=True)
     ttft = truth.get("ttft_s")
