@@ -144,6 +144,11 @@ class EngineUnreachable(EngineError):
     kind = "unreachable"
 
 
+class ConnectionRefused(EngineUnreachable):
+    """Nothing listens at the engine's address: the host answered, and refused the connection. A server that
+    is starting may still be binding its port; one at a URL someone else runs is either there or not."""
+
+
 class EngineCannotRunHere(EngineUnreachable):
     """This environment lacks what the engine needs (its package, a Docker engine to launch it in): a reason to
     skip, with this message, wherever the engine is started (the engine cache, a suite's private engine)."""
@@ -408,10 +413,14 @@ class HealthPoller:
         timeout: float,
         *,
         alive: Callable[[], str | None] | None = None,
+        refused_for_s: float | None = None,
     ) -> None:
         """``probe()`` returns True when ready (or raises an EngineError);
-        ``alive()`` returns why the engine has died, or None while it lives."""
+        ``alive()`` returns why the engine has died, or None while it lives. ``refused_for_s``: connections
+        refused for that long end the wait (an engine at a URL is already up, or is not there at all); None
+        waits out the timeout (a server batchbench started binds its port when it is ready to)."""
         deadline = now() + timeout
+        refused_since: float | None = None
         while True:
             if alive is not None and (dead := alive()) is not None:
                 raise EngineDied(self.engine, f"exited before becoming healthy: {dead}")
@@ -427,6 +436,13 @@ class HealthPoller:
                 if exc.permanent:
                     raise
                 self.last_error = exc.detail
+                if not isinstance(exc, ConnectionRefused):
+                    refused_since = None
+                elif refused_for_s is not None:
+                    refused_since = now() if refused_since is None else refused_since
+                    if now() - refused_since >= refused_for_s:
+                        raise exc.with_detail(f"{exc.detail} for {now() - refused_since:.1f}s: nothing listens "
+                                              "there (is the port right, and the server up?)") from exc
             except TimeoutError:
                 self.last_error = f"the health check sent no answer before the {timeout:g}s start-up timeout"
             if now() >= deadline:

@@ -15,6 +15,7 @@ aiohttp parses responses in C and writes headers and body in one write.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import socket
 import ssl
@@ -27,6 +28,7 @@ import aiohttp
 import yarl
 
 from batchbench.adapters.base import (
+    ConnectionRefused,
     EngineHTTPError,
     EngineRejected,
     EngineUnreachable,
@@ -173,6 +175,9 @@ def connect_failure(engine: str, base_url: str, exc: BaseException, *,
         if isinstance(cause, ssl.SSLError | aiohttp.ClientSSLError):
             return EngineUnreachable(engine, f"TLS handshake with {base_url} failed ({cause}); is it a "
                                      "plain-HTTP port (http://, not https://)?", request_id=request_id, permanent=True)
+        if isinstance(cause, ConnectionRefusedError) or getattr(cause, "errno", None) == errno.ECONNREFUSED:
+            return ConnectionRefused(engine, f"cannot connect to {base_url}: connection refused",
+                                     request_id=request_id)
         cause = cause.__cause__ or cause.__context__
     return EngineUnreachable(engine, f"cannot connect to {base_url}: {exc}", request_id=request_id)
 

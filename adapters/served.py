@@ -42,6 +42,9 @@ from batchbench.workload.lora import Lora
 
 #: How long the look-up of a URL's served models before a start may take: it answers at once on a live server.
 MODELS_LOOKUP_TIMEOUT_S = 5.0
+#: How long an engine at a URL may refuse connections before its start fails: someone else's server is already
+#: up, or nothing listens there (a server that accepts but is not ready yet keeps the whole start-up timeout).
+URL_REFUSED_FOR_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -192,12 +195,13 @@ class ServedEngine(Engine):
     async def wait_healthy(self, timeout: float) -> None:
         poller = HealthPoller(self.name)
         try:
-            await poller.wait(self.probe_health, timeout, alive=self.launch.dead if self.launch else None)
+            await poller.wait(self.probe_health, timeout, alive=self.launch.dead if self.launch else None,
+                              refused_for_s=URL_REFUSED_FOR_S if self.url is not None else None)
         except EngineError as exc:
             if self.launch is not None:
                 self.server_log_tail = await self.launch.logs()
                 raise exc.with_detail(f"{exc.detail}\n--- server log (tail) ---\n{self.server_log_tail}") from exc
-            if not exc.permanent:
+            if not exc.permanent and str(self.url) not in exc.detail:
                 raise exc.with_detail(f"nothing healthy answered at {self.url}: {exc.detail}") from exc
             raise
         if self._started_at is not None:

@@ -6,8 +6,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from batchbench.commands import bench, capacity, plan, report, run, selftest
+from batchbench.commands.common import EXIT_WRITE, interrupted_by, interrupted_status, stop_signals_as_interrupts
+from batchbench.results.document import WRITE_ERRNOS, ResultsWriteError
 
 #: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.
 COMMANDS = (run, bench, capacity, report, plan, selftest)
@@ -23,5 +26,32 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; SIGTERM and SIGHUP finish it as Ctrl-C does (each command says what it kept), then
+    exit 128 + the signal."""
     args = parser().parse_args(argv)
-    return int(args.handler(args))
+    with stop_signals_as_interrupts():
+        try:
+            return int(args.handler(args))
+        except KeyboardInterrupt as stop:  # outside a command's own measuring (its report, its checks)
+            print(f"batchbench: {interrupted_by(stop)}", file=sys.stderr)
+            return interrupted_status(stop)
+        except ResultsWriteError as exc:  # the engines are stopped by now: the commands stop them on the way out
+            first = _first_write_error(exc)
+            print(f"batchbench: {first}; stopped. What was written before is kept in {first.path.parent} "
+                  "(batchbench report reads it)", file=sys.stderr)
+            return EXIT_WRITE
+        except OSError as exc:
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            print(f"batchbench: cannot write {exc.filename or 'a result'}: {exc.strerror}; stopped", file=sys.stderr)
+            return EXIT_WRITE
+
+
+def _first_write_error(exc: ResultsWriteError) -> ResultsWriteError:
+    """The write that failed first (a run's journal), not a later one on the way out (the summary beside it)."""
+    first, cause = exc, exc.__context__
+    while cause is not None:
+        if isinstance(cause, ResultsWriteError):
+            first = cause
+        cause = cause.__context__
+    return first

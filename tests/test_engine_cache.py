@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import ClassVar
 
 import pytest
 
-from batchbench.adapters.base import Chunk, Engine, EngineCannotRunHere, EngineNotHealthy, Usage
+from batchbench.adapters.base import Chunk, Engine, EngineCannotRunHere, EngineError, EngineNotHealthy, Usage
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities
-from batchbench.load.engines import WARM_UP, EngineCache, WarmUpHung, warm_up
+from batchbench.load import engines
+from batchbench.load.engines import WARM_UP, EngineCache, WarmUpHung, warm_up, warm_up_ceiling
 from batchbench.workload.requests import Request
 
 
@@ -121,3 +123,42 @@ async def test_a_slow_engine_that_keeps_streaming_is_not_hung() -> None:
     engine = Paced(0.05)
     await warm_up(engine, 0.2)
     assert engine.cancelled == 0
+
+
+class Runaway(Fake):
+    """Streams a token at a time past max_tokens and never ends."""
+
+    async def stream(self, request: Request) -> AsyncIterator[Chunk]:
+        while True:
+            await asyncio.sleep(0.001)
+            yield Chunk(now(), 1)
+
+
+async def test_a_warm_up_stream_past_max_tokens_is_cut_as_in_a_measured_run() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match=r"every warm-up request failed; the first: .*more than max_tokens=16 "
+                                          r"tokens \(17 so far\); cut"):
+        await warm_up(Runaway(), silence_s=10)
+    assert time.monotonic() - t0 < 2
+
+
+async def test_a_warm_up_stream_that_is_never_silent_yet_too_slow_ends_at_its_ceiling(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engines, "WARM_UP_SECONDS_PER_TOKEN", 0.01)
+    silence_s = 0.2
+    ceiling = warm_up_ceiling(WARM_UP.requests[0], silence_s)
+    assert ceiling == pytest.approx(0.2 + 16 * 0.01)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match=r"not complete after 0\.36s \(\d+ of 16 tokens; at most 0\.2s \+ 0\.01s "
+                                          r"per token\)"):
+        await warm_up(Paced(0.05), silence_s=silence_s)  # a token every 0.05 s: 0.8 s a request, never silent
+    rounds = len(WARM_UP.requests) // WARM_UP.arrival.concurrency
+    assert time.monotonic() - t0 < rounds * ceiling + 1
+
+
+async def test_a_warm_up_says_which_request_it_waits_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engines, "WARM_UP_REPORT_EVERY_S", 0.02)
+    said: list[str] = []
+    await warm_up(Paced(0.01), silence_s=5, report=said.append)
+    assert said and said[0].startswith("0 of 16 done, waiting for warm-up-")
+    assert re.search(r"waiting for warm-up-\d+ \(\d+ of 16 tokens, \d+\.\ds\)", said[-1])

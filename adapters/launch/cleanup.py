@@ -44,8 +44,13 @@ class _Entry:
 class CleanupRegistry:
     """What this process started and has not stopped yet; stopped at exit and on fatal signals."""
 
-    def __init__(self, signals: tuple[signal.Signals, ...] = SIGNALS) -> None:
+    def __init__(self, signals: tuple[signal.Signals, ...] = SIGNALS, *, defer_to_handlers: bool = False) -> None:
+        """``defer_to_handlers``: where a signal's previous handler is Python code (the CLI's SIGTERM handler, which
+        finishes the command as Ctrl-C does), chain to it without tearing down first: that unwinding stops what
+        was started in order (a Ray pool's workers send back their last records), and the exit hook stops
+        whatever it leaves."""
         self.signals = signals
+        self.defer_to_handlers = defer_to_handlers
         self._entries: dict[Hashable, _Entry] = {}
         # Reentrant: a signal handler runs in the main thread, possibly while it holds the lock.
         self._lock = threading.RLock()
@@ -139,6 +144,9 @@ class CleanupRegistry:
             return set(self._previous)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.defer_to_handlers and callable(self._previous.get(signum)):
+            self._chain(signum, frame)
+            return
         if self._handling:
             # A second signal while tearing down (an impatient Ctrl-C): finish the teardown first.
             self._deferred.append(signum)

@@ -18,7 +18,8 @@ the reason; the sweep goes on (an engine that died is started again), or stops t
 ``--stop-on-error``.
 
 Exit status: 0 every run succeeded; 1 measured, but some requests or levels failed; 2 a usage error
-(nothing started); 3 an engine could not run or died; 130 interrupted (what was measured is on disk).
+(nothing started); 3 an engine could not run or died; 4 the results folder refused a write; 130 interrupted
+(Ctrl-C), 143/129 stopped by SIGTERM/SIGHUP, which finish as Ctrl-C does (what was measured is on disk).
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from typing import Any
 from batchbench.adapters.base import EngineError
 from batchbench.adapters.registry import EngineOptions
 from batchbench.commands.common import (
-    EXIT_INTERRUPTED,
     EXIT_USAGE,
     StartingEngines,
     check_lora_specs,
+    interrupted_by,
+    interrupted_status,
     make_run_dir,
     one_batching,
     place_client,
@@ -200,9 +202,9 @@ def main(args: argparse.Namespace) -> int:
         with place_client(options), progress:
             eventloop.run(_sweep(engines, options, batching, work, kind, levels, args, run_dir, timeout_s, sweep,
                                  progress))
-    except KeyboardInterrupt:
-        print(f"\nbatchbench: interrupted; {len(sweep.points)} finished run(s), any cut-short run's journal and "
-              f"bench.json are in {run_dir}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as stop:
+        print(f"\nbatchbench: {interrupted_by(stop)}; {len(sweep.points)} finished run(s), any cut-short run "
+              f"(status interrupted) and bench.json are in {run_dir}", file=sys.stderr)
+        return interrupted_status(stop)
     return finish(run_dir, sweep.points, sweep.engine_problems, no_report=args.no_report, slo=args.slo)
 

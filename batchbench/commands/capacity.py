@@ -12,7 +12,8 @@ it missed, and writes every run's results document, ``capacity.json`` (every lev
 verdicts) and the report into ``RESULTS_DIR/capacity-YYYYmmdd-HHMMSS-xxxx``.
 
 Exit status: 0 a capacity was found for every engine; 1 some engine met the SLO at no level tried;
-2 a usage error (nothing started); 3 an engine could not run or died; 130 interrupted.
+2 a usage error (nothing started); 3 an engine could not run or died; 4 the results folder refused a write;
+130 interrupted (Ctrl-C), 143/129 stopped by SIGTERM/SIGHUP, which finish as Ctrl-C does.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from batchbench.adapters.registry import EngineOptions
 from batchbench.analysis.capacity import CapacityResult, Search
 from batchbench.commands.common import (
     EXIT_FAILURES,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     StartingEngines,
     check_lora_specs,
+    interrupted_by,
+    interrupted_status,
     make_run_dir,
     one_batching,
     place_client,
@@ -177,10 +179,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         with place_client(options), progress:
             eventloop.run(_find(engines, options, batching, work, kind, args, run_dir, timeout_s, found, progress))
-    except KeyboardInterrupt:
-        print(f"\nbatchbench: interrupted; {len(found.points)} finished run(s) and capacity.json are in {run_dir}",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as stop:
+        print(f"\nbatchbench: {interrupted_by(stop)}; {len(found.points)} finished run(s), any cut-short run "
+              f"(status interrupted) and capacity.json are in {run_dir}", file=sys.stderr)
+        return interrupted_status(stop)
     status = EXIT_OK if all(r.capacity is not None for r in found.results.values()) else EXIT_FAILURES
     return finish(run_dir, found.points, found.engine_problems, no_report=args.no_report, slo=args.slo,
                   status=status)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import signal
 import sys
 import time
 import uuid
@@ -19,6 +20,7 @@ from batchbench.adapters.served import ServedModel, fetch_served_models, pick_se
 from batchbench.analysis import validity
 from batchbench.analysis.findings import QUESTIONS, Findings
 from batchbench.analysis.findings.decisions import slo_text
+from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.load.engines import EngineCache
 from batchbench.load.pinning import pinned_process
@@ -27,8 +29,56 @@ from batchbench.measures.slo import Slo
 from batchbench.progress import EngineStart, Progress
 from batchbench.workload.lora import Lora, LoraSpec, materialize
 
-#: Exit statuses (the README lists them).
-EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENGINE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: Exit statuses (the README lists them). A stop by SIGTERM or SIGHUP exits 128 + the signal's number (143, 129).
+EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENGINE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+#: The signals a job scheduler stops a job with (Slurm, Kubernetes, a CI timeout: SIGTERM; a closed terminal:
+#: SIGHUP): each finishes a command as Ctrl-C does.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C's KeyboardInterrupt would be, so every ``except KeyboardInterrupt``
+    and ``finally`` on the way out runs as for Ctrl-C: runs cut short are folded into their documents with status
+    ``interrupted``, summaries written, engines stopped (the launchers' cleanup registry stops its servers first,
+    then chains to this handler)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def interrupted_status(stop: KeyboardInterrupt) -> int:
+    """The exit status of a command stopped by ``stop``: 130 for Ctrl-C, 128 + the signal for SIGTERM/SIGHUP."""
+    return 128 + stop.signum if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+
+
+def interrupted_by(stop: KeyboardInterrupt) -> str:
+    """``interrupted`` or ``stopped by SIGTERM``: how the command's last line names the stop."""
+    return f"stopped by {stop}" if isinstance(stop, Terminated) else "interrupted"
+
+
+@contextmanager
+def stop_signals_as_interrupts() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`Terminated` in the main thread for the block, or, while the command's
+    event loop runs, cancel it as Ctrl-C does and have it raise :class:`Terminated` once everything on the way
+    out has run (:func:`batchbench.core.eventloop.interrupt`). Ignored ones, as under ``nohup``, stay ignored.
+    The first one only: a second while the command finishes is ignored, since cutting the finishing short would
+    lose what it is saving."""
+    def stop(signum: int, frame: object) -> None:
+        for sig in installed:
+            signal.signal(sig, signal.SIG_IGN)
+        if not eventloop.interrupt(Terminated(signum)):  # a measuring loop is cancelled as Ctrl-C cancels it
+            raise Terminated(signum)
+
+    installed = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
+    for sig in installed:
+        signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, previous in installed.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
 
 
 def positive_int(text: str) -> int:
@@ -218,6 +268,10 @@ def write_report(run_dir: Path, status: int, slo: Slo | None, *, details: bool =
     return status
 
 
+#: In a log (nothing redrawn), how often a start that waits says how far it got.
+LOG_DETAIL_EVERY_S = 10.0
+
+
 class StartingEngines:
     """Engines for a command's :class:`~batchbench.load.engines.EngineCache`, each start shown on the progress display.
 
@@ -228,6 +282,7 @@ class StartingEngines:
     def __init__(self, options: EngineOptions, progress: Progress) -> None:
         self.options, self.progress = options, progress
         self._start: EngineStart | None = None
+        self._detail_logged = time.monotonic()
 
     def make(self, name: str, batching: BatchingConfig | None) -> Engine:
         engine = make_engine(name, batching, self.options)
@@ -238,7 +293,8 @@ class StartingEngines:
     def cache(self, warm_up_timeout_s: float) -> EngineCache:
         """An engine cache holding one live engine at a time (measured engines never share the machine), each
         warm-up request bounded by ``warm_up_timeout_s`` (the command's request timeout)."""
-        return EngineCache(self.make, max_live=1, warm_up_timeout_s=warm_up_timeout_s, phase=self.phase)
+        return EngineCache(self.make, max_live=1, warm_up_timeout_s=warm_up_timeout_s, phase=self.phase,
+                           warm_up_report=self.warm_up_report)
 
     def phase(self, what: str, timeout_s: float | None) -> None:
         """The start under way waits for ``what`` now: on the live display, and as a line in a log (where
@@ -249,6 +305,16 @@ class StartingEngines:
         if not self.progress.live:
             bound = f" (at most {timeout_s:g}s)" if timeout_s else ""
             self.progress.print(f"batchbench: {self._start.name}: waiting for {what}{bound}")
+
+    def warm_up_report(self, text: str) -> None:
+        """Which warm-up request the start waits for: on the live display as it changes, in a log at most every
+        :data:`LOG_DETAIL_EVERY_S` (a sign of life, not a line a second)."""
+        if self._start is None:
+            return
+        self._start.detail = text
+        if not self.progress.live and time.monotonic() - self._detail_logged >= LOG_DETAIL_EVERY_S:
+            self._detail_logged = time.monotonic()
+            self.progress.print(f"batchbench: {self._start.name}: warm-up: {text}")
 
     async def get(self, cache: EngineCache, name: str, batching: BatchingConfig | None) -> Engine:
         """The live engine, or one started now with its start on the display."""

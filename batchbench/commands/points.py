@@ -39,7 +39,7 @@ from batchbench.load.runner import RunResult, run
 from batchbench.measures import parity
 from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo, Verdict
-from batchbench.results.document import WorkerReport
+from batchbench.results.document import ResultsWriteError, WorkerReport
 
 
 @dataclass(frozen=True)
@@ -205,8 +205,12 @@ def write_summary(path: Path, doc: dict[str, Any]) -> None:
     Rewritten after every point, so an interrupted sweep keeps what it measured; the report builder lists it
     among the other JSON files it does not read."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:  # the last summary that was written stays; no half-written one beside it
+        tmp.unlink(missing_ok=True)
+        raise ResultsWriteError(path, exc) from None
 
 
 def finish(run_dir: Path, points: list[PointResult], engine_problems: dict[str, str], *, no_report: bool,

@@ -29,7 +29,9 @@ folder alone, so runs of different invocations are never merged by accident.
 Exit status: 0 every engine ran and every request succeeded; 1 measured, but
 some requests failed; 2 a usage error (nothing started); 3 an engine could
 not run or died (the others' results and the report are still written);
-130 interrupted (Ctrl-C; what was measured is on disk).
+4 the results folder refused a write; 130 interrupted (Ctrl-C), 143/129
+stopped by SIGTERM/SIGHUP, which finish as Ctrl-C does (what was measured is
+on disk).
 """
 
 from __future__ import annotations
@@ -50,13 +52,14 @@ from batchbench.analysis.repeats import RepeatProtocol, Repeats, precise
 from batchbench.commands.common import (
     EXIT_ENGINE,
     EXIT_FAILURES,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     StartingEngines,
     concurrency_list,
     died,
     failure_lines,
+    interrupted_by,
+    interrupted_status,
     make_run_dir,
     parsed_by,
     place_client,
@@ -411,13 +414,13 @@ def main(args: argparse.Namespace) -> int:
                                  LoadConfig(request_timeout_s=timeout_s, scrape_interval_s=args.scrape_interval,
                                             slice_s=args.slice),
                                  args.slo, outcome, progress, gpu))
-    except KeyboardInterrupt:
-        # The runner folded every finished run; a run cut short left its journal: nothing measured is lost.
+    except KeyboardInterrupt as stop:
+        # The runner folded every run, a cut-short one with status interrupted: nothing measured is lost.
         # Cut short while the first engine started, nothing was measured: progress's one line said it all.
         if outcome.results or not progress.interrupted:
-            print(f"batchbench: interrupted; {len(outcome.results)} finished run(s) and any cut-short run's "
-                  f"journal are in {run_dir}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+            print(f"batchbench: {interrupted_by(stop)}; {len(outcome.results)} finished run(s) and any cut-short "
+                  f"run (status interrupted) are in {run_dir}", file=sys.stderr)
+        return interrupted_status(stop)
     if not outcome.results:
         print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
         return EXIT_ENGINE

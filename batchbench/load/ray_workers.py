@@ -299,9 +299,11 @@ def disconnect() -> None:
 
 #: What a SIGTERM or SIGHUP must not leave behind: the actors and placement group of a run (the cluster would
 #: remove them once it sees this driver gone) and a Ray started here (whose agents outlive a killed driver by a
-#: minute or more). Torn down, then the signal does what it did before (the launch registry's teardown, or
-#: death). Ctrl-C is not among them: it cancels the run, whose workers stop and send their last records.
-CLEANUP = CleanupRegistry((signal.SIGTERM, signal.SIGHUP))
+#: minute or more). Where the signal would kill the process, torn down, then the signal does what it did before
+#: (the launch registry's teardown, or death); where a handler finishes the command as Ctrl-C does (the CLI's),
+#: left to it: the run is cancelled, its workers stop and send their last records, the exit hook does the rest.
+#: Ctrl-C is not among them: it cancels the run likewise.
+CLEANUP = CleanupRegistry((signal.SIGTERM, signal.SIGHUP), defer_to_handlers=True)
 
 
 #: The address this process connected to (None: a Ray it started), while connected.

@@ -9,6 +9,7 @@ written however the run ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 import time
@@ -30,13 +31,20 @@ from batchbench.load.ray_workers import RayWorkerPool
 from batchbench.load.scraper import Scraper
 from batchbench.load.workers import Pool, WorkerPool, partition
 from batchbench.measures.client_load import ClientLoad, ClientMeter
-from batchbench.measures.gpu import GpuOptions, energy_of
+from batchbench.measures.gpu import GpuOptions, GpuSample, energy_of
 from batchbench.measures.guardrails import server_summary
 from batchbench.measures.machine_load import MachineLoad, MachineMeter
 from batchbench.measures.metrics import Summary, summarize
 from batchbench.measures.slices import Slice, stage_windows, time_slices
 from batchbench.measures.slo import Slo
-from batchbench.results.document import JournalWriter, RunFooter, RunHeader, ScrapeStats, WorkerReport
+from batchbench.results.document import (
+    JournalWriter,
+    ResultsWriteError,
+    RunFooter,
+    RunHeader,
+    ScrapeStats,
+    WorkerReport,
+)
 from batchbench.workload.requests import Workload
 from batchbench.workload.stages import boundaries
 
@@ -105,11 +113,34 @@ async def run(
     path = results_path(results_dir, engine, workload, tag)
     writer = JournalWriter(path)
     client_pin = pinning.current()
+    # A write the results folder refused (full, read-only...) stops the run: nothing more could be kept.
+    write_failed: list[ResultsWriteError] = []
+    sending: asyncio.Future[list[RequestRecord]] | None = None
+
+    def stop_writing(exc: ResultsWriteError) -> None:
+        if not write_failed:
+            write_failed.append(exc)
+            if sending is not None:
+                sending.cancel()
 
     def record(r: RequestRecord) -> None:
-        writer.record(r)
+        try:
+            writer.record(r)
+        except ResultsWriteError as exc:
+            stop_writing(exc)
+            return
         if on_record is not None:
             on_record(r)
+
+    def sample(s: ServerMetrics) -> None:
+        try:
+            writer.sample(s)
+        except ResultsWriteError as exc:
+            stop_writing(exc)
+
+    def gpu_sample(s: GpuSample) -> None:  # on the GPU meter's thread: the next record or sample stops the run
+        with contextlib.suppress(ResultsWriteError):
+            writer.gpu_sample(s)
 
     pool: Pool | None = None
     generator: LoadGenerator | Pool
@@ -128,26 +159,31 @@ async def run(
         except BaseException as exc:  # start() stopped every child
             pool_failed = exc
     interval_s = load.scrape_interval_s or SCRAPE_INTERVAL_S
-    gpu_meter = gpu.meter(*engine.gpu_devices(), interval_s=interval_s, on_sample=writer.gpu_sample)
-    writer.begin(RunHeader(
-        run_id=path.stem,
-        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        engine=engine.describe(),
-        workload=workload.describe(),
-        load=load,
-        slo=slo,
-        environment=environment.capture(),
-        labels=labels or {},
-        cache_reset=cache_reset,
-        placement=pinning.placement_record(engine, client_pin, pool.pinned if pool is not None else ()),
-        gpus=gpu_meter.selection,
-    ))
+    gpu_meter = gpu.meter(*engine.gpu_devices(), interval_s=interval_s, on_sample=gpu_sample)
+    try:
+        writer.begin(RunHeader(
+            run_id=path.stem,
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            engine=engine.describe(),
+            workload=workload.describe(),
+            load=load,
+            slo=slo,
+            environment=environment.capture(),
+            labels=labels or {},
+            cache_reset=cache_reset,
+            placement=pinning.placement_record(engine, client_pin, pool.pinned if pool is not None else ()),
+            gpus=gpu_meter.selection,
+        ))
+    except ResultsWriteError:
+        if pool is not None and pool_failed is None:
+            await pool.close()
+        raise
     try:
         if pool_failed is not None:
             raise pool_failed
         await engine.begin_run()
         t0 = now() + (pool.start_lead_s if pool is not None else 0.0)  # workers elsewhere are told it ahead
-        scraper = Scraper(engine, interval_s=interval_s, t0=t0, on_sample=writer.sample)
+        scraper = Scraper(engine, interval_s=interval_s, t0=t0, on_sample=sample)
         meter = ClientMeter()
         machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())
         machine_meter.start()
@@ -162,10 +198,12 @@ async def run(
     try:
         with meter:
             async with scraper:
-                await generator.run(t0)
+                sending = asyncio.ensure_future(generator.run(t0))
+                await sending
     except (Exception, asyncio.CancelledError) as exc:
         status, error = "interrupted", f"{type(exc).__name__}: {exc}"
-        raise
+        if not write_failed:  # a refused write is raised below, once the run is stopped
+            raise
     finally:
         try:
             # Not below a microsecond: a run stopped before its start instant (Ray's workers get it a moment
@@ -190,6 +228,9 @@ async def run(
             reports = pool.reports if pool is not None else []
             client = meter.result(generator.records) if pool is None else \
                 ClientLoad.combined([meter.result(), *pool.client_loads])
+            if write_failed:
+                writer.abandon()
+                raise write_failed[0]
             writer.finish(RunFooter(
                 status=status,
                 error=error,

@@ -49,6 +49,7 @@ objectives on its limits (the same goodput).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import queue
@@ -390,6 +391,20 @@ def _record_line(record: RequestRecord) -> str:
     return orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE).decode()
 
 
+#: The errors of a write that mean the results folder takes no more: full, over quota, read-only, failing.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+class ResultsWriteError(Exception):
+    """A results file could not be written (:data:`WRITE_ERRNOS`, or any other OSError of the write): nothing more
+    that is measured can be kept, so the run stops; what was flushed before stays on disk, readable as a partial
+    run. Not an OSError, so that no handler of other I/O (a log read, a folder made) takes it for its own."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        self.path, self.error = path, error
+        super().__init__(f"cannot write {path}: {error.strerror or error}")
+
+
 @dataclass
 class JournalWriter:
     """Appends a run's header, records, samples and footer to a journal, then folds it into the document.
@@ -411,11 +426,18 @@ class JournalWriter:
         return self.path.with_suffix(".jsonl")
 
     def begin(self, header: RunHeader) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._journal = open(self.journal_path, "w", encoding="utf-8")
-        self._journal.write(_line({"type": "header", "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-                                   **_encode_fields(header)}))
-        self._journal.flush()
+        """Open the journal with the header written; :class:`ResultsWriteError` (and no journal) when the folder
+        takes nothing."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._journal = open(self.journal_path, "w", encoding="utf-8")
+            self._journal.write(_line({"type": "header", "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+                                       **_encode_fields(header)}))
+            self._journal.flush()
+        except OSError as exc:
+            self.abandon()
+            self.journal_path.unlink(missing_ok=True)  # a header cut short says nothing a reader could use
+            raise ResultsWriteError(self.journal_path, exc) from None
         # A daemon, so that a caller that never closes cannot keep the process alive; closing is the contract.
         self._thread = threading.Thread(target=self._write_batches, name="batchbench-journal", daemon=True)
         self._thread.start()
@@ -451,6 +473,8 @@ class JournalWriter:
                 return
 
     def _check(self) -> None:
+        if isinstance(self._error, OSError):
+            raise ResultsWriteError(self.journal_path, self._error) from None
         if self._error is not None:
             raise self._error
 
@@ -497,14 +521,34 @@ class JournalWriter:
         if self._error is not None:
             self.close()  # raises it
         assert self._journal is not None, "begin() first"
-        self._journal.write(_line({"type": "footer", **_encode_fields(footer)}))
-        self.close()
+        try:
+            self._journal.write(_line({"type": "footer", **_encode_fields(footer)}))
+            self.close()
+        except OSError as exc:  # the records before the footer stay in the journal: a partial run
+            self.abandon()
+            raise ResultsWriteError(self.journal_path, exc) from None
         doc = RunDocument.load(self.journal_path)
         tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(doc.to_json(), encoding="utf-8")
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(doc.to_json(), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:  # the journal holds all of it still; no half-written document beside it
+            tmp.unlink(missing_ok=True)
+            raise ResultsWriteError(self.path, exc) from None
         self.journal_path.unlink()
         return doc
+
+    def abandon(self) -> None:
+        """Stop after a write failed, never raising: the writer thread stopped, the journal closed as far as it
+        goes (what was flushed before stays readable as a partial run), the failure forgotten."""
+        self._join()
+        if self._journal is not None:
+            try:
+                self._journal.close()
+            except OSError:  # its last buffered bytes could not be written either
+                pass
+            self._journal = None
+        self._error = None
 
 
 def _fold(journal: Path) -> dict[str, Any]:
