@@ -343,7 +343,7 @@ class Limits:
         shape["active_parameters"] = self.shape.active_parameters
         return {"gpu": self.gpu.to_dict(), "shape": shape, "mean_context": self.mean_context,
                 "ridge_concurrency": self.ridge(), "kv_balance_concurrency": self.kv_balance(),
-                "memory_bound_from": self.plan.memory_bound_from,
+                "memory_bound_from": self.plan.memory_bound_from, "resident_sequences": self.resident,
                 "prefill": {**asdict(self.prefill()), "seconds": self.prefill().seconds}}
 
 
