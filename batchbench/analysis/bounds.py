@@ -150,50 +150,41 @@ def _model_shape(config: Mapping[str, Any], p: Plan) -> ModelShape:
         prefill_widths=prefill, sliding_window=kv.sliding_window, windowed_layers=kv.windowed_layers)
 
 
-@dataclass(frozen=True)
-class DecodeStep:
-    """One decode step of ``batch`` sequences on one GPU: what it moves and computes, and the least time of each."""
+@dataclass(frozen=True, kw_only=True)
+class _Work:
+    """What one pass over the model moves and computes on one GPU, and the least time of each."""
+
+    weight_bytes: float
+    kv_bytes: float
+    linear_flops: float
+    attention_flops: float
+    bandwidth_s: float
+    compute_s: float
+    allreduce_s: float
+
+    @property
+    def seconds(self) -> float:
+        """The least time of the pass: the larger of memory and compute time, then the all-reduces."""
+        return max(self.bandwidth_s, self.compute_s) + self.allreduce_s
+
+    @property
+    def bound(self) -> Bound:
+        """Which resource the pass's time is set by (a tie is compute's: the ridge is where compute catches up)."""
+        return "compute" if self.compute_s >= self.bandwidth_s else "bandwidth"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeStep(_Work):
+    """One decode step of ``batch`` sequences, a token each."""
 
     batch: int
-    weight_bytes: float
-    kv_bytes: float
-    linear_flops: float
-    attention_flops: float
-    bandwidth_s: float
-    compute_s: float
-    allreduce_s: float
-
-    @property
-    def seconds(self) -> float:
-        """The least time of the step: the larger of memory and compute time, then the all-reduces."""
-        return max(self.bandwidth_s, self.compute_s) + self.allreduce_s
-
-    @property
-    def bound(self) -> Bound:
-        """Which resource the step's time is set by (a tie is compute's: the ridge is where compute catches up)."""
-        return "compute" if self.compute_s >= self.bandwidth_s else "bandwidth"
 
 
-@dataclass(frozen=True)
-class Prefill:
-    """The prompt's prefill alone on one GPU: the TTFT lower bound without queueing."""
+@dataclass(frozen=True, kw_only=True)
+class Prefill(_Work):
+    """The prompt's prefill alone: the TTFT lower bound without queueing."""
 
     tokens: int
-    weight_bytes: float
-    kv_bytes: float
-    linear_flops: float
-    attention_flops: float
-    bandwidth_s: float
-    compute_s: float
-    allreduce_s: float
-
-    @property
-    def seconds(self) -> float:
-        return max(self.bandwidth_s, self.compute_s) + self.allreduce_s
-
-    @property
-    def bound(self) -> Bound:
-        return "compute" if self.compute_s >= self.bandwidth_s else "bandwidth"
 
 
 @dataclass(frozen=True)
@@ -245,6 +236,7 @@ class Limits:
         return 2 * self.shape.layers * 2 * (tp - 1) / tp * size / self.gpu.link_bandwidth
 
     def _compute_s(self, linear: float, attention: float) -> float:
+        """Matmuls at the weight dtype's peak, attention at the KV dtype's (an fp8 cache may run fp8 attention)."""
         gpu, p = self.gpu, self.plan
         return linear / gpu.peak_flops(p.weight_dtype) + attention / gpu.peak_flops(p.kv_dtype)
 
@@ -257,8 +249,9 @@ class Limits:
         kv = batch * context * p.kv_bytes_per_token_per_gpu
         linear = 2 * s.active_parameters * batch / tp
         attention = batch * context * s.layers * 2 * s.heads * sum(s.decode_widths) / tp
-        return DecodeStep(batch, weights, kv, linear, attention, (weights + kv) / self.gpu.bandwidth,
-                          self._compute_s(linear, attention), self._allreduce_s(batch))
+        return DecodeStep(batch=batch, weight_bytes=weights, kv_bytes=kv, linear_flops=linear,
+                          attention_flops=attention, bandwidth_s=(weights + kv) / self.gpu.bandwidth,
+                          compute_s=self._compute_s(linear, attention), allreduce_s=self._allreduce_s(batch))
 
     def prefill(self) -> Prefill:
         """The least time of the prompt's prefill alone: the output projection runs for its last token only, and
@@ -272,8 +265,9 @@ class Limits:
         pairs = ((s.layers - s.windowed_layers) * _causal_pairs(tokens, None)
                  + s.windowed_layers * _causal_pairs(tokens, s.sliding_window))
         attention = 2 * s.heads * sum(s.prefill_widths) * pairs / tp
-        return Prefill(tokens, weights, kv, linear, attention, (weights + kv) / self.gpu.bandwidth,
-                       self._compute_s(linear, attention), self._allreduce_s(tokens))
+        return Prefill(tokens=tokens, weight_bytes=weights, kv_bytes=kv, linear_flops=linear,
+                       attention_flops=attention, bandwidth_s=(weights + kv) / self.gpu.bandwidth,
+                       compute_s=self._compute_s(linear, attention), allreduce_s=self._allreduce_s(tokens))
 
     def _first(self, holds: Callable[[DecodeStep], bool], high: int) -> int:
         """The least batch in 1..high whose step ``holds``, for a test that holds at ``high`` and, once it holds,
@@ -321,8 +315,8 @@ class Limits:
 
     def point(self, concurrency: int) -> BoundPoint:
         """The row of the curve at ``concurrency`` sequences in flight. Within the planner's fit all of them decode at
-        once; past it (``kv``) at most :attr:`resident` do, so the figures stop improving there: no engine can read
-        more KV per step than its cache holds, whatever it queues or preempts."""
+        once; past it (``kv``) at most :attr:`resident` do, so the figures stop improving there: over a run, a step's
+        sequences cannot hold more KV than the cache on average, whatever an engine queues or preempts."""
         p = self.plan
         assert p.workload_fit is not None
         fits = concurrency <= p.workload_fit
@@ -335,6 +329,7 @@ class Limits:
                           running / step.seconds, ttft, step)
 
     def curve(self, levels: Iterable[int]) -> tuple[BoundPoint, ...]:
+        """The rows at ``levels``: the curve on paper beside a measured one."""
         return tuple(self.point(level) for level in levels)
 
     def to_dict(self) -> dict[str, Any]:
