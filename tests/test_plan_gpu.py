@@ -85,6 +85,7 @@ def test_the_text_shows_the_arithmetic_of_a_row(capsys: pytest.CaptureFixture[st
     assert "bytes 34,750,857,216 + 25 x 860,160,000 = 56,254,857,216 B" in worked
     assert f"tokens/s <= 25 / {hand['tpot_s'] * 1e3:,.3f} ms = {hand['output_tok_s']:,.1f}" in worked
     assert "memory-bandwidth-bound at every batch" in out and "memory-bound (KV) from 47" in out
+    assert "KV reads pass the weight reads from batch 41 (below it batching is nearly free)" in out
     assert "does not fit: 48 decode at once" in out and "must never beat" in out
     # The memory plan comes first, as without --gpu, on the GPU's memory.
     assert "80.00 GiB x 0.9 = 72.00 GiB" in out and "memory-bound from 47 concurrent sequences" in out
@@ -110,6 +111,14 @@ def test_the_gpu_sets_the_memory_unless_it_is_given(capsys: pytest.CaptureFixtur
     _, out, _ = run(capsys, *base)
     plain = json.loads(out)
     assert plain["memory_bytes"] == 80 * GiB and "curve" not in plain and "gpu" not in plain
+
+
+def test_a_balance_past_the_kv_onset_is_said_to_be_out_of_reach(capsys: pytest.CaptureFixture[str]) -> None:
+    """TP 2 in bf16 at 3500+500: 10 sequences fit, so the KV reads never reach the weights' 69.5 GB (at 114)."""
+    _, out, _ = run(capsys, "--model", "Llama-3-70B", "--gpu", "H100", "--tp", "2", "--prompt-len", "3500",
+                    "--output-len", "500", "--concurrency", "1,16")
+    assert "KV reads pass the weight reads from batch 114 (the KV cache runs out first)" in out
+    assert "memory-bound (KV) from 11: 10 fit at full length" in out
 
 
 def test_default_concurrencies(capsys: pytest.CaptureFixture[str]) -> None:

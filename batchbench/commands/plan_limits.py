@@ -43,8 +43,11 @@ def _regimes(lim: Limits) -> str:
         text = f"memory-bandwidth-bound up to batch {ridge - 1:,}, compute-bound from {ridge:,} (the ridge)"
         if p.memory_bound_from is not None and ridge >= p.memory_bound_from:
             text += ", which the KV cache does not reach"
-    return (f"{text}; KV reads pass the weight reads from batch {lim.kv_balance():,} (below it batching is nearly "
-            f"free); memory-bound (KV) from {p.memory_bound_from:,}: {p.workload_fit:,} fit at full length, at most "
+    balance = lim.kv_balance()
+    reached = p.memory_bound_from is None or balance < p.memory_bound_from
+    return (f"{text}; KV reads pass the weight reads from batch {balance:,} ("
+            + ("below it batching is nearly free" if reached else "the KV cache runs out first")
+            + f"); memory-bound (KV) from {p.memory_bound_from:,}: {p.workload_fit:,} fit at full length, at most "
             f"{max(p.workload_fit or 0, lim.resident):,} decode at once")
 
 
