@@ -2,8 +2,8 @@
 
 A closed-loop concurrency sweep (the profile's ``sweep``) is classified by
 :func:`batchbench.analysis.regimes.classify_regimes`: under-utilised (throughput still
-grows about linearly), the sweet spot (the knee), then regime 3, where extra
-requests only queue. Regime 3 is reached inside the sweep on purpose:
+grows), the sweet spot (the smallest batch within 10% of the most throughput), then
+regime 3, where extra requests only queue. Regime 3 is reached inside the sweep on purpose:
 
 - a **KV-limited continuous engine** (one that reports its KV capacity and
   takes it in whole blocks, ``Engine.kv_block_size``) gets a deliberately
@@ -306,7 +306,7 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
     ranks = [REGIME_RANK[p.regime] for p in report.points]
     assert ranks == sorted(ranks), table
     assert [p.regime for p in report.points].count("sweet-spot") == 1, table
-    third = report.in_regime("memory-bound", "saturated")
+    third = report.in_regime("memory-bound", "compute-saturated", "saturated")
     assert third, f"{engine_name}: regime 3 not reached by concurrency {max(harness.profile.sweep)}\n{table}"
 
     # The knee is at the fit at the latest, give or take one sweep step: past it the extra requests
@@ -325,8 +325,8 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
               f"cache full at c={design.fit}")
 
     if report.has_kv_data:
-        # Every point past the fit shows why: a full cache, preemptions or requests waiting for blocks.
-        # (Between an early, compute-bound knee and the fit the cache is not full: "saturated".)
+        # Every point past the fit shows why: a full cache or preemptions. (Between an early, compute-bound knee
+        # and the fit the cache is not full: "compute-saturated".)
         assert all(p.regime == "memory-bound" for p in third if p.concurrency > design.fit), table
     else:
         assert all(p.regime == "saturated" for p in third), table

@@ -58,7 +58,7 @@ def test_run_sweeps_the_curve_static_waves_and_the_padding_pair_with_repeats(
                and d["machine"]["busy_share"] == 0.1 for d in docs)
     # The curve at a glance, and the answer: one line per question.
     assert "mean [95% interval] over the usable runs (* not within ±0%)" in out and "static-waves c=8" in out
-    assert "Batch size for the most throughput: batch " in out and "Largest batch within the TTFT SLO: " in out
+    assert "Batch size for throughput (sweet spot): batch " in out and "Largest batch within the TTFT SLO: " in out
     assert "batchbench: the answer (SLO: TTFT p99 ≤ 500 ms):" in out
     report = json.loads((run_dir / "report" / "report.json").read_text())
     assert sorted((s["labels"]["layout"], s["labels"]["concurrency"], s["repeats"]) for s in report["series"]) == [

@@ -256,6 +256,11 @@ def _parameters(config: Mapping[str, Any], kv: KVShape) -> ParameterCount:
     )
 
 
+def parameter_count(config: Mapping[str, Any]) -> int:
+    """The model's parameters, estimated from its config's shapes (as :func:`plan` counts them)."""
+    return _parameters(config, _kv_shape(config, 1)).total
+
+
 def _held_tokens(tokens: int, kv: KVShape) -> int:
     """KV tokens a sequence of ``tokens`` holds, averaged over the layers: a windowed layer holds at most the
     window. Rounded up, so a footprint is never under-counted."""
