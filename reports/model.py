@@ -275,7 +275,8 @@ def build_run(source: str, doc: RunDocument) -> Run:
         if records:
             duration = doc.observed_duration_s()
             try:
-                summary = summarize(records, duration_s=duration) if duration > 0 else None
+                summary = summarize(records, duration_s=duration, closed_loop=doc.header.closed_loop) \
+                    if duration > 0 else None
             except ValueError as exc:  # inconsistent records: report the run without figures
                 notes.append(f"no stored summary, and the records cannot be summarised: {exc}")
             else:

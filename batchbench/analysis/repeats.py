@@ -298,6 +298,9 @@ class RepeatProtocol:
     #: The measurements extra passes may measure again, given the series so far (None: all): where a caller knows
     #: which figures decide its answer, the budget goes to them.
     focus: Callable[[Mapping[Any, Repeats[Any]]], Collection[Any]] | None = None
+    #: Whether a run of a measurement still fits the caller's time (None: always): a run that does not is not
+    #: started, in any pass, and the schedule ends there (a wall-clock bound the caller must keep).
+    fits: Callable[[Any], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -321,7 +324,7 @@ class RepeatProtocol:
             if self.alternate and r % 2 == 1:
                 todo.reverse()
             for key in todo:
-                if r >= self.repeats and self.over_budget(started):
+                if (r >= self.repeats and self.over_budget(started)) or (self.fits is not None and not self.fits(key)):
                     return
                 yield key, r
 

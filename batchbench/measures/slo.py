@@ -54,8 +54,10 @@ class Objective:
         return f"{self.metric}_{self.stat}"
 
     def value(self, summary: Summary) -> float | None:
-        """The run's value of this statistic; None when the run has no samples of the metric."""
-        dist: Distribution | None = getattr(summary, METRICS[self.metric])
+        """The run's value of this statistic, in its steady state where it has one (a closed loop: the opening
+        burst of every client's first prompt at once is no state a server stays in); None when the run has no
+        samples of the metric."""
+        dist: Distribution | None = getattr(summary.steady or summary, METRICS[self.metric])
         return None if dist is None else float(getattr(dist, STATS[self.stat]))
 
     def __str__(self) -> str:

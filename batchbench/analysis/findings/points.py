@@ -40,19 +40,22 @@ PRECISION_LABEL = "precision"
 
 def _dist(name: str, stat: str) -> Callable[[Summary], float | None]:
     def get(summary: Summary) -> float | None:
-        dist = getattr(summary, name)
+        dist = getattr(summary.steady or summary, name)
         return None if dist is None else float(getattr(dist, stat))
     return get
 
 
 #: The per-run figures of a point, by the key findings and the report use.
 FIGURES: dict[str, Callable[[Summary], float | None]] = {
-    "output_tok_s": lambda s: s.output_token_throughput,
+    # A closed loop's point of the curve is its steady state (metrics.SteadyState): neither the opening burst nor
+    # the drain, which weigh more the shorter a run is, bends it. Other arrivals: the whole run.
+    "output_tok_s": lambda s: s.curve_throughput,
     "ttft_p50_s": _dist("ttft", "p50"),
     "ttft_p99_s": _dist("ttft", "p99"),
     "tpot_p50_s": _dist("tpot", "p50"),
     "tpot_p99_s": _dist("tpot", "p99"),
     "e2e_p50_s": _dist("e2e", "p50"),
+    "run_output_tok_s": lambda s: s.output_token_throughput,
     "goodput_req_s": lambda s: s.goodput,
     "mean_decoding": lambda s: s.mean_decoding,
     # The GPUs' energy over the run (None: no GPU telemetry; the summary's energy says why).
@@ -386,7 +389,8 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
     if summary is not None and limits is not None and limits != stored and duration:
         # Goodput counts requests within the limits; the run counted its own (or none).
         summary = dataclasses.replace(  # the records' figures again; the GPUs' energy is the run's own
-            summarize(doc.records, duration_s=duration, ttft_slo_s=limits[0], tpot_slo_s=limits[1]),
+            summarize(doc.records, duration_s=duration, ttft_slo_s=limits[0], tpot_slo_s=limits[1],
+                      closed_loop=summary.steady is not None),  # as the run summarised itself
             energy=summary.energy)
     guard = doc.guardrails()
     labels = doc.header.labels
