@@ -14,13 +14,14 @@ parametrized over the selected engines and the ``--batching`` grid.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
+from batchbench.analysis.repeats import Estimate, Expect, decide
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
 from batchbench.options import add_engine_arguments, add_telemetry_arguments, batching_grid, engine_options, gpu_options
@@ -105,6 +106,41 @@ def start_engine(harness: Harness, pytestconfig: pytest.Config) -> Callable[...,
             pytest.skip(str(exc))
 
     return start
+
+
+@dataclass
+class IntervalChecks:
+    """A suite's claims about an engine's speed, each a repeated, paired estimate decided by its interval
+    (:func:`batchbench.analysis.repeats.decide`). :meth:`finish` fails the test when any claim's interval lies on
+    the wrong side of its limit, else skips it, with every figure, when any straddles its limit after the repeats
+    the suite allowed (the machine could not tell), else passes. Never decided on one pair of runs."""
+
+    failed: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+
+    def check(self, what: str, found: Estimate | None, limit: float, expect: Expect) -> bool | None:
+        """Record one claim: ``found`` should be ``expect`` ``limit``. Its verdict (None: undecided)."""
+        verdict = decide(found, limit, expect)
+        shown = "no estimate" if found is None else f"{found.format(lambda v: f'{v:.3g}')} ({found.describe()})"
+        text = f"{what}: {shown}, expected {expect} {limit:.3g}"
+        if verdict is None:
+            self.undecided.append(text)
+        elif not verdict:
+            self.failed.append(text)
+        return verdict
+
+    @property
+    def decided(self) -> bool:
+        """Every claim so far is decided one way or the other (a repeat protocol may stop measuring)."""
+        return not self.undecided
+
+    def finish(self, context: str = "") -> None:
+        where = f" ({context})" if context else ""
+        if self.failed:
+            pytest.fail("; ".join(self.failed) + where)
+        if self.undecided:
+            pytest.skip("undecided, the interval straddles the limit after the repeats allowed: "
+                        + "; ".join(self.undecided) + where)
 
 
 def skip_unless_capable(engine_name: str, capability: str, why: str) -> None:
