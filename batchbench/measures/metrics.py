@@ -224,6 +224,17 @@ class Summary:
     #: output tokens), with why a figure is empty (:func:`batchbench.measures.gpu.energy_of`; the runner adds it
     #: from the run's GPU telemetry). None: not measured (a summary computed from records alone, older documents).
     energy: Energy | None = None
+    #: Time to the first token of the answer, after any reasoning (:attr:`RequestRecord.ttfo_s`): the TTFT of a
+    #: stream that does not reason. None in documents written before it was stored.
+    ttfo: Distribution | None = None
+    #: Reasoning tokens per ok request, for a run whose streams reasoned (a chat stream's ``reasoning`` deltas,
+    #: the engine's own count where it gives one); None where no stream did.
+    reasoning_tokens: Distribution | None = None
+    #: Prompt tokens of the ok requests the engine counted, as sent (the workload's) and as the engine counted
+    #: them (its usage): on a chat endpoint the difference is what the chat template added. None where the
+    #: engine counted none.
+    prompt_tokens_sent: int | None = None
+    prompt_tokens_engine: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -256,6 +267,10 @@ class Summary:
             "loras": None if self.loras is None else {k: v.to_dict() for k, v in self.loras.items()},
             "lora_fairness": self.lora_fairness,
             "energy": None if self.energy is None else asdict(self.energy),
+            "ttfo": _dist_dict(self.ttfo),
+            "reasoning_tokens": _dist_dict(self.reasoning_tokens),
+            "prompt_tokens_sent": self.prompt_tokens_sent,
+            "prompt_tokens_engine": self.prompt_tokens_engine,
         }
 
 
@@ -289,6 +304,7 @@ def summarize(
 
     output_tokens = sum(r.output_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
+    counted = [r for r in ok if r.prompt_tokens is not None]
     good = sum(1 for r in ok if meets_slos(r, ttft_slo_s, tpot_slo_s))
 
     return Summary(
@@ -318,6 +334,10 @@ def summarize(
         ttft_by_turn=({str(turn): d for turn, d in by_turn.items()} if (by_turn := ttft_by_turn(records)) else None),
         loras=loras,
         lora_fairness=lora_fairness(loras),
+        ttfo=Distribution.of(_present(r.ttfo_s for r in ok)),
+        reasoning_tokens=Distribution.of(float(r.reasoning_tokens) for r in ok if r.reasoning_tokens is not None),
+        prompt_tokens_sent=sum(r.prompt_len for r in counted) if counted else None,
+        prompt_tokens_engine=sum(r.prompt_tokens or 0 for r in counted) if counted else None,
     )
 
 
