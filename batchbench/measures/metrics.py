@@ -230,11 +230,11 @@ class Summary:
     #: Reasoning tokens per ok request, for a run whose streams reasoned (a chat stream's ``reasoning`` deltas,
     #: the engine's own count where it gives one); None where no stream did.
     reasoning_tokens: Distribution | None = None
-    #: Prompt tokens of the ok requests the engine counted, as sent (the workload's) and as the engine counted
-    #: them (its usage): on a chat endpoint the difference is what the chat template added. None where the
-    #: engine counted none.
-    prompt_tokens_sent: int | None = None
-    prompt_tokens_engine: int | None = None
+    #: Prompt tokens per request, over the ok requests the engine counted, as sent (the workload's) and as the
+    #: engine counted them (its usage): on a chat endpoint the difference is what the chat template added. None
+    #: where the engine counted none.
+    prompt_tokens_sent: Distribution | None = None
+    prompt_tokens_engine: Distribution | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -269,8 +269,8 @@ class Summary:
             "energy": None if self.energy is None else asdict(self.energy),
             "ttfo": _dist_dict(self.ttfo),
             "reasoning_tokens": _dist_dict(self.reasoning_tokens),
-            "prompt_tokens_sent": self.prompt_tokens_sent,
-            "prompt_tokens_engine": self.prompt_tokens_engine,
+            "prompt_tokens_sent": _dist_dict(self.prompt_tokens_sent),
+            "prompt_tokens_engine": _dist_dict(self.prompt_tokens_engine),
         }
 
 
@@ -336,8 +336,8 @@ def summarize(
         lora_fairness=lora_fairness(loras),
         ttfo=Distribution.of(_present(r.ttfo_s for r in ok)),
         reasoning_tokens=Distribution.of(float(r.reasoning_tokens) for r in ok if r.reasoning_tokens is not None),
-        prompt_tokens_sent=sum(r.prompt_len for r in counted) if counted else None,
-        prompt_tokens_engine=sum(r.prompt_tokens or 0 for r in counted) if counted else None,
+        prompt_tokens_sent=Distribution.of(float(r.prompt_len) for r in counted),
+        prompt_tokens_engine=Distribution.of(float(r.prompt_tokens or 0) for r in counted),
     )
 
 
