@@ -237,6 +237,8 @@ class ServedEngine(Engine):
         assert self.client is not None
         try:
             listing = await get_json(self.client, self.name, "/v1/models")
+        except EngineUnauthorized:
+            raise  # a key is wanted, or refused: every request would be too
         except EngineHTTPError:
             if self.model.request_name:
                 return self.model

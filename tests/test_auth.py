@@ -134,3 +134,11 @@ async def test_a_servers_error_echoing_a_secret_is_redacted() -> None:
             assert await get_json(client, "vllm", "/v1/models")
     finally:
         server.stop()
+
+
+async def test_a_model_given_does_not_hide_a_refused_models_lookup(keyed: ProtocolServer) -> None:
+    """vLLM's /health is open: the /v1/models look-up is where a missing key shows, named or not by --model."""
+    assert keyed.url is not None
+    with pytest.raises(EngineUnauthorized, match="wants an API key"):
+        async with VLLMEngine(model=ModelRef("tiny-llama"), url=keyed.url, startup_timeout=5):
+            pass
