@@ -13,6 +13,7 @@ parametrized over the selected engines and the ``--batching`` grid.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +24,24 @@ from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
 from batchbench.analysis.repeats import Estimate, Expect, decide
 from batchbench.core.config import BatchingConfig
+from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.harness import Harness
-from batchbench.options import add_engine_arguments, add_telemetry_arguments, batching_grid, engine_options, gpu_options
+from batchbench.options import (
+    add_endpoint_argument,
+    add_engine_arguments,
+    add_telemetry_arguments,
+    batching_grid,
+    engine_options,
+    gpu_options,
+)
+from batchbench.workload import tokenizer
 from batchbench.workload.profiles import Profile, get_profile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("batchbench")
     add_engine_arguments(group.addoption)
+    add_endpoint_argument(group.addoption)
     add_telemetry_arguments(group.addoption)
     group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
     group.addoption("--require-engines", action="store_true",
@@ -62,8 +73,14 @@ def pytest_configure(config: pytest.Config) -> None:
         engines, options = engine_options(
             config.getoption("--engine"), engine_urls=config.getoption("--engine-url"),
             model=config.getoption("--model"), launch=config.getoption("--launch"), profile=profile,
-            results_dir=results_dir, cpus=config.getoption("--cpus"),
+            results_dir=results_dir, cpus=config.getoption("--cpus"), api_key=config.getoption("--api-key"),
+            headers=config.getoption("--header"), endpoint=config.getoption("--endpoint"),
         )
+        if options.endpoint == "chat":
+            # The suites' workloads are token ids; on a chat endpoint they are sent as text of those lengths.
+            model = options.model
+            source = shipped_tokenizer_dir(model) if model else tiny_model_dir()
+            options = dataclasses.replace(options, chat_tokenizer=tokenizer.load(str(source or model)))
         grid = tuple(batching_grid(config.getoption("--batching")))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc

@@ -625,3 +625,18 @@ def test_an_slo_is_judged_on_the_steady_state_of_a_closed_loop() -> None:
     summary = summarize(records, duration_s=20.0, closed_loop=True)
     verdict = Slo.parse("ttft_p99=500ms").check(summary)
     assert verdict.met and verdict.values["ttft_p99"] == pytest.approx(0.1)
+
+
+def test_ttfo_is_the_answers_first_token_where_a_stream_reasoned_else_ttft() -> None:
+    plain = make_record(chunk_times=[1.2, 1.3], sent_s=1.0)
+    assert plain.ttfo_s == plain.ttft_s == pytest.approx(0.2)
+    reasoned = make_record(chunk_times=[1.2, 1.3, 1.5], sent_s=1.0)
+    reasoned.reasoning_tokens, reasoned.first_output_s = 2, 1.5
+    assert reasoned.ttft_s == pytest.approx(0.2) and reasoned.ttfo_s == pytest.approx(0.5)
+    only_reasoning = make_record(chunk_times=[1.2, 1.3], sent_s=1.0)
+    only_reasoning.reasoning_tokens = 2  # max_tokens ran out while it reasoned: no answer, no TTFO
+    assert only_reasoning.ttfo_s is None
+    summary = summarize([plain, reasoned, only_reasoning], duration_s=1.0)
+    assert summary.ttfo is not None and summary.ttfo.count == 2 and summary.ttfo.max == pytest.approx(0.5)
+    assert summary.reasoning_tokens is not None and summary.reasoning_tokens.count == 2
+    assert summarize([plain], duration_s=1.0).reasoning_tokens is None  # nothing reasoned: no such figure

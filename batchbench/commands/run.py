@@ -316,7 +316,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
-                                          cpus=args.cpus)
+                                          cpus=args.cpus, api_key=args.api_key, headers=args.header)
         if args.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")

@@ -195,6 +195,8 @@ class SteadyState:
     tpot: Distribution | None
     itl: Distribution | None
     e2e: Distribution | None
+    #: Time to the first token of the answer, after any reasoning (None in documents written before it was stored).
+    ttfo: Distribution | None = None
 
     @property
     def duration_s(self) -> float:
@@ -203,7 +205,7 @@ class SteadyState:
     def to_dict(self) -> dict[str, Any]:
         return {"start_s": self.start_s, "end_s": self.end_s, "output_token_throughput": self.output_token_throughput,
                 "requests": self.requests, "ttft": _dist_dict(self.ttft), "tpot": _dist_dict(self.tpot),
-                "itl": _dist_dict(self.itl), "e2e": _dist_dict(self.e2e)}
+                "itl": _dist_dict(self.itl), "e2e": _dist_dict(self.e2e), "ttfo": _dist_dict(self.ttfo)}
 
 
 def steady_state(records: Sequence[RequestRecord]) -> SteadyState | None:
@@ -223,7 +225,7 @@ def steady_state(records: Sequence[RequestRecord]) -> SteadyState | None:
         start_s=start, end_s=end, output_token_throughput=tokens / (end - start), requests=len(sent),
         ttft=Distribution.of(_present(r.ttft_s for r in sent)), tpot=Distribution.of(_present(tpot(r) for r in sent)),
         itl=Distribution.of(x for r in sent for x in itl_samples(r)),
-        e2e=Distribution.of(_present(r.e2e_s for r in sent)))
+        e2e=Distribution.of(_present(r.e2e_s for r in sent)), ttfo=Distribution.of(_present(r.ttfo_s for r in sent)))
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,17 @@ class Summary:
         """Output tokens/s as a point of the latency-throughput curve: the steady state's where the run has one
         (a closed loop), else the whole run's."""
         return self.steady.output_token_throughput if self.steady is not None else self.output_token_throughput
+    #: Time to the first token of the answer, after any reasoning (:attr:`RequestRecord.ttfo_s`): the TTFT of a
+    #: stream that does not reason. None in documents written before it was stored.
+    ttfo: Distribution | None = None
+    #: Reasoning tokens per ok request, for a run whose streams reasoned (a chat stream's ``reasoning`` deltas,
+    #: the engine's own count where it gives one); None where no stream did.
+    reasoning_tokens: Distribution | None = None
+    #: Prompt tokens per request, over the ok requests the engine counted, as sent (the workload's) and as the
+    #: engine counted them (its usage): on a chat endpoint the difference is what the chat template added. None
+    #: where the engine counted none.
+    prompt_tokens_sent: Distribution | None = None
+    prompt_tokens_engine: Distribution | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -317,6 +330,10 @@ class Summary:
             "lora_fairness": self.lora_fairness,
             "energy": None if self.energy is None else asdict(self.energy),
             "steady": None if self.steady is None else self.steady.to_dict(),
+            "ttfo": _dist_dict(self.ttfo),
+            "reasoning_tokens": _dist_dict(self.reasoning_tokens),
+            "prompt_tokens_sent": _dist_dict(self.prompt_tokens_sent),
+            "prompt_tokens_engine": _dist_dict(self.prompt_tokens_engine),
         }
 
 
@@ -352,6 +369,7 @@ def summarize(
 
     output_tokens = sum(r.output_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
+    counted = [r for r in ok if r.prompt_tokens is not None]
     good = sum(1 for r in ok if meets_slos(r, ttft_slo_s, tpot_slo_s))
 
     return Summary(
@@ -382,6 +400,10 @@ def summarize(
         loras=loras,
         lora_fairness=lora_fairness(loras),
         steady=steady_state(records) if closed_loop else None,
+        ttfo=Distribution.of(_present(r.ttfo_s for r in ok)),
+        reasoning_tokens=Distribution.of(float(r.reasoning_tokens) for r in ok if r.reasoning_tokens is not None),
+        prompt_tokens_sent=Distribution.of(float(r.prompt_len) for r in counted),
+        prompt_tokens_engine=Distribution.of(float(r.prompt_tokens or 0) for r in counted),
     )
 
 

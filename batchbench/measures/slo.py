@@ -21,8 +21,9 @@ from typing import Any
 
 from batchbench.measures.metrics import Distribution, Summary
 
-#: Metric name -> the Summary field holding its distribution.
-METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2e"}
+#: Metric name -> the Summary field holding its distribution. ``ttfo``: time to the first token of the answer,
+#: after a chat stream's reasoning (the TTFT of a stream that does not reason).
+METRICS = {"ttft": "ttft", "ttfo": "ttfo", "tpot": "tpot", "itl": "itl", "e2e": "e2e"}
 #: Statistic name -> the Distribution field.
 STATS = {"p50": "p50", "p90": "p90", "p99": "p99", "mean": "mean", "max": "max"}
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
