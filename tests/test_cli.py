@@ -122,9 +122,15 @@ def test_extra_repeats_go_to_what_decides_the_answer() -> None:
     for (layout, c), runs in series.items():
         tok, ttft = curve[c] if layout == "continuous" else (500, 0.1)
         runs.add(_run_of(tok, ttft), MachineLoad(0.0))
-    focus = deciding(sweep, Slo.parse("ttft_p99=500ms"))(series)
+    slo = Slo.parse("ttft_p99=500ms")
+    focus = deciding(sweep, slo, repeats=1)(series)
     assert focus == {("continuous", c) for c in (4, 8, 16, 32)} | {
         ("static-waves", 8), ("homogeneous", 8), ("padded-mixed", 8)}
+    # A point whose run was invalid (the machine was busy) is measured again, deciding or not.
+    series[("continuous", 1)].runs[0] = dataclasses.replace(series[("continuous", 1)].runs[0],
+                                                             machine=MachineLoad(0.5))
+    assert ("continuous", 1) in deciding(sweep, slo, repeats=1)(series)
+    assert ("continuous", 2) in deciding(sweep, slo, repeats=2)(series)  # one usable run of the two asked
 
 
 def _record(i: int, ok: bool, kind: str | None = None, error: str | None = None) -> RequestRecord:

@@ -228,21 +228,30 @@ class Repetition:
     max_repeats: int
     precision: float
 
-    def protocol(self, focus: Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]], budget_s: float,
-                 fits: Callable[[Key], bool]) -> RepeatProtocol:
+    def protocol(self, sweep: EngineSweep, slo: Slo, budget_s: float, fits: Callable[[Key], bool]) -> RepeatProtocol:
+        """The schedule of one engine's runs: every measurement ``repeats`` times; then, while ``budget_s`` lasts
+        and each run ``fits``, again what is not yet within the precision target among what the answer rests on
+        (:func:`deciding`), and any measurement an invalid run left with fewer usable runs than ``repeats``."""
         return RepeatProtocol(repeats=self.repeats, max_repeats=self.max_repeats,
                               settled=precise(usable_throughput, self.precision), alternate=True,
-                              budget_s=budget_s, focus=focus, fits=fits)
+                              budget_s=budget_s, focus=deciding(sweep, slo, self.repeats), fits=fits)
 
 
-def deciding(sweep: EngineSweep, slo: Slo) -> Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]]:
+def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS
+             ) -> Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]]:
     """What the answer is decided by, given the runs so far (:attr:`RepeatProtocol.focus`): everything measured
     at the fit (the comparisons), and on the curve the sweet spot with its neighbours, the batch of most
-    throughput, and the two batches either side of the SLO's TTFT p99 limit. Extra repeats go there."""
+    throughput, and the two batches either side of the SLO's TTFT p99 limit. Extra repeats go there, and to any
+    measurement with fewer than ``repeats`` usable runs (an invalid run is measured again)."""
     fit = sweep.design.fit
     limit = next((o.limit_s for o in slo.objectives if o.metric == "ttft" and o.stat == "p99"), None)
 
     def focus(series: Mapping[Key, Repeats[RunResult]]) -> set[Key]:
+        short = {key for key, runs in series.items()
+                 if sum(usable_throughput(r) is not None for r in runs.runs) < repeats}
+        return short | _deciding(series)
+
+    def _deciding(series: Mapping[Key, Repeats[RunResult]]) -> set[Key]:
         keys = {key for key in series if key[0] != "continuous" or key[1] == fit}
         curve = sorted((c, tok) for (layout, c), runs in series.items()
                        if layout == "continuous" and (tok := runs.estimate(usable_throughput)) is not None)

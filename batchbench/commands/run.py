@@ -58,7 +58,6 @@ from batchbench.analysis.main_job import (
     Key,
     Repetition,
     TimeLimit,
-    deciding,
     engine_sweep,
     generations_for,
     usable_throughput,
@@ -260,8 +259,7 @@ class EngineMeasurement:
         name, sweep = self.name, self.sweep
         workloads = {key: sweep.workload(key) for key in sweep.keys}
         self.series = {key: Repeats() for key in workloads}
-        protocol = repetition.protocol(deciding(sweep, slo), budget_s=self.share,
-                                       fits=lambda key: self.fits(key, limit))
+        protocol = repetition.protocol(sweep, slo, self.share, lambda key: self.fits(key, limit))
         # Driven by hand rather than protocol.run: the runs are awaited on this loop.
         for (layout, c), repeat in protocol.schedule(self.series, started=self.measuring):
             progress.sweep(len(outcome.results) + 1, max(planned, len(outcome.results) + 1),
