@@ -23,13 +23,21 @@ from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
-from batchbench.options import add_engine_arguments, add_telemetry_arguments, batching_grid, engine_options, gpu_options
+from batchbench.options import (
+    add_engine_arguments,
+    add_image_argument,
+    add_telemetry_arguments,
+    batching_grid,
+    engine_options,
+    gpu_options,
+)
 from batchbench.workload.profiles import Profile, get_profile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("batchbench")
     add_engine_arguments(group.addoption)
+    add_image_argument(group.addoption)
     add_telemetry_arguments(group.addoption)
     group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
     group.addoption("--require-engines", action="store_true",
@@ -61,7 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
         engines, options = engine_options(
             config.getoption("--engine"), engine_urls=config.getoption("--engine-url"),
             model=config.getoption("--model"), launch=config.getoption("--launch"), profile=profile,
-            results_dir=results_dir, cpus=config.getoption("--cpus"),
+            results_dir=results_dir, cpus=config.getoption("--cpus"), images=config.getoption("--image"),
         )
         grid = tuple(batching_grid(config.getoption("--batching")))
     except ValueError as exc:

@@ -59,6 +59,19 @@ _SPEC_KEYS = {
 }
 
 
+def image_problem(image: object) -> str | None:
+    """What is wrong with an image reference (None: nothing): it must be a non-empty string with an explicit tag
+    (or a digest) that is not ``latest``, so a result always says which build ran."""
+    if not isinstance(image, str) or not image:
+        return "image must be a non-empty string"
+    tail = image.rsplit("/", 1)[-1]
+    if ":" not in tail and "@" not in image:
+        return f"image {image!r} must carry an explicit tag"
+    if tail.endswith(":latest"):
+        return f"image {image!r}: pin a version, not 'latest'"
+    return None
+
+
 def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> ContainerSpec:
     where = f"{source} [{engine}]"
     unknown = set(table) - _SPEC_KEYS
@@ -68,13 +81,8 @@ def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> Con
         if key not in table:
             raise ValueError(f"{where}: missing {key!r}")
     image = table["image"]
-    if not isinstance(image, str) or not image:
-        raise ValueError(f"{where}: image must be a non-empty string")
-    tail = image.rsplit("/", 1)[-1]
-    if ":" not in tail and "@" not in image:
-        raise ValueError(f"{where}: image {image!r} must carry an explicit tag")
-    if tail.endswith(":latest"):
-        raise ValueError(f"{where}: image {image!r}: pin a version, not 'latest'")
+    if (problem := image_problem(image)) is not None:
+        raise ValueError(f"{where}: {problem}")
     port = table["port"]
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"{where}: port must be an integer in 1..65535, not {port!r}")

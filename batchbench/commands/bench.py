@@ -59,6 +59,7 @@ from batchbench.core.config import BatchingConfig
 from batchbench.measures.slo import Slo
 from batchbench.options import (
     add_engine_arguments,
+    add_image_argument,
     add_telemetry_arguments,
     engine_options,
     gpu_options,
@@ -103,6 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="your workload (lengths or a dataset) at each concurrency or rate, with SLOs",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_arguments(p.add_argument)
+    add_image_argument(p.add_argument)
     add_telemetry_arguments(p.add_argument)
     levels = p.add_mutually_exclusive_group()
     levels.add_argument("--concurrency", type=concurrency_list, default=None, metavar="LIST",
@@ -177,7 +179,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
-                                          cpus=args.cpus)
+                                          cpus=args.cpus, images=args.image)
         batching = one_batching(args.batching, "bench", engines)
         served = served_models_at_urls(engines, options)
         work = prepare_workload(args, profile, kind=kind, levels=levels, served=served)

@@ -53,6 +53,7 @@ from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.options import (
     add_engine_arguments,
+    add_image_argument,
     add_telemetry_arguments,
     engine_options,
     gpu_options,
@@ -67,6 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("capacity", help="the highest concurrency (or rate) that meets an SLO",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_arguments(p.add_argument)
+    add_image_argument(p.add_argument)
     add_telemetry_arguments(p.add_argument)
     p.add_argument("--by", choices=["concurrency", "rate"], default="concurrency",
                    help="search over requests in flight (closed loop) or requests/s (open loop)")
@@ -152,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
-                                          cpus=args.cpus)
+                                          cpus=args.cpus, images=args.image)
         batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
         served = served_models_at_urls(engines, options)
