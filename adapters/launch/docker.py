@@ -261,13 +261,16 @@ class DockerLaunch:
         self._removed = False
 
     @classmethod
-    def for_engine(cls, engine: str, *, images: str | os.PathLike[str] | None = None, **kwargs: Any) -> DockerLaunch:
-        """The launch for ``engine`` as ``images.toml`` (or ``images``) pins it."""
+    def for_engine(cls, engine: str, *, images: str | os.PathLike[str] | None = None, cpu_build: bool = False,
+                   image: str | None = None, **kwargs: Any) -> DockerLaunch:
+        """The launch for ``engine`` as ``images.toml`` (or ``images``) pins it: ``image`` if given, else with
+        ``cpu_build`` (a host without a GPU) the engine's ``cpu_image`` where it has one, else its ``image``."""
         specs = load_specs(images)
         if engine not in specs:
             raise ValueError(f"no container spec for engine {engine!r} in {images or specs_path()} "
                              f"(known: {', '.join(sorted(specs))})")
-        return cls(engine, specs[engine], **kwargs)
+        spec = specs[engine]
+        return cls(engine, spec, image=image or (spec.cpu_image if cpu_build else None), **kwargs)
 
     # ---- what the results may show
 

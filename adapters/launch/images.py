@@ -28,6 +28,8 @@ class ContainerSpec:
     engine: str
     image: str
     port: int
+    #: The engine's CPU build, run on a host without a GPU in place of :attr:`image` (None: there is none).
+    cpu_image: str | None = None
     #: Put in front of the engine's own arguments (the image's ENTRYPOINT stays).
     program: tuple[str, ...] = ()
     shm_size: str | None = None
@@ -44,6 +46,7 @@ class ContainerSpec:
         return {
             "engine": self.engine,
             "image": self.image,
+            "cpu_image": self.cpu_image,
             "port": self.port,
             "program": list(self.program),
             "shm_size": self.shm_size,
@@ -55,7 +58,7 @@ class ContainerSpec:
 
 
 _SPEC_KEYS = {
-    "image", "port", "program", "shm_size", "ipc_mode", "ulimits", "hf_home", "env",
+    "image", "cpu_image", "port", "program", "shm_size", "ipc_mode", "ulimits", "hf_home", "env",
 }
 
 
@@ -83,6 +86,9 @@ def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> Con
     image = table["image"]
     if (problem := image_problem(image)) is not None:
         raise ValueError(f"{where}: {problem}")
+    cpu_image = table.get("cpu_image")
+    if cpu_image is not None and (problem := image_problem(cpu_image)) is not None:
+        raise ValueError(f"{where}: cpu_{problem}")
     port = table["port"]
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"{where}: port must be an integer in 1..65535, not {port!r}")
@@ -98,6 +104,7 @@ def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> Con
     return ContainerSpec(
         engine=engine,
         image=image,
+        cpu_image=cpu_image,
         port=port,
         program=tuple(program),
         shm_size=table.get("shm_size") or None,
