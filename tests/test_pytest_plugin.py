@@ -36,7 +36,8 @@ def user_repo(tmp_path: Path) -> Path:
 def test_help_lists_the_options_in_a_repository_of_its_own(user_repo: Path) -> None:
     proc = _pytest(user_repo, "--help")
     assert proc.returncode == 0, proc.stderr
-    for option in ("--engine=", "--engine-url=", "--batching=", "--profile=", "--results-dir=", "--max-live-engines"):
+    for option in ("--engine=", "--engine-url=", "--batching=", "--profile=", "--results-dir=", "--max-live-engines",
+                   "--image="):
         assert option in proc.stdout
 
 
