@@ -60,19 +60,23 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 digest() { sha256sum | cut -c1-16; }
+image_id() { docker image inspect -f '{{.Id}}' "$1" 2>/dev/null || true; }
+# drop_replaced OLD_ID TAG: a rebuild moved TAG on; the image it named before would only take disk space.
+drop_replaced() { if [ -n "$1" ] && [ "$1" != "$(image_id "$2")" ]; then docker rmi "$1" >/dev/null 2>&1 || true; fi; }
 recipe_of() { docker image inspect -f '{{index .Config.Labels "batchbench.recipe"}}' "$1" 2>/dev/null || true; }
 # cached TAG RECIPE: the image is there, made from this recipe, and no rebuild was asked for.
 cached() { [ "${REBUILD:-0}" != 1 ] && [ "$(recipe_of "$1")" = "$2" ]; }
 
 base_checked=""
 build_base() {
-    local recipe started
+    local recipe started old
     [ -z "$base_checked" ] || return 0  # once per invocation
     base_checked=1
     recipe=$(echo "debootstrap minbase bookworm $BASE_PACKAGES" | digest)
     if cached "$BASE" "$recipe"; then echo "$BASE: cached"; return; fi
     command -v debootstrap >/dev/null || die "debootstrap is not installed (apt-get install debootstrap)"
     started=$SECONDS
+    old=$(image_id "$BASE")
     mkdir -p "$work"
     rootfs=$(mktemp -d "${TMPDIR:-/tmp}/batchbench-rootfs.XXXXXX")
     $sudo debootstrap --variant=minbase --include="$BASE_PACKAGES" bookworm "$rootfs" "$mirror" \
@@ -84,13 +88,15 @@ build_base() {
         | docker import --change "LABEL batchbench.recipe=$recipe" --change 'CMD ["python3"]' - "$BASE" >/dev/null
     $sudo rm -rf "$rootfs"
     rootfs=""
+    drop_replaced "$old" "$BASE"
     echo "$BASE: built in $((SECONDS - started))s"
 }
 
 # install_image TAG RECIPE WHEELHOUSE ENTRYPOINT_JSON 'SHELL STEPS': a container of the base with the wheelhouse
 # mounted read-only and no network runs the steps (which install into /opt/venv), and is committed as TAG.
 install_image() {
-    local tag=$1 recipe=$2 wheels=$3 entrypoint=$4 steps=$5
+    local tag=$1 recipe=$2 wheels=$3 entrypoint=$4 steps=$5 old
+    old=$(image_id "$tag")
     builder=batchbench-build-$$
     docker rm -f "$builder" >/dev/null 2>&1 || true
     docker run --name "$builder" --network none -v "$wheels:/wheels:ro" "$BASE" \
@@ -101,6 +107,7 @@ install_image() {
         --change "ENTRYPOINT $entrypoint" --change 'CMD []' "$builder" "$tag" >/dev/null
     docker rm "$builder" >/dev/null
     builder=""
+    drop_replaced "$old" "$tag"
 }
 
 pip_install='/opt/venv/bin/pip install --no-index --find-links /wheels --no-cache-dir --disable-pip-version-check -q'
