@@ -142,15 +142,17 @@ async def test_the_engine_runs_in_a_container_as_images_toml_describes_it_and_is
     assert container_id not in launch.registry
 
 
-async def test_ipc_host_and_ulimits_reach_the_container(client: Any, images: None, run_id: str) -> None:
+async def test_ipc_host_ulimits_and_copied_files_reach_the_container(client: Any, images: None, run_id: str) -> None:
     # trtllm's table with the stand-in image: ipc host, stack 64 MiB; memlock at this daemon's own hard limit, which
     # is as high as a container's may go (test_a_ulimit_the_daemon_may_not_grant_...: beyond it).
     spec = dataclasses.replace(SPECS["trtllm"], image=PROTOCOL_IMAGE, program=(),
                                ulimits={**SPECS["trtllm"].ulimits, "memlock": daemon_memlock(client)})
     registry = CleanupRegistry()
     launch = DockerLaunch("trtllm", spec, run_id=run_id, gpus="none", mount_hf_cache=False, registry=registry)
+    options = "kv_cache_config:\n  enable_block_reuse: false\n"  # as trtllm's adapter writes its options YAML
     try:
-        await launch.start(lambda host, port: ["--host", host, "--port", str(port)], {"BATCHBENCH_PROBE": "1"})
+        await launch.start(lambda host, port: ["--host", host, "--port", str(port)], {"BATCHBENCH_PROBE": "1"},
+                           files={"batchbench-trtllm-options.yaml": options})
         async with asyncio.timeout(30):
             while "serving" not in await launch.logs():  # its SIGTERM handler is in place: stop() is prompt
                 await asyncio.sleep(0.1)
@@ -162,6 +164,8 @@ async def test_ipc_host_and_ulimits_reach_the_container(client: Any, images: Non
         assert limit(limits, "Max stack size") == ["67108864", "67108864"]
         memlock = "unlimited" if spec.ulimits["memlock"] == -1 else str(spec.ulimits["memlock"])
         assert limit(limits, "Max locked memory") == [memlock, memlock]
+        # put_archive before the start, into the image's working directory (an imported image has none: /).
+        assert exec_in(client, launch.container_id, "cat", "/batchbench-trtllm-options.yaml") == (0, options)
     finally:
         await launch.stop()
         registry.uninstall()
