@@ -100,7 +100,7 @@ install_image() {
     builder=batchbench-build-$$
     docker rm -f "$builder" >/dev/null 2>&1 || true
     docker run --name "$builder" --network none -v "$wheels:/wheels:ro" "$BASE" \
-        sh -euc "python3 -m venv /opt/venv; $steps; rm -rf /root/.cache" \
+        sh -euc "python3 -m venv /opt/venv; $steps" \
         || die "installing into $tag failed (the output is above)"
     docker commit --change "LABEL batchbench.recipe=$recipe" \
         --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
