@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, Self
+from typing import Any, ClassVar, Literal, Protocol, Self
 
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
@@ -26,13 +26,22 @@ from batchbench.core.server_metrics import ServerMetrics
 from batchbench.workload.lora import Lora
 from batchbench.workload.requests import Request
 
+#: Where a request's token counts came from: the engine's own usage report, else (a server that sends none) the
+#: served model's tokenizer over the streamed text, else one token per streamed piece.
+UsageSource = Literal["engine", "tokenizer", "chunks"]
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token totals as the engine itself reports them; never re-tokenised."""
+    """Token totals as the engine itself reports them; never re-tokenised, unless ``source`` says otherwise (a
+    server that sent no usage at all)."""
 
     prompt_tokens: int | None
     completion_tokens: int | None
+    #: Of the completion tokens, those the engine says were reasoning (``completion_tokens_details``); None: it
+    #: does not say.
+    reasoning_tokens: int | None = None
+    source: UsageSource = "engine"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,11 @@ class Chunk:
     #: (:func:`now`). Later than the load generator's own stamp, taken before the adapter built the request,
     #: so the client's own preparation is not counted as the engine's latency.
     sent: float | None = None
+    #: The piece's tokens are reasoning (a chat stream's ``reasoning`` / ``reasoning_content`` delta), not the
+    #: answer.
+    reasoning: bool = False
+    #: The first piece of the answer in a chat stream (where time to first output token is taken).
+    first_output: bool = False
 
 
 class ChunkSink(Protocol):
@@ -70,6 +84,14 @@ class ChunkSink(Protocol):
     def usage(self, t: float, usage: Usage) -> None:
         """The engine's own token totals arrived at ``t``."""
 
+    def reasoning(self, t: float, n: int, finish_reason: str | None = None) -> None:
+        """A piece that arrived at ``t`` carried ``n`` reasoning tokens: tokens like any other (TTFT, ITL, the
+        limit), also counted apart."""
+
+    def first_output(self, t: float) -> None:
+        """A chat stream's first piece of the answer (not reasoning) arrived at ``t``; called just before its
+        :meth:`tokens`. Chat streams only: the completions path stays as it is."""
+
 
 class _ChunkQueue:
     """A :class:`ChunkSink` that makes each piece a :class:`Chunk`, for :func:`chunks_of`."""
@@ -77,13 +99,22 @@ class _ChunkQueue:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[Chunk | None] = asyncio.Queue()
         self._sent: float | None = None
+        self._first_output = False
 
     def sent(self, t: float) -> None:
         self._sent = t
 
     def tokens(self, t: float, n: int, finish_reason: str | None = None) -> None:
-        self.queue.put_nowait(Chunk(t=t, n_tokens=n, finish_reason=finish_reason, sent=self._sent))
+        self.queue.put_nowait(Chunk(t=t, n_tokens=n, finish_reason=finish_reason, sent=self._sent,
+                                    first_output=self._first_output))
+        self._sent, self._first_output = None, False
+
+    def reasoning(self, t: float, n: int, finish_reason: str | None = None) -> None:
+        self.queue.put_nowait(Chunk(t=t, n_tokens=n, finish_reason=finish_reason, sent=self._sent, reasoning=True))
         self._sent = None
+
+    def first_output(self, t: float) -> None:
+        self._first_output = True
 
     def usage(self, t: float, usage: Usage) -> None:
         self.queue.put_nowait(Chunk(t=t, n_tokens=0, usage=usage, sent=self._sent))
@@ -339,7 +370,11 @@ class Engine(ABC):
         async for chunk in self.stream(request):
             if chunk.sent is not None:
                 sink.sent(chunk.sent)
-            if chunk.n_tokens or chunk.finish_reason is not None:
+            if chunk.reasoning:
+                sink.reasoning(chunk.t, chunk.n_tokens, chunk.finish_reason)
+            elif chunk.n_tokens or chunk.finish_reason is not None:
+                if chunk.first_output:
+                    sink.first_output(chunk.t)
                 sink.tokens(chunk.t, chunk.n_tokens, chunk.finish_reason)
             if chunk.usage is not None:
                 sink.usage(chunk.t, chunk.usage)

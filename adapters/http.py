@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import aiohttp
 import yarl
 
+from batchbench.adapters.auth import AUTH_STATUSES, Auth, auth_failure
 from batchbench.adapters.base import (
     ConnectionRefused,
     EngineHTTPError,
@@ -96,11 +97,12 @@ class HttpClient:
     smaller than that bound would queue requests where the load generator cannot see it. Only
     connecting has a timeout: the load generator owns per-request deadlines, and a long decode
     legitimately goes quiet between chunks. The session is opened on first use, inside the running
-    event loop, as aiohttp requires.
+    event loop, as aiohttp requires. Every request carries ``auth``'s headers (an API key, the user's own).
     """
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, auth: Auth | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.auth = auth or Auth()
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, yarl.URL] = {}
 
@@ -112,6 +114,7 @@ class HttpClient:
                 connector=aiohttp.TCPConnector(limit=0),
                 timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S),
                 trace_configs=[trace],
+                headers=self.auth.http_headers(),
             )
         return self._session
 
@@ -142,9 +145,24 @@ class HttpClient:
         await self.aclose()
 
 
-def make_client(base_url: str) -> HttpClient:
-    """The client an engine at ``base_url`` is reached with."""
-    return HttpClient(base_url)
+def make_client(base_url: str, auth: Auth | None = None) -> HttpClient:
+    """The client an engine at ``base_url`` is reached with, sending ``auth``'s headers."""
+    return HttpClient(base_url, auth)
+
+
+def refusal(engine: str, status: int, where: str, body: bytes, auth: Auth, *,
+            request_id: str | None = None) -> EngineHTTPError:
+    """A non-success answer from ``where`` as an error naming it: 401/403 as the endpoint wanting credentials (or
+    refusing those sent), an overload as a rejection, anything else as an HTTP error; the server's words
+    shortened and stripped of every secret sent."""
+    detail = auth.redact(error_text(body))
+    if status in AUTH_STATUSES:
+        return auth_failure(engine, status, where, sent_key=auth.sends_credentials, detail=detail,
+                            request_id=request_id)
+    message = f"HTTP {status} from {where}: {detail}"
+    if status in OVERLOAD_STATUSES:
+        return EngineRejected(engine, message, status=status, request_id=request_id)
+    return EngineHTTPError(engine, message, status=status, request_id=request_id)
 
 
 def check_url(engine: str, url: str) -> str:
@@ -232,11 +250,9 @@ async def post_stream(
     try:
         async with client.request("POST", path, body=dumps(payload), headers=all_headers, sent=sent) as response:
             if response.status != 200:
-                body = await response.read()
-                message = f"HTTP {response.status} from {path}: {error_text(body)}"
-                if response.status in OVERLOAD_STATUSES:
-                    raise EngineRejected(engine, message, status=response.status, request_id=request_id)
-                raise EngineHTTPError(engine, message, status=response.status, request_id=request_id)
+                where = f"{client.base_url}{path}" if response.status in AUTH_STATUSES else path
+                raise refusal(engine, response.status, where, await response.read(), client.auth,
+                              request_id=request_id)
             yield response.content.iter_any()
     except aiohttp.ClientConnectorError as exc:
         raise connect_failure(engine, client.base_url, exc, request_id=request_id) from exc
@@ -275,9 +291,10 @@ async def _call(client: HttpClient, engine: str, method: str, path: str, *,
         raise EngineUnreachable(engine, f"{method} {client.base_url}{path} sent no answer within {timeout_s:g}s") \
             from exc
     if status != 200:
-        raise EngineHTTPError(
-            engine, f"HTTP {status} from {client.base_url}{path}: {error_text(body)}", status=status,
-        )
+        error = refusal(engine, status, f"{client.base_url}{path}", body, client.auth)
+        if isinstance(error, EngineRejected):  # whole-document routes: an overload is an HTTP error like any other
+            error = EngineHTTPError(engine, error.detail, status=status)
+        raise error
     return body
 
 

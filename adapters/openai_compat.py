@@ -5,14 +5,16 @@ Both servers stream ``POST /v1/completions`` as Server-Sent Events: one
 ``choices: []`` and the engine's own ``usage`` (asked for with
 ``stream_options.include_usage``), then ``data: [DONE]``. Subclasses give
 the request body (:meth:`payload`); the stream, the token counting and the
-error mapping are the same for both and live here once.
+error mapping are the same for both and live here once. An engine whose
+capabilities list the ``chat`` endpoint is sent ``POST /v1/chat/completions``
+instead when asked (``--endpoint chat``), through :mod:`batchbench.adapters.chat`.
 """
 
 from __future__ import annotations
 
 import functools
 from abc import abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import (
@@ -25,6 +27,7 @@ from batchbench.adapters.base import (
     Usage,
     chunks_of,
 )
+from batchbench.adapters.chat import CHAT_PATH, ChatEvents, chat_body, token_ids_text
 from batchbench.adapters.http import OVERLOAD_STATUSES, dumps, parse_json_event
 from batchbench.adapters.served import ServedEngine
 from batchbench.adapters.stream_client import StreamClient
@@ -33,6 +36,7 @@ from batchbench.workload.requests import Request
 
 class OpenAICompletionsEngine(ServedEngine):
     completions_path: ClassVar[str] = "/v1/completions"
+    chat_path: ClassVar[str] = CHAT_PATH
     #: The completions stream's own client (health, metrics and control routes go through ``client``).
     streams: StreamClient | None = None
 
@@ -40,13 +44,23 @@ class OpenAICompletionsEngine(ServedEngine):
     def payload(self, request: Request) -> dict[str, Any]:
         """The JSON body: token-id prompt, exact output length, streaming with usage."""
 
+    def chat_payload(self, request: Request) -> dict[str, Any]:
+        """The chat completions body (:func:`~batchbench.adapters.chat.chat_body`): messages, an exact output length,
+        streaming with usage."""
+        return chat_body(self.model.request_name, request, self.prompt_text)
+
+    def prompt_text(self, token_ids: Sequence[int]) -> str:
+        """A chat prompt's text where a request has token ids alone (the warm-up): the served model's tokenizer's
+        decoding where known, else the ids as numbers."""
+        return self.chat_tokenizer.decode(token_ids) if self.chat_tokenizer is not None else token_ids_text(token_ids)
+
     def request_headers(self, request: Request) -> dict[str, str] | None:
         return None
 
     async def start(self) -> None:
         await super().start()
         assert self.base_url is not None
-        self.streams = StreamClient(self.name, self.base_url)
+        self.streams = StreamClient(self.name, self.base_url, self.auth)
 
     async def stop(self) -> None:
         if self.streams is not None:
@@ -67,6 +81,9 @@ class OpenAICompletionsEngine(ServedEngine):
     async def stream_into(self, request: Request, sink: ChunkSink) -> None:
         """Each event is read as its bytes arrive (:class:`StreamClient`) and goes straight to ``sink``."""
         assert self.streams is not None, "stream_into() before start()"
+        if self.endpoint == "chat":
+            await self._stream_chat(request, sink)
+            return
         rid = request.request_id
         events = _CompletionEvents(self, rid, sink)
         async with self.failures_explained(rid):
@@ -78,6 +95,16 @@ class OpenAICompletionsEngine(ServedEngine):
             raise StreamProtocolError(
                 self.name, "no usage chunk before [DONE] (stream_options.include_usage ignored?)", request_id=rid,
             )
+
+    async def _stream_chat(self, request: Request, sink: ChunkSink) -> None:
+        """One chat completions request, its events read as they arrive (:class:`ChatEvents`)."""
+        assert self.streams is not None
+        rid = request.request_id
+        events = ChatEvents(self, rid, sink, self.chat_tokenizer.count if self.chat_tokenizer is not None else None)
+        async with self.failures_explained(rid):
+            await self.streams.post(self.chat_path, dumps(self.chat_payload(request)), on_event=events.read,
+                                    request_id=rid, headers=self.request_headers(request), on_sent=sink.sent)
+        events.finish()
 
     @staticmethod
     def count_tokens(choices: list[dict[str, Any]], usage: Any, completed: int) -> tuple[int, int]:

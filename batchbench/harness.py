@@ -34,6 +34,7 @@ from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.pinning import ClientPin, pin_thread
 from batchbench.load.runner import RunResult, run
 from batchbench.measures.gpu import GpuOptions
+from batchbench.workload.chat import as_chat
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import Workload
 
@@ -88,6 +89,8 @@ class Harness:
         self.client_pin = self._loop.call(_pin_loop_thread(options))
         self._engines = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=max_live,
                                     warm_up_timeout_s=profile.request_timeout_s)
+        #: Workloads as chat messages, by the token-id workload's hash (``sent``).
+        self._chat: dict[str, Workload] = {}
 
     @property
     def max_live_engines(self) -> int:
@@ -128,13 +131,24 @@ class Harness:
         finally:
             self._loop.call(engine.__aexit__(None, None, None))
 
+    def sent(self, workload: Workload) -> Workload:
+        """The workload as the engines are sent it: on a chat endpoint (``--endpoint chat``) its requests as chat
+        messages of the same token lengths under the served model's tokenizer (:func:`as_chat`), else as it is."""
+        tok = self.options.chat_tokenizer
+        if self.options.endpoint != "chat" or tok is None:
+            return workload
+        key = workload.hash()
+        if key not in self._chat:
+            self._chat[key] = as_chat(workload, tok)
+        return self._chat[key]
+
     def scrape(self, engine: Engine) -> ServerMetrics | None:
         """The engine's server metrics now (None: it has none)."""
         return self._loop.call(engine.scrape())
 
     def replay(self, engine: Engine, workload: Workload, load: LoadConfig | None = None) -> list[RequestRecord]:
         """Run ``workload`` on ``engine`` without recording it (e.g. to warm an engine up on it)."""
-        return self._loop.call(LoadGenerator(engine, workload, config=load).run())
+        return self._loop.call(LoadGenerator(engine, self.sent(workload), config=load).run())
 
     def measure(
         self,
@@ -155,6 +169,7 @@ class Harness:
         """
         load = load or LoadConfig(request_timeout_s=self.profile.request_timeout_s)
         labels = {"profile": self.profile.name, **(labels or {})}
+        workload = self.sent(workload)
 
         def once() -> RunResult:
             return self._loop.call(run(engine, workload, results_dir=self.results_dir, tag=tag, load=load,

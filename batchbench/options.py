@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from batchbench.adapters.auth import API_KEY_ENV, auth_from
 from batchbench.adapters.base import EngineError
 from batchbench.adapters.launch.images import image_problem
 from batchbench.adapters.registry import (
@@ -25,7 +26,7 @@ from batchbench.adapters.registry import (
     make_engine,
     parse_engine_urls,
 )
-from batchbench.core.config import BatchingConfig
+from batchbench.core.config import ENDPOINTS, BatchingConfig, Endpoint
 from batchbench.core.placement import (
     NO_AFFINITY,
     ONE_CPU,
@@ -40,12 +41,18 @@ from batchbench.workload.profiles import PROFILES, Profile
 
 
 def add_engine_arguments(add: Callable[..., Any]) -> None:
-    """``--engine``, ``--engine-url``, ``--model``, ``--launch``, ``--profile``, ``--results-dir``, ``--batching``,
-    ``--cpus``."""
+    """``--engine``, ``--engine-url``, ``--api-key``, ``--header``, ``--model``, ``--launch``, ``--profile``,
+    ``--results-dir``, ``--batching``, ``--cpus``."""
     add("--engine", action="append", default=[], choices=engine_names(),
         help=f"engine to compare (repeatable; default: {' '.join(embedded_engines())})")
     add("--engine-url", action="append", default=[], metavar="NAME=URL",
         help="reach an engine someone else runs at a URL instead of starting it (repeatable)")
+    add("--api-key", default=None, metavar="KEY",
+        help=f"sent as 'Authorization: Bearer KEY' with every request (default: ${API_KEY_ENV}); a vLLM batchbench "
+             "starts requires it. Never written to results, logs or reports")
+    add("--header", action="append", default=[], metavar="NAME=VALUE",
+        help="an HTTP header sent with every request (repeatable), e.g. a gateway's tenant or key header; its "
+             "value is never written anywhere")
     add("--model", default=None,
         help="model path or Hugging Face id, or a shipped model: tiny-llama, llama-3-8b-shaped (seeded random "
              "weights, nothing downloaded; default: the 8B-shaped one on a GPU host, else the tiny one)")
@@ -60,6 +67,15 @@ def add_engine_arguments(add: Callable[..., Any]) -> None:
         help="which CPUs launched engines and the load generator run on, kept apart so neither stalls the other "
              "(default: one CPU per load-generator process, the lowest, the engine the rest; none: unplaced, as "
              "the OS schedules them); each results document records it")
+
+
+def add_endpoint_argument(add: Callable[..., Any]) -> None:
+    """``--endpoint``: the route requests go to, for the commands that send a workload of the user's (``bench``,
+    ``capacity``) and the pytest plugin."""
+    add("--endpoint", default="completions", choices=ENDPOINTS,
+        help="completions (default: token-id prompts, identical for every engine) or chat (/v1/chat/completions: "
+             "messages of text of the same token lengths under the served model's tokenizer, through its chat "
+             "template; reasoning tokens timed and counted apart)")
 
 
 def add_image_argument(add: Callable[..., Any]) -> None:
@@ -123,13 +139,15 @@ def gpu_options(cost: float | None, no_telemetry: bool) -> GpuOptions:
 
 def engine_options(
     engines: Sequence[str], *, engine_urls: Sequence[str], model: str | None, launch: str, profile: Profile,
-    results_dir: Path, cpus: str | None = None, images: Sequence[str] = (),
+    results_dir: Path, cpus: str | None = None, api_key: str | None = None, headers: Sequence[str] = (),
+    endpoint: Endpoint = "completions", images: Sequence[str] = (),
 ) -> tuple[tuple[str, ...], EngineOptions]:
     """The selected engines (default: the embedded ones) and their options, every engine checked.
 
     Raises ValueError with a message for the user: an unknown engine, a URL or an ``--image`` for an engine that
-    is not selected, an engine that cannot run as asked (hf-static in a container), an ``--image`` for an engine
-    that starts no container (:func:`parse_images`), a ``--cpus`` that cannot be applied (:func:`choose_placement`).
+    is not selected, an engine that cannot run as asked (hf-static in a container, chat on an engine without a chat
+    route), an ``--image`` for an engine that starts no container (:func:`parse_images`), a ``--cpus`` that cannot
+    be applied (:func:`choose_placement`), a malformed ``--header``. ``api_key`` None: ``$OPENAI_API_KEY``, if set.
     """
     if model is not None and model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
         # A hub id is NAME or ORG/NAME; something written as a path must be there now, not fail at engine start.
@@ -142,7 +160,8 @@ def engine_options(
     placement, unplaced = choose_placement(cpus)
     options = EngineOptions(model=model, urls=urls, launch=launch,  # type: ignore[arg-type]
                             max_model_len=profile.max_model_len, log_dir=results_dir / "server-logs",
-                            placement=placement, unplaced=unplaced)
+                            placement=placement, unplaced=unplaced, auth=auth_from(api_key, headers),
+                            endpoint=endpoint)
     options = dataclasses.replace(options, images=parse_images(images, selected, options))
     for name in selected:
         try:

@@ -49,6 +49,12 @@ _BAR_WIDTH = 24
 LogFile = Path | Callable[[], Path | None] | None
 
 
+def _clock(seconds: float) -> str:
+    """``4:05``: minutes and seconds (none below zero)."""
+    whole = max(0, round(seconds))
+    return f"{whole // 60}:{whole % 60:02d}"
+
+
 def last_log_line(log_file: LogFile) -> str:
     """The last non-empty line of a server log ("" when there is none yet): what the server is doing now."""
     path = log_file() if callable(log_file) else log_file
@@ -162,6 +168,8 @@ class Progress:
         self._starts: list[EngineStart] = []
         self._runs: list[RunProgress] = []
         self._sweep: tuple[int, int, str] | None = None
+        #: When the sweep's time limit ends (time.monotonic), for the live countdown.
+        self._deadline: float | None = None
         self._display: Live | None = None
         #: Whether an interrupt was reported (its one line printed), so the command need not say it again.
         self.interrupted = False
@@ -187,7 +195,8 @@ class Progress:
         parts: list[Text] = []
         if self._sweep is not None:
             i, n, label = self._sweep
-            parts.append(Text(f"sweep: point {i} of {n}" + (f" ({label})" if label else ""), style="bold"))
+            left = f", {_clock(self._deadline - time.monotonic())} left" if self._deadline is not None else ""
+            parts.append(Text(f"sweep: point {i} of {n}" + (f" ({label}{left})" if label else ""), style="bold"))
         parts += [start.render() for start in self._starts]
         parts += [run.render() for run in self._runs]
         return Group(*parts)
@@ -243,10 +252,13 @@ class Progress:
             self._runs.remove(bar)
         self.print(bar.line if bar.line is not None else f"{label}: {bar.counts()}")
 
-    def sweep(self, i: int, n: int, label: str = "") -> None:
-        """The sweep is at point ``i`` of ``n``: shown live on a terminal, a line in a log."""
+    def sweep(self, i: int, n: int, label: str = "", *, left_s: float | None = None) -> None:
+        """The sweep is at point ``i`` of ``n`` (``left_s``: seconds left of its time limit, counted down live):
+        shown live on a terminal, a line in a log."""
         self._sweep = (i, n, label)
+        self._deadline = None if left_s is None else time.monotonic() + left_s
         if not self.live:
-            self.print(f"batchbench: point {i} of {n}" + (f": {label}" if label else ""))
+            left = f" ({_clock(left_s)} left)" if left_s is not None else ""
+            self.print(f"batchbench: point {i} of {n}" + (f": {label}" if label else "") + left)
         else:
             self.refresh()

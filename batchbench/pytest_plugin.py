@@ -13,17 +13,21 @@ parametrized over the selected engines and the ``--batching`` grid.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
+from batchbench.analysis.repeats import Estimate, Expect, decide
 from batchbench.core.config import BatchingConfig
+from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.harness import Harness
 from batchbench.options import (
+    add_endpoint_argument,
     add_engine_arguments,
     add_image_argument,
     add_telemetry_arguments,
@@ -31,12 +35,14 @@ from batchbench.options import (
     engine_options,
     gpu_options,
 )
+from batchbench.workload import tokenizer
 from batchbench.workload.profiles import Profile, get_profile
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("batchbench")
     add_engine_arguments(group.addoption)
+    add_endpoint_argument(group.addoption)
     add_image_argument(group.addoption)
     add_telemetry_arguments(group.addoption)
     group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
@@ -69,8 +75,15 @@ def pytest_configure(config: pytest.Config) -> None:
         engines, options = engine_options(
             config.getoption("--engine"), engine_urls=config.getoption("--engine-url"),
             model=config.getoption("--model"), launch=config.getoption("--launch"), profile=profile,
-            results_dir=results_dir, cpus=config.getoption("--cpus"), images=config.getoption("--image"),
+            results_dir=results_dir, cpus=config.getoption("--cpus"), api_key=config.getoption("--api-key"),
+            headers=config.getoption("--header"), endpoint=config.getoption("--endpoint"),
+            images=config.getoption("--image"),
         )
+        if options.endpoint == "chat":
+            # The suites' workloads are token ids; on a chat endpoint they are sent as text of those lengths.
+            model = options.model
+            source = shipped_tokenizer_dir(model) if model else tiny_model_dir()
+            options = dataclasses.replace(options, chat_tokenizer=tokenizer.load(str(source or model)))
         grid = tuple(batching_grid(config.getoption("--batching")))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
@@ -113,6 +126,41 @@ def start_engine(harness: Harness, pytestconfig: pytest.Config) -> Callable[...,
             pytest.skip(str(exc))
 
     return start
+
+
+@dataclass
+class IntervalChecks:
+    """A suite's claims about an engine's speed, each a repeated, paired estimate decided by its interval
+    (:func:`batchbench.analysis.repeats.decide`). :meth:`finish` fails the test when any claim's interval lies on
+    the wrong side of its limit, else skips it, with every figure, when any straddles its limit after the repeats
+    the suite allowed (the machine could not tell), else passes. Never decided on one pair of runs."""
+
+    failed: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+
+    def check(self, what: str, found: Estimate | None, limit: float, expect: Expect) -> bool | None:
+        """Record one claim: ``found`` should be ``expect`` ``limit``. Its verdict (None: undecided)."""
+        verdict = decide(found, limit, expect)
+        shown = "no estimate" if found is None else f"{found.format(lambda v: f'{v:.3g}')} ({found.describe()})"
+        text = f"{what}: {shown}, expected {expect} {limit:.3g}"
+        if verdict is None:
+            self.undecided.append(text)
+        elif not verdict:
+            self.failed.append(text)
+        return verdict
+
+    @property
+    def decided(self) -> bool:
+        """Every claim so far is decided one way or the other (a repeat protocol may stop measuring)."""
+        return not self.undecided
+
+    def finish(self, context: str = "") -> None:
+        where = f" ({context})" if context else ""
+        if self.failed:
+            pytest.fail("; ".join(self.failed) + where)
+        if self.undecided:
+            pytest.skip("undecided, the interval straddles the limit after the repeats allowed: "
+                        + "; ".join(self.undecided) + where)
 
 
 def skip_unless_capable(engine_name: str, capability: str, why: str) -> None:

@@ -17,13 +17,20 @@ from batchbench.analysis.findings import QUESTIONS, Findings, LayoutFindings, Po
 from batchbench.analysis.findings.decisions import slo_text
 from batchbench.analysis.findings.invalid import by_kind
 from batchbench.analysis.findings.speculation import Speculation
+from batchbench.analysis.regimes import PEAK_SHARE
 from batchbench.analysis.repeats import CONFIDENCE, Estimate
+from batchbench.measures.guardrails import KV_DANGER
 from batchbench.reports import fmt
 from batchbench.reports.document import Block, Bullets, Cell, Para, Section, Table
 
 Formatter = Callable[[object], str]
 #: The anchor of the table of runs left out.
 INVALID_ANCHOR = "invalid-runs"
+#: The words of the curve, as every part of batchbench uses them (batchbench.analysis.regimes).
+VOCABULARY = (f"Sweet spot: the smallest batch size whose throughput is within {1 - PEAK_SHARE:.0%} of the most "
+              "measured; past it, more requests add latency, not throughput. Memory-bound: only where the KV cache "
+              f"reached {KV_DANGER:.0%} or the engine preempted; a plateau without that is compute-saturated (the "
+              "engine reports its cache, and it is not full) or saturated (it reports none).")
 
 
 def layouts(findings: Findings) -> list[tuple[str, str, LayoutFindings]]:
@@ -63,7 +70,7 @@ def decisions_table(findings: Findings, links: dict[tuple[str, str], str]) -> Ta
         rows.append(cells)
     return Table(["Question", *(d.engine for d in engines)], rows,
                  caption=f"Figures: the mean [{CONFIDENCE:.0%} interval] over n repeats (Student's t; ratios by the "
-                         "delta method); each answer links to the curve it was read from.", prose=True)
+                         "delta method); each answer links to the curve it was read from. " + VOCABULARY, prose=True)
 
 
 def invalid_table(findings: Findings) -> Table:

@@ -19,6 +19,7 @@ from matplotlib.patches import Patch
 
 from batchbench.analysis.findings import Findings, PointFindings
 from batchbench.analysis.findings.memory import MemoryBound
+from batchbench.analysis.regimes import PEAK_SHARE
 from batchbench.analysis.repeats import Estimate
 from batchbench.reports import plots
 from batchbench.reports.answer import layouts
@@ -30,7 +31,7 @@ from batchbench.reports.svg import to_svg
 
 #: Halo colour of each regime (the order they come in along a sweep).
 REGIME_COLORS = {"under-utilised": "tab:blue", "sweet-spot": "tab:green", "memory-bound": "tab:orange",
-                 "saturated": "tab:red"}
+                 "compute-saturated": "tab:purple", "saturated": "tab:red"}
 _STYLES = ["-", "--", ":", "-."]
 
 Value = Callable[[PointFindings], "tuple[float, float, float] | None"]
@@ -195,8 +196,8 @@ def _memory_bound_points(findings: Findings, runs: list[Run]) -> list[list[Run]]
         if f.memory_bound is not None:
             wanted += list(f.memory_bound.evidence)
         else:
-            wanted += [i for p in f.points if p.valid and p.regime in ("memory-bound", "saturated")
-                       for i in p.run_ids]
+            wanted += [i for p in f.points if p.valid and p.regime in ("memory-bound", "compute-saturated",
+                                                                       "saturated") for i in p.run_ids]
     by_id = {r.run_id: r for r in runs}
     cited = [by_id[i] for i in dict.fromkeys(wanted) if i in by_id]
     return [[by_id[str(row["run_id"])] for row in s.rows] for s in group_series([r.to_row() for r in cited])]
@@ -233,8 +234,8 @@ def headlines(findings: Findings, colors: dict[str, str]) -> list[Block]:
                            slo_ttft_p99_s=limit, color=colors.get(engine, "C0"))
         if svg is not None:
             out.append(Plot(f"{engine}, {d.layout}: output tokens/s against TTFT p99 by batch size (mean and 95% "
-                            "interval), the sweet spot ringed" + (", the SLO's TTFT p99 limit drawn" if limit else ""),
-                            svg))
+                            f"interval), the sweet spot ringed (the smallest batch within {1 - PEAK_SHARE:.0%} of the "
+                            "most throughput)" + (", the SLO's TTFT p99 limit drawn" if limit else ""), svg))
     return out
 
 

@@ -166,6 +166,7 @@ def metrics_table(runs: list[Run]) -> Table:
         rows.append([Cell("Prompt pad fraction")] + [Cell(fmt.pct(r.pad_fraction())) for r in runs])
     if any(r.decode_idle_fraction() is not None for r in runs):
         rows.append([Cell("Decode idle fraction")] + [Cell(fmt.pct(r.decode_idle_fraction())) for r in runs])
+    rows += reasoning_rows(runs)
     # The batch occupancy seen from the client: how well the engine kept its slots decoding.
     rows.append([Cell("Mean requests decoding")] + [Cell(fmt.number(r.mean_decoding())) for r in runs])
     rows += energy_rows(runs)
@@ -180,6 +181,26 @@ def metrics_table(runs: list[Run]) -> Table:
     rows.append([Cell("Max running")] + [Cell(fmt.count(r.server.max_running)) for r in runs])
     rows.append([Cell("Duration (s)")] + [Cell(fmt.number(r.duration_s)) for r in runs])
     return Table(["Metric", *cols], rows)
+
+
+def reasoning_rows(runs: list[Run]) -> list[list[Cell]]:
+    """Where a run's streams reasoned: time to the first token of the answer (TTFO) beside TTFT's rows, and the
+    reasoning tokens per request; where the engine counted the prompt otherwise than it was sent (a chat
+    template's added tokens), both counts per request. Nothing for runs with neither."""
+    rows = []
+    if any(r.reasoned() for r in runs):
+        for title, stat in (("TTFO p50 (ms)", "p50"), ("TTFO p99 (ms)", "p99")):
+            rows.append([Cell(title)] + [Cell(fmt.ms(getattr(r.summary.ttfo, stat, None) if r.summary else None))
+                                         for r in runs])
+        rows.append([Cell("Reasoning tokens / request")] + [
+            Cell(fmt.number(r.summary.reasoning_tokens.mean) if r.summary and r.summary.reasoning_tokens else "—")
+            for r in runs])
+    prompts = [r.prompt_counts() for r in runs]
+    if any(p is not None and p[0] != p[1] for p in prompts):
+        rows.append([Cell("Prompt tokens / request (sent / engine)")] + [
+            Cell("—" if p is None else f"{fmt.number(p[0])} / {fmt.number(p[1])} ({p[1] - p[0]:+.1f})")
+            for p in prompts])
+    return rows
 
 
 def energy_rows(runs: list[Run]) -> list[list[Cell]]:

@@ -79,7 +79,8 @@ def runs_csv(inputs: Inputs) -> str:
     decode idleness, batch occupancy, the engine's KV and queue figures, duration)."""
     label_keys = _label_keys(inputs.runs)
     header = [*_identity_header(label_keys), "status", "summary_source", "started_at", "requests", "ok", "failed",
-              "failures", *(metric_column(spec) for spec in KEY_METRICS), "prompt_pad_fraction",
+              "failures", *(metric_column(spec) for spec in KEY_METRICS), "ttfo_p50_s", "ttfo_p99_s",
+              "reasoning_tokens_mean", "prompt_tokens_sent_mean", "prompt_tokens_engine_mean", "prompt_pad_fraction",
               "decode_idle_fraction", "mean_decoding", "peak_kv_usage", "kv_danger_zone", "kv_capacity_tokens",
               "preemptions", "rejections", "max_waiting", "max_running", "duration_s"]
 
@@ -90,6 +91,10 @@ def runs_csv(inputs: Inputs) -> str:
             "started_at": run.started_at, "requests": s.requests if s else None, "ok": s.ok if s else None,
             "failed": s.failed if s else None, "failures": dict(s.failures) if s and s.failures else None,
             **{metric_column(spec): run.metric(spec.key) for spec in KEY_METRICS},
+            "ttfo_p50_s": s.ttfo.p50 if s and s.ttfo else None, "ttfo_p99_s": s.ttfo.p99 if s and s.ttfo else None,
+            "reasoning_tokens_mean": s.reasoning_tokens.mean if s and s.reasoning_tokens else None,
+            "prompt_tokens_sent_mean": s.prompt_tokens_sent.mean if s and s.prompt_tokens_sent else None,
+            "prompt_tokens_engine_mean": s.prompt_tokens_engine.mean if s and s.prompt_tokens_engine else None,
             "prompt_pad_fraction": run.pad_fraction(), "decode_idle_fraction": run.decode_idle_fraction(),
             "mean_decoding": run.mean_decoding(), "peak_kv_usage": server.peak_kv_usage,
             "kv_danger_zone": server.danger_zone, "kv_capacity_tokens": server.kv_capacity_tokens,
@@ -103,20 +108,21 @@ def runs_csv(inputs: Inputs) -> str:
 #: The request record's own fields exported as they are stored (times in seconds from the run's start).
 _RECORD_FIELDS = ("request_id", "ok", "error_kind", "error", "prompt_len", "max_tokens", "prompt_tokens",
                   "completion_tokens", "finish_reason", "scheduled_s", "sent_s", "done_s", "closed_s",
-                  "in_flight_at_send", "priority", "wave", "session", "turn", "lora")
+                  "in_flight_at_send", "priority", "wave", "session", "turn", "lora", "reasoning_tokens",
+                  "first_output_s", "usage_from")
 
 
 def records_csv(inputs: Inputs) -> str:
     """One row per request of every run: the record as stored, with its derived latencies (TTFT and E2E from the
     send, E2E from the scheduled send, schedule lag), output tokens and chunk count, after the run's columns."""
     label_keys = _label_keys(inputs.runs)
-    header = [*_identity_header(label_keys), *_RECORD_FIELDS, "output_tokens", "chunks", "ttft_s", "e2e_s",
+    header = [*_identity_header(label_keys), *_RECORD_FIELDS, "output_tokens", "chunks", "ttft_s", "ttfo_s", "e2e_s",
               "e2e_from_schedule_s", "schedule_lag_s"]
 
     def row(run: Run, record: RequestRecord) -> dict[str, Any]:
         return {**_identity(run, label_keys), **{name: getattr(record, name) for name in _RECORD_FIELDS},
                 "output_tokens": record.output_tokens, "chunks": len(record.chunk_times), "ttft_s": record.ttft_s,
-                "e2e_s": record.e2e_s, "e2e_from_schedule_s": record.e2e_from_schedule_s,
+                "ttfo_s": record.ttfo_s, "e2e_s": record.e2e_s, "e2e_from_schedule_s": record.e2e_from_schedule_s,
                 "schedule_lag_s": record.schedule_lag_s}
 
     return _write(header, (row(run, record) for run, i in _ordered(inputs)

@@ -171,6 +171,19 @@ class Run:
         """Mean requests decoding at once (None in documents written before it was stored)."""
         return num(self.summary.mean_decoding) if self.summary is not None else None
 
+    def reasoned(self) -> bool:
+        """Whether any of the run's streams reasoned (then TTFO differs from TTFT)."""
+        r = self.summary.reasoning_tokens if self.summary is not None else None
+        return r is not None and r.max > 0
+
+    def prompt_counts(self) -> tuple[float, float] | None:
+        """Mean prompt tokens per request as sent and as the engine counted them (over the ok requests it
+        counted); None where it counted none. On a chat endpoint the difference is the chat template's."""
+        s = self.summary
+        if s is None or s.prompt_tokens_sent is None or s.prompt_tokens_engine is None:
+            return None
+        return s.prompt_tokens_sent.mean, s.prompt_tokens_engine.mean
+
     def energy(self) -> Energy | None:
         """The GPUs' energy and cost figures, with why they are empty (None in documents written before them)."""
         return self.summary.energy if self.summary is not None else None
@@ -275,7 +288,8 @@ def build_run(source: str, doc: RunDocument) -> Run:
         if records:
             duration = doc.observed_duration_s()
             try:
-                summary = summarize(records, duration_s=duration) if duration > 0 else None
+                summary = summarize(records, duration_s=duration, closed_loop=doc.header.closed_loop) \
+                    if duration > 0 else None
             except ValueError as exc:  # inconsistent records: report the run without figures
                 notes.append(f"no stored summary, and the records cannot be summarised: {exc}")
             else:
@@ -283,6 +297,8 @@ def build_run(source: str, doc: RunDocument) -> Run:
                     summary_source = "derived"
                     notes.append("no stored summary (run cut short): summarised from the journal's records "
                                  "with batchbench.measures.metrics.summarize over the observed duration")
+    if (unavailable := header.engine.get("unavailable")) is not None:
+        notes.append(f"not measurable on engine {header.engine_name!r}: {unavailable}")
     if footer is not None and footer.client is not None:
         notes += footer.client.warnings()
     if footer is not None and footer.machine is not None:

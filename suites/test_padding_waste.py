@@ -3,13 +3,14 @@
 A static batch is a rectangle: every prompt is padded to the longest one. The
 classic case, one 4096-token prompt among thirty-one 100-token prompts,
 leaves 31 x (4096 - 100) / (32 x 4096) = 94.5% of the prefill slots as
-padding. The quick profile keeps that ratio at a length the tiny model and
-CI time allow (1024 and 25). An engine that pads must report exactly the
+padding. The quick profile keeps that ratio at half its context (the main
+job's padding pair, :func:`batchbench.analysis.main_job.padding_pair`). An engine that pads must report exactly the
 analytic pad fraction and pay for it in latency; an engine that packs
 variable-length sequences (continuous batching over paged KV) pays only for
-the real tokens. Each layout is measured twice (the repeat protocol,
-:mod:`batchbench.analysis.repeats`) and the faster run counts: interference on a
-shared machine only ever adds time.
+the real tokens. Both batches run side by side in each pass, at least three
+times (the repeat protocol, :mod:`batchbench.analysis.repeats`), and the cost
+ratio is paired pass by pass and decided by its interval
+(:class:`batchbench.pytest_plugin.IntervalChecks`).
 """
 
 from __future__ import annotations
@@ -21,31 +22,21 @@ import pytest
 
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import get_spec
-from batchbench.analysis.repeats import RepeatProtocol
+from batchbench.analysis.main_job import padding_pair
+from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paired
 from batchbench.analysis.theory import padding_fraction
 from batchbench.harness import Harness
 from batchbench.load.runner import RunResult
-from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.pytest_plugin import IntervalChecks
+from batchbench.workload.requests import Workload
 
 BATCH = 32
-OUTPUT_TOKENS = 8  # short outputs: the suite is about prefill
-
-
-def lengths(harness: Harness) -> tuple[int, int]:
-    """(long, short) in the classic 4096:100 ratio, as long as the profile's context allows."""
-    long = min(4096, harness.profile.max_model_len // 2)
-    return long, round(long * 100 / 4096)
 
 
 def batches(harness: Harness) -> dict[str, Workload]:
-    long, short = lengths(harness)
-    arrival = Arrival("waves", concurrency=BATCH)
-    return {
-        "homogeneous": WorkloadSpec("pad-homogeneous", BATCH, prompt=Lengths.fixed(short),
-                                    output=Lengths.fixed(OUTPUT_TOKENS), arrival=arrival).build(),
-        "mixed": WorkloadSpec("pad-mixed", BATCH, prompt=Lengths.mixed(short=short, long=long, period=BATCH),
-                              output=Lengths.fixed(OUTPUT_TOKENS), arrival=arrival).build(),
-    }
+    """One wave of BATCH: the main job's padding pair (one long prompt among short ones, the classic 4096:100
+    ratio at half the profile's context), so the suite and ``batchbench run`` measure padding alike."""
+    return padding_pair(harness.profile.max_model_len, BATCH)
 
 
 def wave_time(result: RunResult) -> float:
@@ -56,47 +47,60 @@ def test_classic_case_is_94_5_percent() -> None:
     assert padding_fraction([4096] + [100] * 31) == pytest.approx(0.9451, abs=1e-4)
 
 
+#: Passes in which both batches are run side by side; more, up to MAX_REPEATS, while a claim's interval straddles
+#: its limit (the repeat protocol, batchbench.analysis.repeats).
+REPEATS = 3
+MAX_REPEATS = 6
+
+
 def test_padding_cost(harness: Harness, start_engine: Callable[..., Engine], engine_name: str,
                       benchmark: Any) -> None:
     # A static-only engine pads a batch of BATCH; a continuous one keeps its default.
     engine = start_engine(engine_name, get_spec(engine_name).batch_of(BATCH))
     work = batches(harness)
-    runs: dict[str, RunResult] = {}
-
-    def measure(tag: str, i: int) -> RunResult:
-        result = harness.measure(engine, work[tag], tag=tag, labels={"suite": "padding", "batch": tag},
-                                 benchmark=benchmark if (tag == "mixed" and i == 1) else None)
-        assert result.summary.failed == 0, result.summary.failures
-        return result
-
-    for tag in work:
-        # Best of two (one layout's repeats back to back, as the analytic comparison is per layout).
-        attempts = RepeatProtocol(repeats=2).run([tag], measure)[tag].runs
-        runs[tag] = min(attempts, key=wave_time)
-
     prompt_lens = {tag: [r.prompt_len for r in wl.requests] for tag, wl in work.items()}
-    analytic = padding_fraction(prompt_lens["mixed"])
+    analytic = padding_fraction(prompt_lens["padded-mixed"])
     # What each layout costs in prompt tokens: padded (B x longest) or real (the sum).
-    padded_ratio = (BATCH * max(prompt_lens["mixed"])) / sum(prompt_lens["homogeneous"])
-    real_ratio = sum(prompt_lens["mixed"]) / sum(prompt_lens["homogeneous"])
-    cost_ratio = wave_time(runs["mixed"]) / wave_time(runs["homogeneous"])
+    padded_ratio = (BATCH * max(prompt_lens["padded-mixed"])) / sum(prompt_lens["homogeneous"])
+    real_ratio = sum(prompt_lens["padded-mixed"]) / sum(prompt_lens["homogeneous"])
+    series: dict[str, Repeats[RunResult]] = {tag: Repeats() for tag in work}
+
+    def judged() -> tuple[IntervalChecks, Estimate | None]:
+        cost = paired(series["padded-mixed"], series["homogeneous"], wave_time)
+        checks = IntervalChecks()
+        if engine.capabilities.pads_batches:
+            # It computes the padding: the mixed batch costs more than its real tokens alone would.
+            checks.check(f"{engine_name} pads: the mixed batch's time over the homogeneous one's", cost, real_ratio,
+                         "above")
+        else:
+            # No padding: the cost follows the real tokens (attention is quadratic in the long prompt, so allow
+            # some excess), far below what padding to the longest prompt would cost.
+            checks.check(f"{engine_name} packs: the mixed batch's time over the homogeneous one's", cost,
+                         padded_ratio / 2, "below")
+        return checks, cost
+
+    def measure_all() -> None:
+        protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True,
+                                  settled=lambda _: judged()[0].decided)
+        for tag, repeat in protocol.schedule(series):
+            result = harness.measure(engine, work[tag], tag=tag, labels={"suite": "padding", "batch": tag,
+                                                                        "repeat": repeat})
+            assert result.summary.failed == 0, result.summary.failures
+            series[tag].add(result, result.machine)
+
+    benchmark.pedantic(measure_all, rounds=1, iterations=1)
+    checks, cost = judged()
+    mixed = series["padded-mixed"].runs[-1]
     benchmark.extra_info.update({
         "analytic_pad_fraction": analytic, "padded_token_ratio": padded_ratio, "real_token_ratio": real_ratio,
-        "latency_cost_ratio_mixed_over_homogeneous": cost_ratio,
-        "mixed_ttft_p50": runs["mixed"].summary.ttft.p50, "homogeneous_ttft_p50": runs["homogeneous"].summary.ttft.p50,
+        "latency_cost_ratio_mixed_over_homogeneous": None if cost is None else cost.to_dict(),
+        "mixed_ttft_p50": mixed.summary.ttft.p50,
+        "homogeneous_ttft_p50": series["homogeneous"].runs[-1].summary.ttft.p50,
     })
-
     if engine.capabilities.pads_batches:
         for tag in work:
-            measured = runs[tag].engine_report["prompt_pad_fraction"]
-            assert measured == pytest.approx(padding_fraction(prompt_lens[tag]), abs=1e-12), tag
-        benchmark.extra_info["measured_pad_fraction"] = runs["mixed"].engine_report["prompt_pad_fraction"]
-        # It computes the padding: the mixed batch costs more than its real tokens alone would.
-        assert cost_ratio > real_ratio, (
-            f"{engine_name} paid {cost_ratio:.1f}x, less than the real tokens' {real_ratio:.1f}x")
-    else:
-        # No padding: the cost follows the real tokens (attention is quadratic in the long prompt, so allow
-        # some excess), far below what padding to the longest prompt would cost.
-        assert cost_ratio < padded_ratio / 2, (
-            f"{engine_name} paid {cost_ratio:.1f}x for the mixed batch, as if it padded ({padded_ratio:.0f}x tokens)"
-        )
+            for run in series[tag].runs:
+                measured = run.engine_report["prompt_pad_fraction"]
+                assert measured == pytest.approx(padding_fraction(prompt_lens[tag]), abs=1e-12), tag
+        benchmark.extra_info["measured_pad_fraction"] = mixed.engine_report["prompt_pad_fraction"]
+    checks.finish(f"real tokens x{real_ratio:.1f}, padded x{padded_ratio:.0f}")

@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def serving(module: str, *args: str) -> Iterator[str]:
-    """``python -m module *args --port P`` from the repository root; yields its base URL, kills it after."""
+def serving(module: str, *args: str, ready_path: str = "/health",
+            headers: dict[str, str] | None = None) -> Iterator[str]:
+    """``python -m module *args --port P`` from the repository root; yields its base URL once ``ready_path``
+    answers 200 (asked with ``headers``), kills it after."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", module, *args, "--port", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL)
@@ -30,7 +32,7 @@ def serving(module: str, *args: str) -> Iterator[str]:
     try:
         for _ in range(100):
             try:
-                if httpx.get(url + "/health").status_code == 200:
+                if httpx.get(url + ready_path, headers=headers).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.1)

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.adapters.registry import EngineOptions
+from batchbench.analysis.main_job import deciding, engine_sweep
 from batchbench.analysis.repeats import Repeats
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE, died, failure_lines
-from batchbench.commands.run import deciding, engine_sweep
 from batchbench.core.records import RequestRecord
 from batchbench.load.runner import RunResult
 from batchbench.measures.client_load import ClientLoad
@@ -58,7 +57,7 @@ def test_run_sweeps_the_curve_static_waves_and_the_padding_pair_with_repeats(
                and d["machine"]["busy_share"] == 0.1 for d in docs)
     # The curve at a glance, and the answer: one line per question.
     assert "mean [95% interval] over the usable runs (* not within ±0%)" in out and "static-waves c=8" in out
-    assert "Batch size for the most throughput: batch " in out and "Largest batch within the TTFT SLO: " in out
+    assert "Batch size for throughput (sweet spot): batch " in out and "Largest batch within the TTFT SLO: " in out
     assert "batchbench: the answer (SLO: TTFT p99 ≤ 500 ms):" in out
     report = json.loads((run_dir / "report" / "report.json").read_text())
     assert sorted((s["labels"]["layout"], s["labels"]["concurrency"], s["repeats"]) for s in report["series"]) == [
@@ -70,7 +69,7 @@ def test_run_sweeps_the_curve_static_waves_and_the_padding_pair_with_repeats(
     (["--repeats", "0"], "--repeats: must be at least 1, not 0"),
     (["--precision", "0"], "--precision: must be more than 0 and less than 100%, not 0"),
     (["--precision", "five"], "--precision: expected a share such as 5% or 0.05, not 'five'"),
-    (["--time-budget", "-1"], "--time-budget: must be more than 0, not -1"),
+    (["--time-limit", "-1"], "--time-limit: must be more than 0, not -1"),
 ])
 def test_run_refuses_a_bad_repeat_option(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -115,11 +114,11 @@ def _run_of(throughput: float, ttft_p99: float) -> RunResult:
 def test_extra_repeats_go_to_what_decides_the_answer() -> None:
     """Throughput levels off from 8 (the knee), the most at 32, and TTFT p99 crosses 500 ms between 16 and 32:
     the fit's comparisons, 4-8-16 around the knee, 32 and the 16/32 boundary are re-measured; 1 and 2 are not."""
-    sweep = engine_sweep("vllm", get_profile("quick"), EngineOptions(), (1, 2, 4, 8, 16, 32))
-    assert list(sweep.workloads)[3:7] == [("continuous", 8), ("static-waves", 8), ("homogeneous", 8),
-                                          ("padded-mixed", 8)]  # side by side within a pass
+    sweep = engine_sweep("vllm", get_profile("quick"), at_url=False, levels=(1, 2, 4, 8, 16, 32))
+    assert sweep.keys[3:7] == [("continuous", 8), ("static-waves", 8), ("homogeneous", 8),
+                               ("padded-mixed", 8)]  # side by side within a pass
     curve = {1: (100, 0.02), 2: (200, 0.02), 4: (400, 0.03), 8: (800, 0.05), 16: (810, 0.4), 32: (820, 0.9)}
-    series = {key: Repeats() for key in sweep.workloads}
+    series = {key: Repeats() for key in sweep.keys}
     for (layout, c), runs in series.items():
         tok, ttft = curve[c] if layout == "continuous" else (500, 0.1)
         runs.add(_run_of(tok, ttft), MachineLoad(0.0))

@@ -25,7 +25,7 @@ def test_the_reduced_device_check_runs_end_to_end_and_writes_under_out(tmp_path:
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
     done = subprocess.run(
         ["bash", str(REPO / "docker" / "device-check.sh"), "--engines", "hf-static,not-an-engine", "--model",
-         "tiny-llama", "--levels", "1,2", "--repeats", "1", "--time-budget", "1", "--suites",
+         "tiny-llama", "--levels", "1,2", "--repeats", "1", "--suites",
          "suites/test_static_vs_continuous.py"],
         env=env, capture_output=True, text=True, timeout=230, check=False)
     out = tmp_path / "device-check"

@@ -292,17 +292,21 @@ def bench_argv(results: Path, *extra: str) -> list[str]:
 
 def test_bench_runs_in_the_container_places_it_and_leaves_nothing(client: Any, images: None, run_id: str,
                                                                    tmp_path: Path) -> None:
-    proc = subprocess.run(bench_argv(tmp_path, "--concurrency", "1,4", "--num-requests", "20", "--output-len", "16"),
-                          capture_output=True, text=True, timeout=300)
+    # With an API key: the server in the container is started requiring it (VLLM_API_KEY), every request sends it.
+    proc = subprocess.run(bench_argv(tmp_path, "--concurrency", "1,4", "--num-requests", "20", "--output-len", "16",
+                                     "--api-key", TOKEN), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert containers_of(client, run_id) == []
     (run_dir,) = tmp_path.glob("bench-*")
+    assert TOKEN not in proc.stdout + proc.stderr
+    assert not [p for p in run_dir.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
     docs = [json.loads(p.read_text()) for p in sorted(run_dir.glob("vllm_*.json"))]
     assert len(docs) == 2 and all(d["summary"]["ok"] == 20 for d in docs)
     for doc in docs:
         launch = doc["engine"]["launch"]
         assert launch["launcher"] == "docker" and launch["image"] == PROTOCOL_IMAGE and launch["run_id"] == run_id
         assert launch["model_mount"]["container"] == MODEL_MOUNT and launch["gpus"] == []
+        assert launch["env"]["VLLM_API_KEY"] == "***"
         if (placement := placed()) is not None:  # the default placement: the engine on the highest CPU
             (cpu,) = placement.engine_cpus
             assert launch["applied_cpuset"] == str(cpu)

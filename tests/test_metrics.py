@@ -24,10 +24,12 @@ from batchbench.measures.metrics import (
     itl_samples,
     mean_decoding,
     percentile,
+    steady_state,
     summarize,
     tpot,
     ttft_by_bucket,
 )
+from batchbench.measures.slo import Slo
 
 finite = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_infinity=False)
 samples = st.lists(finite, min_size=1, max_size=60)
@@ -565,3 +567,76 @@ def test_ttft_by_bucket_partitions_records(sizes: list[int]) -> None:
     for label, (lo, hi) in bounds.items():
         d = by[label]
         assert (0 if d is None else d.count) == sum(1 for s in sizes if lo <= s <= hi)
+
+
+# --------------------------------------------------------------------------- a closed loop's steady state
+
+
+def closed_loop(clients: int, per_client: int, lifetime: float, tokens: int, *, burst_ttft: float = 0.0,
+                stagger: float = 0.0) -> list[RequestRecord]:
+    """A perfect closed loop: each client sends its next request the moment the last one ends; a request streams
+    ``tokens`` tokens evenly over ``lifetime`` (the first after lifetime / tokens), and the opening round's first
+    tokens come ``burst_ttft`` later (every client's prompt prefilled at once). Client i starts at i x ``stagger``."""
+    records = []
+    for i in range(clients):
+        t = i * stagger
+        for j in range(per_client):
+            delay = burst_ttft if j == 0 else 0.0
+            times = [t + delay + (m + 1) * lifetime / tokens for m in range(tokens)]
+            records.append(RequestRecord(request_id=f"r{i}-{j}", prompt_len=8, max_tokens=tokens, scheduled_s=t,
+                                         sent_s=t, done_s=times[-1], closed_s=times[-1], chunk_times=times,
+                                         chunk_tokens=[1] * tokens, completion_tokens=tokens, ok=True))
+            t = times[-1]
+    return records
+
+
+@given(st.integers(1, 16), st.integers(3, 12), st.floats(0.05, 2.0), st.integers(2, 64), st.floats(0.0, 1.0))
+def test_a_closed_loops_steady_throughput_is_its_clients_over_a_lifetime(
+        clients: int, per_client: int, lifetime: float, tokens: int, stagger_share: float) -> None:
+    records = closed_loop(clients, per_client, lifetime, tokens, stagger=stagger_share * lifetime / clients)
+    found = steady_state(records)
+    assert found is not None and found.end_s > found.start_s
+    expected = clients * tokens / lifetime
+    # Tokens arrive one at a time: the window can hold up to one token per client more or less than the rate.
+    slack = clients / found.duration_s
+    assert abs(found.output_token_throughput - expected) <= slack + 1e-9 * expected
+
+
+def test_the_opening_burst_and_the_drain_stay_out_of_the_steady_state() -> None:
+    records = closed_loop(4, 6, 1.0, 10, burst_ttft=2.0, stagger=0.1)
+    whole = summarize(records, duration_s=max(r.done_s for r in records), closed_loop=True)
+    steady = whole.steady
+    assert steady is not None
+    # The opening round's first tokens waited 2 s more; no request sent in the steady state did.
+    assert whole.ttft.max == pytest.approx(2.1) and steady.ttft.max == pytest.approx(0.1)
+    assert steady.requests < whole.requests and whole.curve_throughput == steady.output_token_throughput
+    assert steady.output_token_throughput == pytest.approx(40.0, rel=0.1)  # 4 clients x 10 tokens a second
+    assert whole.output_token_throughput < steady.output_token_throughput  # ramp-up and drain weigh the run down
+    assert summarize(records, duration_s=12.0).steady is None  # not a closed loop: no steady state
+
+
+def test_a_run_no_longer_than_one_round_has_no_steady_state() -> None:
+    assert steady_state(closed_loop(8, 1, 1.0, 4)) is None
+    assert steady_state([]) is None
+
+
+def test_an_slo_is_judged_on_the_steady_state_of_a_closed_loop() -> None:
+    records = closed_loop(4, 6, 1.0, 10, burst_ttft=2.0)
+    summary = summarize(records, duration_s=20.0, closed_loop=True)
+    verdict = Slo.parse("ttft_p99=500ms").check(summary)
+    assert verdict.met and verdict.values["ttft_p99"] == pytest.approx(0.1)
+
+
+def test_ttfo_is_the_answers_first_token_where_a_stream_reasoned_else_ttft() -> None:
+    plain = make_record(chunk_times=[1.2, 1.3], sent_s=1.0)
+    assert plain.ttfo_s == plain.ttft_s == pytest.approx(0.2)
+    reasoned = make_record(chunk_times=[1.2, 1.3, 1.5], sent_s=1.0)
+    reasoned.reasoning_tokens, reasoned.first_output_s = 2, 1.5
+    assert reasoned.ttft_s == pytest.approx(0.2) and reasoned.ttfo_s == pytest.approx(0.5)
+    only_reasoning = make_record(chunk_times=[1.2, 1.3], sent_s=1.0)
+    only_reasoning.reasoning_tokens = 2  # max_tokens ran out while it reasoned: no answer, no TTFO
+    assert only_reasoning.ttfo_s is None
+    summary = summarize([plain, reasoned, only_reasoning], duration_s=1.0)
+    assert summary.ttfo is not None and summary.ttfo.count == 2 and summary.ttfo.max == pytest.approx(0.5)
+    assert summary.reasoning_tokens is not None and summary.reasoning_tokens.count == 2
+    assert summarize([plain], duration_s=1.0).reasoning_tokens is None  # nothing reasoned: no such figure

@@ -73,7 +73,7 @@ def test_the_wheel_installs_one_top_level_name_with_its_data(wheel: Path) -> Non
     assert {t for t in top if not t.endswith(".dist-info")} == {"batchbench"}
     for data in ("batchbench/adapters/images.toml", "batchbench/fixtures/models/tiny-llama/config.json",
                  "batchbench/fixtures/models/tiny-llama/tokenizer.json",
-                 "batchbench/fixtures/models/configs/Llama-3-70B.json",
+                 "batchbench/fixtures/models/configs/Llama-3-70B.json", "batchbench/fixtures/accelerators.toml",
                  "batchbench/fixtures/wire/tgi/metrics.prom", "batchbench/reports/__init__.py"):
         assert data in names, f"{data} is not in the wheel"
     # Every package of the checkout is in the wheel (pyproject lists them by hand, one folder mapping each).

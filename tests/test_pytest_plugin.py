@@ -37,7 +37,7 @@ def test_help_lists_the_options_in_a_repository_of_its_own(user_repo: Path) -> N
     proc = _pytest(user_repo, "--help")
     assert proc.returncode == 0, proc.stderr
     for option in ("--engine=", "--engine-url=", "--batching=", "--profile=", "--results-dir=", "--max-live-engines",
-                   "--image="):
+                   "--api-key=", "--header=", "--endpoint=", "--image="):
         assert option in proc.stdout
 
 

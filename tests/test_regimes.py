@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from batchbench.analysis.regimes import (
+    PEAK_SHARE,
     REGIME_RANK,
-    SCALING_GAIN,
     SweepPoint,
     classify_regimes,
     corroborated_best,
@@ -56,16 +56,13 @@ def curve(concurrencies: list[int], knee: int, *, per_request: float = 10.0, aft
 
 @st.composite
 def monotone_then_flat(draw: st.DrawFn) -> tuple[list[SweepPoint], int]:
-    """A linear ramp to a knee, then a plateau that gains at most half the threshold per doubling, or falls."""
+    """A linear ramp to a knee, then a plateau that stays within PEAK_SHARE of the knee and never passes its peak
+    by more than that (so the knee is the first point within PEAK_SHARE of the peak), or falls."""
     cs = draw(levels)
     knee = draw(st.integers(min_value=0, max_value=len(cs) - 1))
-    steps = draw(st.lists(st.floats(min_value=-0.3, max_value=SCALING_GAIN / 2), min_size=len(cs), max_size=len(cs)))
-    after, level = [], 1.0
-    for step in steps[: len(cs) - knee - 1]:
-        level *= 1 + step
-        after.append(level)
-    # A plateau that creeps back above the knee must not do so by a full scaling step from it.
-    assume(all(gain_per_doubling(cs[knee], 1.0, cs[knee + 1 + i], a) < SCALING_GAIN for i, a in enumerate(after)))
+    after = draw(st.lists(st.floats(min_value=0.3, max_value=1 / PEAK_SHARE - 1e-6), min_size=len(cs) - knee - 1,
+                          max_size=len(cs) - knee - 1))
+    # The point before the knee (half the knee's throughput) must stay under PEAK_SHARE of the peak.
     return curve(cs, knee, after=after), knee
 
 
@@ -77,6 +74,29 @@ def test_monotone_then_flat_gives_ordered_labels_and_the_true_knee(case: tuple[l
     assert regimes == ["under-utilised"] * knee + ["sweet-spot"] + ["saturated"] * (len(points) - knee - 1)
     assert report.sweet_spot == points[knee].concurrency
     assert not report.has_kv_data
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1e4), min_size=1, max_size=8), st.data())
+def test_the_sweet_spot_is_the_smallest_batch_within_the_peak_share(throughputs: list[float],
+                                                                    data: st.DataObject) -> None:
+    """Whatever the curve's shape: nothing below the sweet spot reaches PEAK_SHARE of the peak, the sweet spot does,
+    and no point is ever labelled memory-bound without memory evidence."""
+    n = len(throughputs)
+    kv = data.draw(st.lists(st.one_of(st.none(), st.floats(0, 1)), min_size=n, max_size=n))
+    pre = data.draw(st.lists(st.one_of(st.none(), st.floats(0, 50)), min_size=n, max_size=n))
+    points = [SweepPoint(2**i, t, 0.1, 0.2, k, q) for i, (t, k, q) in enumerate(zip(throughputs, kv, pre))]
+    report = classify_regimes(points)
+    peak = max(throughputs)
+    sweet = [p.concurrency for p in points].index(report.sweet_spot)
+    assert throughputs[sweet] >= PEAK_SHARE * peak
+    assert all(t < PEAK_SHARE * peak for t in throughputs[:sweet])
+    for p in report.points:
+        kv = p.point.peak_kv_usage
+        evidence = (kv is not None and kv >= KV_DANGER) or bool(p.point.preemptions)
+        if p.regime == "memory-bound":
+            assert evidence
+        if p.concurrency > report.sweet_spot and not evidence:
+            assert p.regime == ("compute-saturated" if report.has_kv_data else "saturated")
 
 
 @given(monotone_then_flat(), st.data())
@@ -106,23 +126,37 @@ def test_full_kv_past_the_knee_is_memory_bound(cs: list[int], data: st.DataObjec
     assert all(p.memory_pressure for p in report.points[knee + 1:])
 
 
-def test_each_memory_signal_alone_makes_memory_bound() -> None:
+def test_each_memory_signal_alone_makes_memory_bound_and_a_queue_alone_does_not() -> None:
     cs = [1, 2, 4, 8, 16]
     low_kv = [0.1, 0.2, 0.4, 0.5, 0.5]
     by_kv = classify_regimes(curve(cs, 2, kv=[0.1, 0.2, 0.4, 0.86, 0.99]))
     by_preemption = classify_regimes(curve(cs, 2, kv=low_kv, preemptions=[0, 0, 0, 3, 9]))
-    by_queue = classify_regimes(curve(cs, 2, kv=low_kv, preemptions=[0] * 5, waiting=[0, 0, 0, 4, 12]))
-    for report in (by_kv, by_preemption, by_queue):
+    for report in (by_kv, by_preemption):
         assert [p.regime for p in report.points] == ["under-utilised"] * 2 + ["sweet-spot"] + ["memory-bound"] * 2
-    # A plateau on a KV engine whose cache is not full and nothing queues is not memory: saturated.
-    plain = classify_regimes(curve(cs, 2, kv=low_kv, preemptions=[0] * 5, waiting=[0] * 5))
-    assert [p.regime for p in plain.points][3:] == ["saturated", "saturated"]
+    # A plateau on a KV engine whose cache is not full is not memory, even with requests waiting (the batch cap,
+    # or a compute-bound step, holds them): compute-saturated.
+    plain = classify_regimes(curve(cs, 2, kv=low_kv, preemptions=[0] * 5, waiting=[0, 0, 0, 4, 12]))
+    assert [p.regime for p in plain.points][3:] == ["compute-saturated", "compute-saturated"]
+
+
+def test_a_cache_a_quarter_full_is_compute_saturated_not_memory_bound() -> None:
+    """The shared slow machine's hf-continuous curve: flat from batch 2 with the cache at 25%, full from 16."""
+    points = [SweepPoint(c, t, 0.1, 0.2, kv, 0.0, w) for c, t, kv, w in [
+        (1, 191, 0.03, 0), (2, 257, 0.25, 1), (4, 314, 0.5, 2), (8, 360, 0.95, 3), (16, 311, 1.0, 9),
+        (32, 303, 1.0, 25)]]
+    report = classify_regimes(points)
+    assert report.labels == {1: "under-utilised", 2: "under-utilised", 4: "under-utilised", 8: "sweet-spot",
+                             16: "memory-bound", 32: "memory-bound"}
+    early = classify_regimes([SweepPoint(c, t, 0.1, 0.2, kv, 0.0) for c, t, kv in [
+        (1, 100, 0.05), (2, 180, 0.25), (4, 190, 0.5), (8, 185, 0.95), (16, 180, 1.0)]])
+    assert early.labels == {1: "under-utilised", 2: "sweet-spot", 4: "compute-saturated", 8: "memory-bound",
+                            16: "memory-bound"}
 
 
 def test_kv_threshold_is_inclusive_and_configurable() -> None:
     cs = [1, 2, 4]
     assert classify_regimes(curve(cs, 1, kv=[0.1, 0.5, KV_DANGER])).labels[4] == "memory-bound"
-    assert classify_regimes(curve(cs, 1, kv=[0.1, 0.5, 0.7])).labels[4] == "saturated"
+    assert classify_regimes(curve(cs, 1, kv=[0.1, 0.5, 0.7])).labels[4] == "compute-saturated"
     assert classify_regimes(curve(cs, 1, kv=[0.1, 0.5, 0.7]), kv_danger=0.7).labels[4] == "memory-bound"
 
 
@@ -130,13 +164,12 @@ def test_without_kv_data_regime_three_is_saturated_even_with_a_queue() -> None:
     report = classify_regimes(curve([1, 2, 4, 8, 16, 32], 3, waiting=[0, 0, 0, 0, 8, 24]))
     assert report.labels == {1: "under-utilised", 2: "under-utilised", 4: "under-utilised", 8: "sweet-spot",
                              16: "saturated", 32: "saturated"}
-    assert [p.growing_queue for p in report.points] == [False] * 4 + [True, True]
 
 
 @given(levels, st.data())
 def test_a_stall_below_or_past_the_knee_does_not_move_it(cs: list[int], data: st.DataObject) -> None:
-    """A stall only lowers one point's throughput (by up to 40% here); the knee stays where it is
-    unless the stalled point is the knee itself."""
+    """A stall only lowers one point's throughput (by up to 40% here); the knee of a linear-then-flat curve stays
+    where it is unless the stalled point is the knee itself (a stall past it leaves the knee at the peak)."""
     knee = data.draw(st.integers(min_value=0, max_value=len(cs) - 1))
     hit = data.draw(st.integers(min_value=0, max_value=len(cs) - 1).filter(lambda i: i != knee))
     loss = data.draw(st.floats(min_value=0.0, max_value=0.4))
@@ -156,25 +189,15 @@ def test_falling_throughput_past_the_knee_is_regime_three() -> None:
     assert report.labels == {1: "under-utilised", 2: "under-utilised", 4: "sweet-spot", 8: "memory-bound",
                              16: "memory-bound"}
     assert [p.ttft_p99_ratio for p in report.points] == pytest.approx([1, 1, 1, 2, 4])
+    assert [p.share_of_peak for p in report.points] == pytest.approx([0.25, 0.5, 1, 0.8, 0.5])
 
 
-@given(st.floats(1e-3, 1e6), st.floats(0.0, 4.0), st.integers(0, 10))
-def test_the_threshold_is_where_a_doubling_stops_raising_power(throughput: float, ratio: float, k: int) -> None:
-    """Kleinrock's power, throughput / latency with latency = concurrency / throughput in a closed
-    loop, rises with a doubling of concurrency exactly when the doubling gains SCALING_GAIN or more."""
-    c = 2**k
-    gain = gain_per_doubling(c, throughput, 2 * c, throughput * ratio)
-    power_before, power_after = throughput**2 / c, (throughput * ratio) ** 2 / (2 * c)
-    assume(abs(gain - SCALING_GAIN) > 1e-9)
-    assert (gain > SCALING_GAIN) == (power_after > power_before)
-
-
-def test_sublinear_but_worthwhile_gains_stay_under_utilised() -> None:
-    """x1.6 per doubling is not linear but still above the threshold; x1.2 is not."""
+def test_a_sublinear_curve_has_its_sweet_spot_where_it_comes_within_the_peak_share() -> None:
+    """x1.6, then x1.2 per doubling: 307 is within 10% of the peak 310, 256 is not."""
     points = [SweepPoint(c, t, 0.1, 0.2) for c, t in [(1, 100), (2, 160), (4, 256), (8, 307), (16, 310)]]
-    assert classify_regimes(points).labels == {1: "under-utilised", 2: "under-utilised", 4: "sweet-spot",
-                                              8: "saturated", 16: "saturated"}
-    assert classify_regimes(points, scaling_gain=0.15).sweet_spot == 8
+    assert classify_regimes(points).labels == {1: "under-utilised", 2: "under-utilised", 4: "under-utilised",
+                                              8: "sweet-spot", 16: "saturated"}
+    assert classify_regimes(points, peak_share=0.8).sweet_spot == 4
 
 
 def test_input_order_does_not_matter() -> None:

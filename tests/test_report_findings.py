@@ -76,7 +76,7 @@ def test_the_answer_comes_first_as_decisions_linked_to_their_evidence(cited_runs
     assert alpha[QUESTIONS["batching"]].startswith("[continuous at batch 8: x1.")
     assert "it pays only for the real tokens" in alpha[QUESTIONS["padding"]] or \
         "it pays for the padded slots" in alpha[QUESTIONS["padding"]]
-    assert alpha[QUESTIONS["memory"]].startswith("[from batch 16 (KV 95% full)")
+    assert alpha[QUESTIONS["memory"]].startswith("[batch 16 (KV 95% full)")
     beta = column(table, "beta")
     assert beta[QUESTIONS["batching"]] == "[cannot be compared (no static-waves run)](#evidence-beta-continuous)"
     # The runs left out: a count per cause on the first screen, linked to the table that lists them.
@@ -84,7 +84,7 @@ def test_the_answer_comes_first_as_decisions_linked_to_their_evidence(cited_runs
     assert "## In detail" in md and "### Runs left out" in md
     assert "beta continuous c=16 | failed requests | beta-continuous-c16-r0" in md
     # The engines against each other, with the interval and at which batch sizes.
-    assert "- continuous: alpha gives x" in answer and ", each at its best batch size (" in answer
+    assert "- Under continuous load, alpha gives x" in answer and ", each at its best batch size (" in answer
     # The evidence sections the decisions link to.
     assert "## Evidence: alpha, continuous" in md and "## Evidence: beta, continuous" in md
     stored = json.loads((tmp_path / "out" / "report.json").read_text())["findings"]

@@ -65,3 +65,23 @@ def test_a_metric_without_samples_fails_its_objective() -> None:
 def test_request_limits_are_the_tightest_per_metric() -> None:
     assert Slo.parse("ttft_p99=300ms,ttft_p50=100ms,e2e_p99=5s").request_limits() == (0.1, None)
     assert Slo.parse("tpot_p99=40ms").request_limits() == (None, 0.04)
+
+
+@given(st.lists(st.tuples(st.floats(min_value=0.001, max_value=1.0), st.integers(0, 6)), min_size=1, max_size=30),
+       st.floats(min_value=0.001, max_value=2.0))
+def test_a_ttfo_objective_judges_the_answers_first_token_after_the_reasoning(
+        streams: list[tuple[float, int]], limit: float) -> None:
+    """``ttfo_*``: the first token of the answer, after a chat stream's reasoning tokens; TTFT is the first token
+    of any kind, so a run can meet a TTFT objective and fail the TTFO one at the same limit."""
+    records = []
+    for i, (ttft, reasoning) in enumerate(streams):
+        r = record(i, ttft, 0.05, tokens=reasoning + 2)
+        r.reasoning_tokens = reasoning or None
+        r.first_output_s = r.chunk_times[reasoning]
+        records.append(r)
+    summary = summarize(records, duration_s=10.0)
+    ttfos = [t + 0.05 * k for t, k in streams]
+    verdict = Slo.parse(f"ttfo_max={limit!r}s,ttft_max={limit!r}s").check(summary)
+    assert verdict.values["ttfo_max"] == pytest.approx(max(ttfos))
+    assert ("ttfo_max" in " ".join(verdict.failed)) == (max(ttfos) > limit)
+    assert ("ttft_max" in " ".join(verdict.failed)) == (max(t for t, _ in streams) > limit)

@@ -43,8 +43,8 @@ from batchbench.analysis.theory import (
     kv_heads_per_rank,
 )
 
-__all__ = ["DEFAULT_CONTEXT", "CapacityFit", "GiB", "KVShape", "ParameterCount", "Plan", "PlanError",
-           "fit_in_capacity", "plan"]
+__all__ = ["DEFAULT_CONTEXT", "CapacityFit", "Experts", "GiB", "KVShape", "ParameterCount", "Plan", "PlanError",
+           "experts", "fit_in_capacity", "plan"]
 
 GiB = 1 << 30
 #: The context length sequences are planned at unless one is given (a common serving max_model_len).
@@ -198,24 +198,50 @@ def _attention_parameters(config: Mapping[str, Any], kv: KVShape, hidden: int) -
     return 2 * hidden * heads * kv.head_dim + 2 * hidden * kv.kv_heads * kv.head_dim
 
 
-def _mlp_parameters(config: Mapping[str, Any], layers: int, hidden: int) -> int:
-    """Every layer's gated MLP (gate, up, down: 3 x hidden x intermediate), or its experts and router."""
-    dense = 3 * hidden * _int_field(config, "intermediate_size")
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts layout as the planner counts it: which layers hold experts, how many, how large.
+
+    The time bounds (:mod:`batchbench.analysis.bounds`) read it too: a token's FLOPs use only the experts it is
+    routed to, and a step's bytes only the experts its batch touches."""
+
+    #: Layers whose MLP is routed experts (the others are dense MLPs of intermediate_size).
+    moe_layers: int
+    #: Routed experts per MoE layer, and shared experts every token uses besides.
+    routed: int
+    shared: int
+    #: Parameters of one expert (gate, up, down: 3 x hidden x its intermediate size).
+    expert_parameters: int
+
+
+def experts(config: Mapping[str, Any]) -> Experts | None:
+    """The config's experts (Mixtral's num_local_experts, DeepSeek's n_routed_experts), None for a dense model; a
+    :class:`PlanError` for a layout the planner does not count, so it is never counted as dense."""
+    layers, hidden = _int_field(config, "num_hidden_layers"), _int_field(config, "hidden_size")
     if "num_local_experts" in config:  # Mixtral: every layer holds its experts at intermediate_size
-        experts = _int_field(config, "num_local_experts")
-        return layers * (experts * dense + hidden * experts)
+        return Experts(layers, _int_field(config, "num_local_experts"), 0,
+                       3 * hidden * _int_field(config, "intermediate_size"))
     if "n_routed_experts" in config:  # DeepSeek: dense first layers, then routed + shared experts
-        routed = _int_field(config, "n_routed_experts")
         shared = _int_field(config, "n_shared_experts", minimum=0) if "n_shared_experts" in config else 0
-        expert = 3 * hidden * _int_field(config, "moe_intermediate_size")
         first = _int_field(config, "first_k_dense_replace", minimum=0) if "first_k_dense_replace" in config else 0
         freq = _int_field(config, "moe_layer_freq") if "moe_layer_freq" in config else 1
         moe = sum(1 for i in range(layers) if i >= first and i % freq == 0)
-        return moe * ((routed + shared) * expert + hidden * routed) + (layers - moe) * dense
+        return Experts(moe, _int_field(config, "n_routed_experts"), shared,
+                       3 * hidden * _int_field(config, "moe_intermediate_size"))
     if "num_experts" in config:
         raise PlanError("config.json has 'num_experts': this mixture-of-experts layout is not one the planner "
                         "counts (Mixtral's num_local_experts and DeepSeek's n_routed_experts are)")
-    return layers * dense
+    return None
+
+
+def _mlp_parameters(config: Mapping[str, Any], layers: int, hidden: int) -> int:
+    """Every layer's gated MLP (gate, up, down: 3 x hidden x intermediate), or its experts and router."""
+    dense = 3 * hidden * _int_field(config, "intermediate_size")
+    moe = experts(config)
+    if moe is None:
+        return layers * dense
+    per_layer = (moe.routed + moe.shared) * moe.expert_parameters + hidden * moe.routed
+    return moe.moe_layers * per_layer + (layers - moe.moe_layers) * dense
 
 
 def _parameters(config: Mapping[str, Any], kv: KVShape) -> ParameterCount:
@@ -228,6 +254,11 @@ def _parameters(config: Mapping[str, Any], kv: KVShape) -> ParameterCount:
         mlp=_mlp_parameters(config, kv.layers, hidden),
         norms=(2 * kv.layers + 1) * hidden,
     )
+
+
+def parameter_count(config: Mapping[str, Any]) -> int:
+    """The model's parameters, estimated from its config's shapes (as :func:`plan` counts them)."""
+    return _parameters(config, _kv_shape(config, 1)).total
 
 
 def _held_tokens(tokens: int, kv: KVShape) -> int:

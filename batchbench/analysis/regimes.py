@@ -3,20 +3,22 @@
 A closed-loop sweep (1, 2, 4, ... requests in flight) traces how an engine
 trades latency for throughput. Three regimes appear in order:
 
-1. **under-utilised**: the engine has idle capacity; adding concurrency still
-   buys roughly proportional throughput (a decode step costs about the same
-   whatever its batch size, so a batch twice as large is nearly twice as
-   productive) at little latency cost.
-2. **sweet-spot**: the knee, the last point that still paid for itself: from
-   here no higher concurrency buys a worthwhile gain.
-3. **memory-bound** (an engine that reports its KV cache): the cache is full
-   (usage >= :data:`~batchbench.measures.guardrails.KV_DANGER`, preemptions, requests waiting for blocks), so extra
-   requests queue instead of joining the batch; throughput is flat or falls (preempted
-   requests are recomputed) while TTFT p99 rises sharply: a request at the
-   back of the queue waits whole generations for blocks to free.
-   **saturated**: the same plateau on an engine without KV data (a static
-   batcher past its padded batch size, a compute-bound engine): queueing, not
-   memory, is what the numbers can show.
+1. **under-utilised**: the engine has idle capacity; more concurrency still
+   buys throughput.
+2. **sweet spot**: the smallest batch size whose throughput is within
+   :data:`PEAK_SHARE` of the most the sweep measured. One definition, used by
+   the answer, the report's figures and the suites: past it, more requests
+   add latency (by Little's law, a closed loop's latency is its concurrency
+   over its throughput), not throughput.
+3. past the sweet spot, named by what the measurements show:
+   **memory-bound** where the KV cache shows why (usage at the danger line
+   :data:`~batchbench.measures.guardrails.KV_DANGER`, or preemptions): extra
+   requests wait for blocks, throughput is flat or falls (preempted requests
+   are recomputed) and TTFT p99 rises sharply; **compute-saturated** where the
+   engine reports its KV cache and it is not full (the engine's compute, a CPU
+   core, is the limit: a plateau, not a memory wall); **saturated** where the
+   engine reports no KV cache at all (a static batcher past its padded batch):
+   queueing is all the numbers can show.
 
 Everything here is a pure function of the measured points, so the rules can
 be tested on synthetic curves and applied to any engine's sweep.
@@ -36,8 +38,8 @@ from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.metrics import Distribution, Summary
 
 __all__ = [
+    "PEAK_SHARE",
     "REGIME_RANK",
-    "SCALING_GAIN",
     "LabelledPoint",
     "Regime",
     "RegimeReport",
@@ -50,18 +52,16 @@ __all__ = [
     "steady_state_ttfts",
 ]
 
-Regime = Literal["under-utilised", "sweet-spot", "memory-bound", "saturated"]
+Regime = Literal["under-utilised", "sweet-spot", "memory-bound", "compute-saturated", "saturated"]
 
-#: Regimes in the order a sweep meets them; the two names of regime 3 share a rank.
-REGIME_RANK: dict[Regime, int] = {"under-utilised": 0, "sweet-spot": 1, "memory-bound": 2, "saturated": 2}
+#: Regimes in the order a sweep meets them; the three names of regime 3 share a rank.
+REGIME_RANK: dict[Regime, int] = {"under-utilised": 0, "sweet-spot": 1, "memory-bound": 2, "compute-saturated": 2,
+                                  "saturated": 2}
 
-#: "Still worth it": a doubling of concurrency must buy at least x sqrt(2) throughput. This is
-#: Kleinrock's optimal operating point: power = throughput / latency peaks at the knee of the
-#: curve, and in a closed loop latency = concurrency / throughput (Little's law), so power is
-#: throughput^2 / concurrency and a doubling raises it exactly when throughput grows by more than
-#: sqrt(2). Past that point each doubling costs more latency (x 2 / gain) than it buys throughput.
-SCALING_GAIN = math.sqrt(2) - 1
-
+#: The sweet spot is the smallest batch size whose throughput is at least this share of the most measured: within
+#: 10% of the peak, a difference an operator would trade for the smaller batch's shorter queue (and about the
+#: spread of one run on a noisy two-vCPU machine, so noise rarely moves it by more than one sweep step).
+PEAK_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,10 @@ class LabelledPoint:
     regime: Regime
     #: Throughput gain per doubling of concurrency from the previous point (None for the first).
     gain_from_previous: float | None
-    #: The best gain per doubling any higher concurrency of the sweep offers from here (None for the last).
-    best_gain_ahead: float | None
-    #: KV usage >= KV_DANGER or preemptions during the run.
+    #: Its throughput over the sweep's highest (1.0 at the peak).
+    share_of_peak: float
+    #: Memory evidence: KV usage >= KV_DANGER, or preemptions during the run.
     memory_pressure: bool
-    #: More requests waiting engine-side at the peak than at the sweet spot.
-    growing_queue: bool
     #: TTFT p99 over the sweet spot's TTFT p99 (inf when the sweet spot's is 0).
     ttft_p99_ratio: float
 
@@ -118,9 +116,9 @@ class RegimeReport:
 
     points: tuple[LabelledPoint, ...]
     sweet_spot: int
-    #: What regime 3 is called for this engine: "memory-bound" with KV data, else "saturated".
+    #: Whether the engine reported its KV cache: regime 3 is memory-bound or compute-saturated, else saturated.
     has_kv_data: bool
-    scaling_gain: float
+    peak_share: float
     kv_danger: float
 
     @property
@@ -147,6 +145,7 @@ class RegimeReport:
                 "preemptions": p.point.preemptions,
                 "peak_waiting": p.point.peak_waiting,
                 "gain_from_previous": p.gain_from_previous,
+                "share_of_peak": p.share_of_peak,
                 "ttft_p99_ratio": p.ttft_p99_ratio,
             }
             for p in self.points
@@ -169,39 +168,28 @@ def gain_per_doubling(c_from: int, t_from: float, c_to: int, t_to: float) -> flo
 
 
 def classify_regimes(
-    points: Sequence[SweepPoint], *, scaling_gain: float = SCALING_GAIN, kv_danger: float = KV_DANGER
+    points: Sequence[SweepPoint], *, peak_share: float = PEAK_SHARE, kv_danger: float = KV_DANGER
 ) -> RegimeReport:
     """Label each sweep point with its regime and find the sweet spot.
 
     Rules, in increasing concurrency:
 
-    - A point is **under-utilised** while some higher concurrency of the
-      sweep still gains at least ``scaling_gain`` per doubling over it. The
-      comparison looks at every higher point, not only the next one, so a
-      single stalled (low) measurement past a point does not end its
-      under-utilised regime early: a stall only lowers throughput, never
-      raises it.
-    - The **sweet spot** is the first point no higher concurrency improves on
-      by that much: the knee, the best point before gains flatten. A sweep
-      that scales to its end has its sweet spot at the last point (regime 3
-      was not reached).
-    - Every point past the sweet spot is in **regime 3**: more concurrency no
-      longer buys throughput, so it only adds latency. It is **memory-bound**
-      on an engine that reports KV usage when the point shows why: KV usage
-      >= ``kv_danger``, preemptions, or more requests waiting than at the sweet
-      spot (requests held back for blocks). Otherwise (no KV data at all, or
-      a plateau with a cache that is not full) it is **saturated**: queueing
-      or compute, not memory.
+    - The **sweet spot** is the first point whose throughput reaches ``peak_share`` of the sweep's highest. A
+      sweep that still scales at its end has its sweet spot at (or near) the last point: regime 3 was not reached.
+    - Every point below it is **under-utilised**.
+    - Every point past it is in regime 3: more concurrency no longer buys a worthwhile gain, so it only adds
+      latency. It is **memory-bound** only with memory evidence at that point: KV usage >= ``kv_danger``, or
+      preemptions. A plateau without it is **compute-saturated** on an engine that reports its KV cache (the cache
+      is not what limits it), and **saturated** on one that reports none.
 
-    The labels therefore always come out in regime order, and memory-bound
-    never precedes under-utilised. The TTFT spike that marks regime 3 is
-    reported per point (``ttft_p99_ratio``) for the caller to check against
-    its own physics rather than being a threshold buried here.
+    The labels therefore always come out in regime order, and memory-bound never precedes under-utilised. The
+    TTFT spike that marks regime 3 is reported per point (``ttft_p99_ratio``) for the caller to check against its
+    own physics rather than being a threshold buried here.
     """
     if not points:
         raise ValueError("a sweep needs at least one point")
-    if not 0 < scaling_gain:
-        raise ValueError(f"scaling_gain must be > 0, not {scaling_gain!r}")
+    if not 0 < peak_share <= 1:
+        raise ValueError(f"peak_share must be in (0, 1], not {peak_share!r}")
     if not 0 < kv_danger <= 1:
         raise ValueError(f"kv_danger must be in (0, 1], not {kv_danger!r}")
     ordered = sorted(points, key=lambda p: p.concurrency)
@@ -209,32 +197,29 @@ def classify_regimes(
     if len(set(levels)) != len(levels):
         raise ValueError(f"each concurrency must appear once (combine repeats with median_of), not {levels}")
 
-    ahead: list[float | None] = []
-    for i, p in enumerate(ordered):
-        gains = [gain_per_doubling(p.concurrency, p.throughput, q.concurrency, q.throughput) for q in ordered[i + 1:]]
-        ahead.append(max(gains) if gains else None)
-    knee = next(i for i, best in enumerate(ahead) if best is None or best < scaling_gain)
+    peak = max(p.throughput for p in ordered)
+    knee = next(i for i, p in enumerate(ordered) if p.throughput >= peak_share * peak)
     sweet = ordered[knee]
     has_kv = any(p.peak_kv_usage is not None for p in ordered)
 
     labelled = []
     for i, p in enumerate(ordered):
         pressure = (p.peak_kv_usage is not None and p.peak_kv_usage >= kv_danger) or bool(p.preemptions)
-        queue = p.peak_waiting is not None and p.peak_waiting > (sweet.peak_waiting or 0)
         regime: Regime
         if i < knee:
             regime = "under-utilised"
         elif i == knee:
             regime = "sweet-spot"
-        elif has_kv and (pressure or queue):
+        elif pressure:
             regime = "memory-bound"
         else:
-            regime = "saturated"
+            regime = "compute-saturated" if has_kv else "saturated"
         previous = None if i == 0 else gain_per_doubling(
             ordered[i - 1].concurrency, ordered[i - 1].throughput, p.concurrency, p.throughput)
         ratio = p.ttft_p99 / sweet.ttft_p99 if sweet.ttft_p99 > 0 else math.inf
-        labelled.append(LabelledPoint(p, regime, previous, ahead[i], pressure, queue, ratio))
-    return RegimeReport(tuple(labelled), sweet.concurrency, has_kv, scaling_gain, kv_danger)
+        share = p.throughput / peak if peak > 0 else 1.0
+        labelled.append(LabelledPoint(p, regime, previous, share, pressure, ratio))
+    return RegimeReport(tuple(labelled), sweet.concurrency, has_kv, peak_share, kv_danger)
 
 
 def corroborated_best(values: Sequence[float], agreement: float) -> float | None:

@@ -261,6 +261,30 @@ class Repeats(Generic[T]):
         return Estimate.of([v for run in self.kept(min_quiet) if (v := value(run)) is not None])
 
 
+def paired(a: Repeats[T], b: Repeats[T], value: Callable[[T], float | None]) -> Estimate | None:
+    """``value`` of ``a`` over ``b``, two measurements run side by side in every pass (run i of each), paired by
+    pass (:meth:`Estimate.paired_ratio`) over the passes where both runs were quiet and have the value: a slow
+    spell of the machine that slowed both runs of a pass cancels."""
+    pairs = [(va, vb) for ra, la, rb, lb in zip(a.runs, a.loads, b.runs, b.loads)
+             if not la.disturbed and not lb.disturbed and (va := value(ra)) is not None
+             and (vb := value(rb)) is not None]
+    return Estimate.paired_ratio(pairs)
+
+
+Expect = Literal["above", "below"]
+
+
+def decide(found: Estimate | None, limit: float, expect: Expect) -> bool | None:
+    """Whether an estimate is on the ``expect`` side of ``limit``, by its interval: True when the whole interval
+    is, False when the whole interval is on the other side, None when it straddles the limit (or there is no
+    interval): the data cannot tell, and a claim must not be decided on its value alone."""
+    if found is None or found.low is None or found.high is None:
+        return None
+    low, high = (found.low, found.high) if expect == "above" else (-found.high, -found.low)
+    bound = limit if expect == "above" else -limit
+    return True if low > bound else False if high < bound else None
+
+
 def has_quiet_run(repeats: Repeats[Any]) -> bool:
     return bool(repeats.quiet)
 
@@ -298,6 +322,9 @@ class RepeatProtocol:
     #: The measurements extra passes may measure again, given the series so far (None: all): where a caller knows
     #: which figures decide its answer, the budget goes to them.
     focus: Callable[[Mapping[Any, Repeats[Any]]], Collection[Any]] | None = None
+    #: Whether a run of a measurement still fits the caller's time (None: always): a run that does not is not
+    #: started, in any pass, and the schedule ends there (a wall-clock bound the caller must keep).
+    fits: Callable[[Any], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -321,7 +348,7 @@ class RepeatProtocol:
             if self.alternate and r % 2 == 1:
                 todo.reverse()
             for key in todo:
-                if r >= self.repeats and self.over_budget(started):
+                if (r >= self.repeats and self.over_budget(started)) or (self.fits is not None and not self.fits(key)):
                     return
                 yield key, r
 

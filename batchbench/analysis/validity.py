@@ -369,7 +369,7 @@ def document_summary(doc: RunDocument) -> Summary | None:
     if not doc.records or duration <= 0:
         return None
     try:
-        return summarize(doc.records, duration_s=duration)
+        return summarize(doc.records, duration_s=duration, closed_loop=doc.header.closed_loop)
     except ValueError:  # inconsistent records: nothing to judge
         return None
 

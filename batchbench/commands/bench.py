@@ -25,6 +25,7 @@ Exit status: 0 every run succeeded; 1 measured, but some requests or levels fail
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.measures.slo import Slo
 from batchbench.options import (
+    add_endpoint_argument,
     add_engine_arguments,
     add_image_argument,
     add_telemetry_arguments,
@@ -104,6 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="your workload (lengths or a dataset) at each concurrency or rate, with SLOs",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_arguments(p.add_argument)
+    add_endpoint_argument(p.add_argument)
     add_image_argument(p.add_argument)
     add_telemetry_arguments(p.add_argument)
     levels = p.add_mutually_exclusive_group()
@@ -179,11 +182,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
-                                          cpus=args.cpus, images=args.image)
+                                          cpus=args.cpus, api_key=args.api_key, headers=args.header,
+                                          endpoint=args.endpoint, images=args.image)
         batching = one_batching(args.batching, "bench", engines)
         served = served_models_at_urls(engines, options)
         work = prepare_workload(args, profile, kind=kind, levels=levels, served=served)
         check_lora_specs(args.loras, engines, batching)
+        options = dataclasses.replace(options, chat_tokenizer=work.tokenizer)
         options = with_load_processes(options, args.cpus, work.most_workers(kind, levels))
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)

@@ -19,6 +19,7 @@ Exit status: 0 a capacity was found for every engine; 1 some engine met the SLO 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ from batchbench.commands.workload_args import (
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.options import (
+    add_endpoint_argument,
     add_engine_arguments,
     add_image_argument,
     add_telemetry_arguments,
@@ -68,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("capacity", help="the highest concurrency (or rate) that meets an SLO",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_arguments(p.add_argument)
+    add_endpoint_argument(p.add_argument)
     add_image_argument(p.add_argument)
     add_telemetry_arguments(p.add_argument)
     p.add_argument("--by", choices=["concurrency", "rate"], default="concurrency",
@@ -154,12 +157,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
-                                          cpus=args.cpus, images=args.image)
+                                          cpus=args.cpus, api_key=args.api_key, headers=args.header,
+                                          endpoint=args.endpoint, images=args.image)
         batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
         served = served_models_at_urls(engines, options)
         work = prepare_workload(args, profile, kind=kind, levels=[args.start, args.max_level], served=served)
         check_lora_specs(args.loras, engines, batching)
+        options = dataclasses.replace(options, chat_tokenizer=work.tokenizer)
         options = with_load_processes(options, args.cpus,
                                       work.most_workers(kind, [args.start, args.max_level]))
     except ValueError as exc:

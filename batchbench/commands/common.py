@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from batchbench.adapters.auth import EngineUnauthorized
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import EngineOptions, engine_class, make_engine, model_dir
 from batchbench.adapters.served import ServedModel, fetch_served_models, pick_served_model
@@ -125,12 +126,16 @@ def served_models_at_urls(engines: Sequence[str], options: EngineOptions) -> Ser
     """Each engine at a URL: the served model ``--model`` means (a served name, or the path it was loaded from),
     said in a line with the name requests will give; ValueError naming the served models when it means none. The
     first such engine's model is returned: its ``root`` is the tokenizer a text dataset is read with. A server
-    that cannot say (no /v1/models, not reachable yet) is left to its start."""
+    that cannot say (no /v1/models, not reachable yet) is left to its start. One that answers 401/403 wants a key
+    (or refused the one sent): a ValueError saying so, before anything starts."""
     first: ServedModel | None = None
     for name in engines:
         if (url := options.url_for(name)) is None:
             continue
-        served = asyncio.run(fetch_served_models(name, url))
+        try:
+            served = asyncio.run(fetch_served_models(name, url, options.auth))
+        except EngineUnauthorized as exc:
+            raise ValueError(str(exc)) from None
         if served is None:
             continue
         model = pick_served_model(options.model, served, f"{name} at {url}")

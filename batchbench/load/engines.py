@@ -80,6 +80,12 @@ class _Activity:
     def usage(self, t: float, usage: Usage) -> None:
         self.last = now()
 
+    def reasoning(self, t: float, n: int, finish_reason: str | None = None) -> None:
+        self.tokens(t, n, finish_reason)
+
+    def first_output(self, t: float) -> None:
+        """When the answer began: nothing a warm-up keeps."""
+
     def text(self) -> str:
         """Where this request stands, for the progress line."""
         return (f"{self.request.request_id} ({self.tokens_received} of {self.request.max_tokens} tokens, "

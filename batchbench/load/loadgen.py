@@ -251,3 +251,16 @@ class _RecordSink:
     def usage(self, t: float, usage: Usage) -> None:
         self.record.prompt_tokens = usage.prompt_tokens
         self.record.completion_tokens = usage.completion_tokens
+        if usage.reasoning_tokens is not None:  # the engine's own count wins over the pieces'
+            self.record.reasoning_tokens = usage.reasoning_tokens
+        if usage.source != "engine":
+            self.record.usage_from = usage.source
+
+    def reasoning(self, t: float, n: int, finish_reason: str | None = None) -> None:
+        self.tokens(t, n, finish_reason)
+        if n:
+            self.record.reasoning_tokens = (self.record.reasoning_tokens or 0) + n
+
+    def first_output(self, t: float) -> None:
+        if self.record.first_output_s is None:
+            self.record.first_output_s = t - self.t0

@@ -214,7 +214,7 @@ async def run(
             if pool is not None:
                 await pool.close()
             summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
-                                tpot_slo_s=tpot_slo_s)
+                                tpot_slo_s=tpot_slo_s, closed_loop=workload.closed_loop)
             ok = [r for r in generator.records if r.ok]
             summary = dataclasses.replace(summary, energy=energy_of(
                 gpu_telemetry, output_tokens=sum(r.output_tokens for r in ok), ok_requests=len(ok),

@@ -30,12 +30,14 @@ from batchbench.measures.gpu import Energy
 __all__ = [
     "Distribution",
     "LoraSummary",
+    "SteadyState",
     "Summary",
     "itl_samples",
     "jain_index",
     "mean_decoding",
     "meets_slos",
     "percentile",
+    "steady_state",
     "summarize",
     "tpot",
     "ttft_by_bucket",
@@ -176,6 +178,57 @@ def _dist_dict(d: Distribution | None) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
+class SteadyState:
+    """A closed loop's steady state: from its first completion (the opening burst, every client's first prompt
+    prefilled at once, is over) to the first completion after its last send (from there fewer than all clients
+    have a request in flight: the drain). Throughput counts the tokens that arrived in that window over its
+    length; the latencies are those of the requests sent in it, so neither the ramp-up nor the drain, which a
+    short run would weigh heavily, bends the curve. The whole run's figures stay beside it in the summary."""
+
+    start_s: float
+    end_s: float
+    #: Output tokens whose chunks arrived in the window, over its length.
+    output_token_throughput: float
+    #: Requests sent in the window (their latencies are the distributions below).
+    requests: int
+    ttft: Distribution | None
+    tpot: Distribution | None
+    itl: Distribution | None
+    e2e: Distribution | None
+    #: Time to the first token of the answer, after any reasoning (None in documents written before it was stored).
+    ttfo: Distribution | None = None
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start_s": self.start_s, "end_s": self.end_s, "output_token_throughput": self.output_token_throughput,
+                "requests": self.requests, "ttft": _dist_dict(self.ttft), "tpot": _dist_dict(self.tpot),
+                "itl": _dist_dict(self.itl), "e2e": _dist_dict(self.e2e), "ttfo": _dist_dict(self.ttfo)}
+
+
+def steady_state(records: Sequence[RequestRecord]) -> SteadyState | None:
+    """The steady state of a closed loop's records (times from the run's start); None where the run has none: no
+    completion after the first, or a window of no length (a run no longer than one round of its clients)."""
+    ok = [r for r in records if r.ok and r.chunk_times]
+    if len(ok) < 2:
+        return None
+    start = min(r.done_s for r in ok)
+    last_send = max(r.sent_s for r in records)
+    end = min((r.done_s for r in ok if r.done_s > last_send), default=None)
+    if end is None or not end > start:
+        return None
+    tokens = sum(n for r in ok for t, n in zip(r.chunk_times, r.chunk_tokens) if start < t <= end)
+    sent = [r for r in ok if start <= r.sent_s <= end]
+    return SteadyState(
+        start_s=start, end_s=end, output_token_throughput=tokens / (end - start), requests=len(sent),
+        ttft=Distribution.of(_present(r.ttft_s for r in sent)), tpot=Distribution.of(_present(tpot(r) for r in sent)),
+        itl=Distribution.of(x for r in sent for x in itl_samples(r)),
+        e2e=Distribution.of(_present(r.e2e_s for r in sent)), ttfo=Distribution.of(_present(r.ttfo_s for r in sent)))
+
+
+@dataclass(frozen=True)
 class Summary:
     """Everything reported for one run of one workload on one engine."""
 
@@ -224,6 +277,26 @@ class Summary:
     #: output tokens), with why a figure is empty (:func:`batchbench.measures.gpu.energy_of`; the runner adds it
     #: from the run's GPU telemetry). None: not measured (a summary computed from records alone, older documents).
     energy: Energy | None = None
+    #: A closed loop's steady state (:class:`SteadyState`); None for other arrivals, for a run too short to have
+    #: one, and in documents written before it was stored.
+    steady: SteadyState | None = None
+
+    @property
+    def curve_throughput(self) -> float:
+        """Output tokens/s as a point of the latency-throughput curve: the steady state's where the run has one
+        (a closed loop), else the whole run's."""
+        return self.steady.output_token_throughput if self.steady is not None else self.output_token_throughput
+    #: Time to the first token of the answer, after any reasoning (:attr:`RequestRecord.ttfo_s`): the TTFT of a
+    #: stream that does not reason. None in documents written before it was stored.
+    ttfo: Distribution | None = None
+    #: Reasoning tokens per ok request, for a run whose streams reasoned (a chat stream's ``reasoning`` deltas,
+    #: the engine's own count where it gives one); None where no stream did.
+    reasoning_tokens: Distribution | None = None
+    #: Prompt tokens per request, over the ok requests the engine counted, as sent (the workload's) and as the
+    #: engine counted them (its usage): on a chat endpoint the difference is what the chat template added. None
+    #: where the engine counted none.
+    prompt_tokens_sent: Distribution | None = None
+    prompt_tokens_engine: Distribution | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict: numbers, strings, None and nested dicts only."""
@@ -256,6 +329,11 @@ class Summary:
             "loras": None if self.loras is None else {k: v.to_dict() for k, v in self.loras.items()},
             "lora_fairness": self.lora_fairness,
             "energy": None if self.energy is None else asdict(self.energy),
+            "steady": None if self.steady is None else self.steady.to_dict(),
+            "ttfo": _dist_dict(self.ttfo),
+            "reasoning_tokens": _dist_dict(self.reasoning_tokens),
+            "prompt_tokens_sent": _dist_dict(self.prompt_tokens_sent),
+            "prompt_tokens_engine": _dist_dict(self.prompt_tokens_engine),
         }
 
 
@@ -269,6 +347,7 @@ def summarize(
     duration_s: float,
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
+    closed_loop: bool = False,
 ) -> Summary:
     """Summarise one run.
 
@@ -276,7 +355,8 @@ def summarize(
     last completion, as the runner measured it); throughputs divide by it.
     Prompt tokens come from the engine's usage report when present, else the
     workload's prompt length, so engines that add special tokens are charged
-    for them. SLOs of None are not checked.
+    for them. SLOs of None are not checked. ``closed_loop``: the records are a
+    closed loop's, whose :class:`SteadyState` is given too.
     """
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, not {duration_s!r}")
@@ -289,6 +369,7 @@ def summarize(
 
     output_tokens = sum(r.output_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
+    counted = [r for r in ok if r.prompt_tokens is not None]
     good = sum(1 for r in ok if meets_slos(r, ttft_slo_s, tpot_slo_s))
 
     return Summary(
@@ -318,6 +399,11 @@ def summarize(
         ttft_by_turn=({str(turn): d for turn, d in by_turn.items()} if (by_turn := ttft_by_turn(records)) else None),
         loras=loras,
         lora_fairness=lora_fairness(loras),
+        steady=steady_state(records) if closed_loop else None,
+        ttfo=Distribution.of(_present(r.ttfo_s for r in ok)),
+        reasoning_tokens=Distribution.of(float(r.reasoning_tokens) for r in ok if r.reasoning_tokens is not None),
+        prompt_tokens_sent=Distribution.of(float(r.prompt_len) for r in counted),
+        prompt_tokens_engine=Distribution.of(float(r.prompt_tokens or 0) for r in counted),
     )
 
 

@@ -21,8 +21,9 @@ from typing import Any
 
 from batchbench.measures.metrics import Distribution, Summary
 
-#: Metric name -> the Summary field holding its distribution.
-METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2e"}
+#: Metric name -> the Summary field holding its distribution. ``ttfo``: time to the first token of the answer,
+#: after a chat stream's reasoning (the TTFT of a stream that does not reason).
+METRICS = {"ttft": "ttft", "ttfo": "ttfo", "tpot": "tpot", "itl": "itl", "e2e": "e2e"}
 #: Statistic name -> the Distribution field.
 STATS = {"p50": "p50", "p90": "p90", "p99": "p99", "mean": "mean", "max": "max"}
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
@@ -54,8 +55,10 @@ class Objective:
         return f"{self.metric}_{self.stat}"
 
     def value(self, summary: Summary) -> float | None:
-        """The run's value of this statistic; None when the run has no samples of the metric."""
-        dist: Distribution | None = getattr(summary, METRICS[self.metric])
+        """The run's value of this statistic, in its steady state where it has one (a closed loop: the opening
+        burst of every client's first prompt at once is no state a server stays in); None when the run has no
+        samples of the metric."""
+        dist: Distribution | None = getattr(summary.steady or summary, METRICS[self.metric])
         return None if dist is None else float(getattr(dist, STATS[self.stat]))
 
     def __str__(self) -> str:

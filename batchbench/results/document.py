@@ -191,6 +191,14 @@ class RunHeader:
     def workload_hash(self) -> str:
         return str(self.workload.get("hash") or "")
 
+    @property
+    def closed_loop(self) -> bool:
+        """Whether the run's workload was sent as a closed loop of single requests (it has a steady state)."""
+        spec = self.workload.get("spec")
+        arrival = spec.get("arrival") if isinstance(spec, dict) else None
+        return (isinstance(arrival, dict) and arrival.get("kind") == "closed"
+                and (spec.get("turns") or 1) == 1)  # type: ignore[union-attr]
+
     def _check(self) -> None:
         name = self.engine.get("engine")
         if not isinstance(name, str) or not name:

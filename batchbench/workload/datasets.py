@@ -8,7 +8,9 @@ Two layouts are read:
 - **ShareGPT JSON**: a list of ``{"conversations": [{"from": "human", "value": ...}, {"from": "gpt",
   "value": ...}, ...]}``. The first human turn is the prompt and the reply that follows it sets the
   output length (its token count). Conversations without a human turn followed by a reply are
-  skipped and counted, as ShareGPT dumps hold such entries.
+  skipped and counted, as ShareGPT dumps hold such entries. On a chat endpoint (``chat``) a
+  conversation is sent as its turns instead: every turn up to its last human turn that has a reply, as
+  system, user and assistant messages, the output length that reply's token count.
 
 Pure: reading a file and building requests, nothing started. Text becomes token ids through the
 ``tokenize`` callable the caller gives (the served model's tokenizer), because the workload is token
@@ -32,6 +34,7 @@ Tokenize = Callable[[str], Sequence[int]]
 _JSONL_KEYS = ("prompt", "prompt_token_ids", "output_len")
 _HUMAN = ("human", "user")
 _REPLY = ("gpt", "assistant", "chatgpt")
+_SYSTEM = ("system",)
 
 
 class DatasetError(ValueError):
@@ -48,6 +51,10 @@ class Entry:
     prompt_text: str | None = None
     output_len: int | None = None
     output_text: str | None = None
+    #: ShareGPT: the conversation up to its last human turn that has a reply, as (role, text) chat messages, and
+    #: that reply: what a chat endpoint is sent (None for JSONL lines).
+    turns: tuple[tuple[str, str], ...] | None = None
+    last_reply: str | None = None
 
     @property
     def needs_tokenizer(self) -> bool:
@@ -133,8 +140,24 @@ def _sharegpt(path: Path, text: str) -> Dataset:
         if pair is None:
             skipped += 1
             continue
-        entries.append(Entry(where, prompt_text=pair[0], output_text=pair[1]))
+        turns_, last = _conversation(where, turns)
+        entries.append(Entry(where, prompt_text=pair[0], output_text=pair[1], turns=turns_, last_reply=last))
     return Dataset(path, tuple(entries), skipped)
+
+
+def _conversation(where: str, turns: list[dict[str, Any]]) -> tuple[tuple[tuple[str, str], ...], str]:
+    """The turns up to the last human turn followed by a reply, as chat messages, and that reply (the caller made
+    sure there is one)."""
+    last = max(i for i, (turn, reply) in enumerate(zip(turns, turns[1:]))
+               if turn.get("from") in _HUMAN and reply.get("from") in _REPLY)
+    messages = []
+    for turn in turns[:last + 1]:
+        speaker = turn.get("from")
+        role = "user" if speaker in _HUMAN else "assistant" if speaker in _REPLY else \
+            "system" if speaker in _SYSTEM else None
+        if role is not None:
+            messages.append((role, _text(where, "value", turn.get("value"))))
+    return tuple(messages), _text(where, "value", turns[last + 1].get("value"))
 
 
 def _first_exchange(where: str, turns: list[dict[str, Any]]) -> tuple[str, str] | None:
@@ -167,32 +190,33 @@ def _token_ids(where: str, value: object) -> tuple[int, ...]:
 def build_workload(
     dataset: Dataset, *, num_requests: int, output: Lengths, override_output: bool = False,
     tokenize: Tokenize | None = None, max_model_len: int | None = None, vocab_size: int | None = None,
-    arrival: Arrival | None = None, seed: int = 0,
+    arrival: Arrival | None = None, seed: int = 0, chat: bool = False,
 ) -> Workload:
     """``num_requests`` requests from the dataset's entries in file order (cycled if there are fewer).
 
     An entry's output length is its own (``output_len``, or the ShareGPT reply's token count); entries
     without one, or all of them with ``override_output``, draw it from ``output`` (seeded). Raises
     DatasetError naming the line when text needs a tokenizer that was not given, a token id is outside
-    the vocabulary, or prompt + output exceeds ``max_model_len``.
+    the vocabulary, or prompt + output exceeds ``max_model_len``. ``chat``: the requests carry their text as
+    chat messages (a ShareGPT conversation as its turns); a line of token ids cannot be one.
     """
     rng = random.Random(f"{seed}:lengths")
     arrival = arrival or Arrival()
-    prepared: dict[int, tuple[tuple[int, ...], int | None]] = {}
+    prepared: dict[int, tuple[tuple[int, ...], int | None, tuple[tuple[str, str], ...] | None]] = {}
     requests = []
     stem = dataset.path.stem
     for i in range(num_requests):
         k = i % len(dataset.entries)
         entry = dataset.entries[k]
         if k not in prepared:
-            prepared[k] = _prepare(entry, tokenize, vocab_size)
-        prompt, own_output = prepared[k]
+            prepared[k] = _prepare_chat(entry, tokenize) if chat else (*_prepare(entry, tokenize, vocab_size), None)
+        prompt, own_output, messages = prepared[k]
         drawn = output.draw(rng, i)  # drawn for every request, so the lengths do not depend on the file's
         max_tokens = drawn if override_output or own_output is None else own_output
         if max_model_len is not None and len(prompt) + max_tokens > max_model_len:
             raise DatasetError(f"dataset {entry.where}: prompt ({len(prompt)} tokens) + output ({max_tokens}) "
                                f"exceeds the model's max length {max_model_len}")
-        requests.append(Request(f"{stem}-{i:05d}", prompt, max_tokens))
+        requests.append(Request(f"{stem}-{i:05d}", prompt, max_tokens, messages=messages))
     plens = [r.prompt_len for r in requests]
     olens = [r.max_tokens for r in requests]
     top_id = max(t for r in requests for t in r.prompt_token_ids)
@@ -203,8 +227,28 @@ def build_workload(
         arrival=arrival, seed=seed, vocab_size=max(vocab_size or 0, top_id + 1, FIRST_ORDINARY_TOKEN + 1),
     )
     times = arrival.schedule(random.Random(f"{seed}:arrivals"), num_requests)
-    return Workload(spec, tuple(Request(r.request_id, r.prompt_token_ids, r.max_tokens, t)
+    return Workload(spec, tuple(Request(r.request_id, r.prompt_token_ids, r.max_tokens, t, messages=r.messages)
                                 for r, t in zip(requests, times)))
+
+
+def _prepare_chat(entry: Entry, tokenize: Tokenize | None) -> tuple[tuple[int, ...], int | None,
+                                                                     tuple[tuple[str, str], ...]]:
+    """An entry as chat messages: their tokens (each message's text, in order), its own output length, the
+    messages."""
+    if entry.prompt_text is None:
+        raise DatasetError(f"dataset {entry.where}: a chat endpoint takes text, not prompt_token_ids; give the "
+                           "prompt as text, or use --endpoint completions")
+    if tokenize is None:
+        raise DatasetError(f"dataset {entry.where}: text needs the served model's tokenizer (--tokenizer)")
+    messages = entry.turns if entry.turns is not None else (("user", entry.prompt_text),)
+    prompt = tuple(t for _, text in messages for t in tokenize(text))
+    if not prompt:
+        raise DatasetError(f"dataset {entry.where}: the prompt tokenizes to no tokens")
+    own = entry.output_len
+    reply = entry.last_reply if entry.turns is not None else entry.output_text
+    if own is None and reply is not None:
+        own = max(1, len(tokenize(reply)))
+    return prompt, own, messages
 
 
 def _prepare(entry: Entry, tokenize: Tokenize | None, vocab_size: int | None) -> tuple[tuple[int, ...], int | None]:

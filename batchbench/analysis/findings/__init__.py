@@ -192,11 +192,12 @@ def _layout_findings(engine: str, layout: str, points: Sequence[Point], slo: Slo
     labels = report.labels if report is not None else {}
     found = tuple(point_findings(p, labels.get(p.concurrency) if p.valid else None) for p in points)
     by_c = {p.concurrency: p for p in found}
+    measured = {p.concurrency: p for p in points}
     slos = {p.concurrency: slo_at(p, slo) for p in points} if slo is not None else {}
     curve = report is not None
     return LayoutFindings(
         engine, layout, found,
-        sweet_spot=regimes.sweet_spot(report, by_c) if report is not None else None,
+        sweet_spot=regimes.sweet_spot(report, by_c, measured) if report is not None else None,
         memory_bound=memory.memory_bound(report, points, found) if report is not None else None,
         most_throughput=regimes.most_throughput(found) if curve else None,
         slo_points=slos,
@@ -278,7 +279,9 @@ def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, ski
     """Findings of grouped points (:func:`~batchbench.analysis.findings.points.points_from_documents`)."""
     names = sorted({p.engine for p in points})
     engines = {name: _engine_findings(name, [p for p in points if p.engine == name], slo) for name in names}
-    compared = comparisons.comparisons({name: e.layouts for name, e in engines.items()})
+    compared = comparisons.comparisons({name: e.layouts for name, e in engines.items()},
+                                       {name: comparisons.scope(r for p in points if p.engine == name for r in p.runs)
+                                        for name in names})
     gone = invalid.invalid_runs(points)
     runs = sum(len(p.runs) for p in points)
     parities = {name: parity.check([r for p in points if p.engine == name for run in p.runs for r in run.records])

@@ -2,16 +2,18 @@
 
 Per layout both engines ran, the throughput each gives at its own best (:class:`MostThroughput`), and
 with an SLO the most goodput each gives under it. One engine is ahead only when the ratio's interval
-excludes 1; otherwise the sentence gives the largest difference the data leaves open.
+excludes 1; otherwise the sentence gives the largest difference the data leaves open. Where the runs make a
+ranking unsafe to carry over (a toy model, engines on a CPU, where per-step framework overhead decides it), the
+sentence says so in a clause (:func:`scope`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from batchbench.analysis.findings.points import layout_rank
+from batchbench.analysis.findings.points import Measurement, ModelScale, layout_rank
 from batchbench.analysis.findings.text import ratio as ratio_text
 from batchbench.analysis.repeats import Estimate
 
@@ -19,6 +21,44 @@ if TYPE_CHECKING:  # the layouts' findings are assembled from every topic, this 
     from batchbench.analysis.findings import LayoutFindings
 
 Metric = Literal["most throughput", "max goodput under the SLO"]
+
+#: Each layout in words, as a ratio's sentence names it.
+LAYOUT_WORDS = {"continuous": "Under continuous load", "static-waves": "In static waves",
+                "padded-mixed": "In padded batches with one long prompt", "homogeneous": "In batches of equal prompts"}
+#: Below this many parameters a model is a toy: its steps are too small for the engines' kernels to decide a
+#: ranking (the embedded default has 2.5 M).
+TOY_PARAMETERS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a pair's runs were measured on, as far as the documents say."""
+
+    #: The smallest model either engine served (parameters, layers); None: not known.
+    model: ModelScale | None
+    #: Either engine ran on this host's CPU.
+    on_cpu: bool
+
+
+def scope(runs: Iterable[Measurement]) -> Scope:
+    """The scope of some runs: the smallest model among them and whether any ran on a CPU."""
+    runs = list(runs)
+    models = [r.model for r in runs if r.model is not None]
+    return Scope(min(models, default=None), any(r.on_cpu for r in runs))
+
+
+def caveat(found: Scope) -> str | None:
+    """Why a ranking from runs of this scope does not carry over, in a clause; None when nothing says it does not."""
+    toy = found.model is not None and found.model.parameters < TOY_PARAMETERS
+    if not toy and not found.on_cpu:
+        return None
+    where = []
+    if found.on_cpu:
+        where.append("on a CPU")
+    if toy:
+        assert found.model is not None
+        where.append(f"with a {found.model.layers}-layer, {found.model.parameters / 1e6:.1f} M-parameter toy model")
+    return f"{' '.join(where)}: framework overhead decides this, it does not carry over to a GPU or a real model"
 
 
 @dataclass(frozen=True)
@@ -32,6 +72,8 @@ class Comparison:
     ratio: Estimate
     at_a: int
     at_b: int
+    #: Why the ranking does not carry over (None: nothing known says so).
+    caveat: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -41,41 +83,51 @@ class Comparison:
         return "within noise"
 
     def sentence(self) -> str:
-        """``continuous: hf-static gives x2.33 [1.95–2.78] the output tokens/s of vllm, each at its best batch size
-        (8 against 16).``, or the largest difference the data leaves open."""
+        """``Under continuous load, hf-static gives x2.33 [1.95–2.78] the output tokens/s of vllm, each at its best
+        batch size (8 against 16).``, or the largest difference the data leaves open; the caveat after it."""
         what, where = (("output tokens/s", "each at its best batch size") if self.metric == "most throughput"
                        else ("goodput", "each at its most goodput under the SLO"))
+        layout = LAYOUT_WORDS.get(self.layout, f"In {self.layout}")
         if self.ratio.differs_from_one:
             flip = self.ratio.value < 1
             winner, loser = (self.b, self.a) if flip else (self.a, self.b)
             at = (self.at_b, self.at_a) if flip else (self.at_a, self.at_b)
             shown = self.ratio.inverse() if flip else self.ratio
-            return (f"{self.layout}: {winner} gives {ratio_text(shown)} the {what} of {loser}, {where} "
-                    f"({at[0]} against {at[1]}).")
-        if self.ratio.largest_undetected is not None:
-            return (f"{self.layout}: {self.a} and {self.b} give the same {what} within noise, {where} "
+            text = (f"{layout}, {winner} gives {ratio_text(shown)} the {what} of {loser}, {where} "
+                    f"({at[0]} against {at[1]})")
+        elif self.ratio.largest_undetected is not None:
+            text = (f"{layout}, {self.a} and {self.b} give the same {what} within noise, {where} "
                     f"({self.at_a} and {self.at_b}): no difference larger than {self.ratio.largest_undetected:.0%} "
-                    f"detected ({ratio_text(self.ratio)}).")
-        return f"{self.layout}: {self.a} gives {ratio_text(self.ratio)} the {what} of {self.b}, {where} (n=1)."
+                    f"detected ({ratio_text(self.ratio)})")
+        else:
+            text = f"{layout}, {self.a} gives {ratio_text(self.ratio)} the {what} of {self.b}, {where} (n=1)"
+        return f"{text}; {self.caveat}." if self.caveat else f"{text}."
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "layout": self.layout, "a": self.a, "b": self.b, "ratio": self.ratio.to_dict(),
-                "at_a": self.at_a, "at_b": self.at_b, "verdict": self.verdict}
+                "at_a": self.at_a, "at_b": self.at_b, "verdict": self.verdict, "caveat": self.caveat}
 
 
-def comparisons(engines: Mapping[str, Mapping[str, LayoutFindings]]) -> list[Comparison]:
+def comparisons(engines: Mapping[str, Mapping[str, LayoutFindings]],
+                scopes: Mapping[str, Scope] | None = None) -> list[Comparison]:
+    """Every pair of engines in every layout both ran; ``scopes``: each engine's (:func:`scope`), for the caveat."""
     found: list[Comparison] = []
     names = sorted(engines)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
+            both = None
+            if scopes is not None and a in scopes and b in scopes:
+                sa, sb = scopes[a], scopes[b]
+                models = [m for m in (sa.model, sb.model) if m is not None]
+                both = caveat(Scope(min(models, default=None), sa.on_cpu or sb.on_cpu))
             for layout in sorted(set(engines[a]) & set(engines[b]), key=layout_rank):
                 fa, fb = engines[a][layout], engines[b][layout]
                 ta, tb = fa.most_throughput, fb.most_throughput
                 if ta is not None and tb is not None and (r := ta.output_tok_s.ratio(tb.output_tok_s)) is not None:
-                    found.append(Comparison("most throughput", layout, a, b, r, ta.concurrency, tb.concurrency))
+                    found.append(Comparison("most throughput", layout, a, b, r, ta.concurrency, tb.concurrency, both))
                 ga, gb = fa.max_goodput, fb.max_goodput
                 if ga is not None and gb is not None and ga.goodput_req_s is not None and gb.goodput_req_s is not None \
                         and (r := ga.goodput_req_s.ratio(gb.goodput_req_s)) is not None:
                     found.append(Comparison("max goodput under the SLO", layout, a, b, r, ga.concurrency,
-                                            gb.concurrency))
+                                            gb.concurrency, both))
     return found

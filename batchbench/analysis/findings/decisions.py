@@ -19,11 +19,13 @@ from batchbench.analysis.findings.padding import PaddingCost
 from batchbench.analysis.findings.regimes import MostThroughput, SweetSpot
 from batchbench.analysis.findings.slo import LatencyPool
 from batchbench.analysis.findings.text import estimate, ms
+from batchbench.analysis.findings.text import ratio as ratio_text
+from batchbench.analysis.regimes import PEAK_SHARE
 from batchbench.measures.slo import Slo
 
 #: The questions, in the order the answer gives them (their keys in report.json).
 QUESTIONS = {
-    "throughput": "Batch size for the most throughput",
+    "throughput": "Batch size for throughput (sweet spot)",
     "latency": "Largest batch within the TTFT SLO",
     "batching": "Continuous vs static batching",
     "padding": "Cost of padding",
@@ -59,19 +61,20 @@ class EngineDecisions:
                 "memory": memory.decision(self.memory_bound, self.has_kv_data)}
 
     def _throughput(self) -> str:
-        t = self.throughput
-        if t is None:
+        """The sweet spot (:data:`~batchbench.analysis.regimes.PEAK_SHARE` of the peak), with the peak beside it."""
+        t, sweet = self.throughput, self.sweet_spot
+        if t is None or sweet is None:
             return "no valid point"
-        text = f"batch {t.concurrency}: {estimate(t.output_tok_s)}"
-        others = [c for c in t.within_noise if c != t.concurrency]
-        if others:
-            text += (f"; batch {', '.join(map(str, others))} within noise of it, so batch {t.smallest} gives as much "
-                     "with the least queueing")
-        if self.sweet_spot is not None and not self.sweet_spot.end_of_sweep:
-            text += f"; the knee (sweet spot) is at {self.sweet_spot.concurrency}"
-        elif self.sweet_spot is not None:
-            text += "; still scaling at the largest batch measured"
-        return text
+        tok = f": {estimate(sweet.output_tok_s)}" if sweet.output_tok_s is not None else ""
+        if sweet.end_of_sweep:
+            return (f"batch {sweet.concurrency}{tok}, still scaling at the largest batch measured: no sweet spot "
+                    "within the sweep")
+        text = f"batch {sweet.concurrency}{tok}"
+        if sweet.peak_concurrency is None:
+            return text + ", the most measured; more requests add latency, not throughput"
+        share = f", {ratio_text(sweet.share_of_peak)} of it" if sweet.share_of_peak is not None else ""
+        return (f"{text}, within {1 - PEAK_SHARE:.0%} of the most measured (batch {sweet.peak_concurrency}: "
+                f"{estimate(t.output_tok_s)}{share}); more requests add latency, not throughput")
 
     def _latency(self, slo: Slo | None) -> str:
         pool = self.latency_pool

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from batchbench.analysis.planner import CapacityFit, PlanError, fit_in_capacity
+from batchbench.analysis.planner import CapacityFit, PlanError, fit_in_capacity, parameter_count
 from batchbench.analysis.regimes import Regime, SweepPoint
 from batchbench.analysis.repeats import Estimate
 from batchbench.analysis.validity import Validity, check_run, document_summary
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
+from batchbench.fixtures import shipped_model_dir
 from batchbench.measures.metrics import Summary, summarize
 from batchbench.measures.slo import Slo, Verdict
 from batchbench.measures.speculation import SpeculationCounters
@@ -39,19 +40,22 @@ PRECISION_LABEL = "precision"
 
 def _dist(name: str, stat: str) -> Callable[[Summary], float | None]:
     def get(summary: Summary) -> float | None:
-        dist = getattr(summary, name)
+        dist = getattr(summary.steady or summary, name)
         return None if dist is None else float(getattr(dist, stat))
     return get
 
 
 #: The per-run figures of a point, by the key findings and the report use.
 FIGURES: dict[str, Callable[[Summary], float | None]] = {
-    "output_tok_s": lambda s: s.output_token_throughput,
+    # A closed loop's point of the curve is its steady state (metrics.SteadyState): neither the opening burst nor
+    # the drain, which weigh more the shorter a run is, bends it. Other arrivals: the whole run.
+    "output_tok_s": lambda s: s.curve_throughput,
     "ttft_p50_s": _dist("ttft", "p50"),
     "ttft_p99_s": _dist("ttft", "p99"),
     "tpot_p50_s": _dist("tpot", "p50"),
     "tpot_p99_s": _dist("tpot", "p99"),
     "e2e_p50_s": _dist("e2e", "p50"),
+    "run_output_tok_s": lambda s: s.output_token_throughput,
     "goodput_req_s": lambda s: s.goodput,
     "mean_decoding": lambda s: s.mean_decoding,
     # The GPUs' energy over the run (None: no GPU telemetry; the summary's energy says why).
@@ -61,6 +65,13 @@ FIGURES: dict[str, Callable[[Summary], float | None]] = {
 }
 #: The figure a point's repeats are run until it is precise (``batchbench run --precision``).
 KEY_FIGURE = "output_tok_s"
+
+
+class ModelScale(NamedTuple):
+    """The served model's size, from its config."""
+
+    parameters: int
+    layers: int
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,10 @@ class Measurement:
     kv_plan: CapacityFit | None = None
     #: The precision its repeats were run to (a share; None: not run to one).
     precision_target: float | None = None
+    #: How big the served model is, and whether it ran on this host's CPU (None: not known): what a ranking of
+    #: engines may be carried over to.
+    model: ModelScale | None = None
+    on_cpu: bool | None = None
     engine_report: Mapping[str, Any] = field(default_factory=dict, repr=False)
     records: tuple[RequestRecord, ...] = field(default=(), repr=False)
     #: The engine's batching configuration (``BatchingConfig.to_dict()``) and its speculation counters' growth.
@@ -277,24 +292,54 @@ def _label_share(labels: Mapping[str, Any], key: str) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
 
 
-def _kv_plan(doc: RunDocument, capacity: int | None) -> CapacityFit | None:
-    """The planner (:func:`batchbench.analysis.planner.fit_in_capacity`) on the run's own figures: the served model's
-    config.json where it is a local folder, the cache's capacity and block size from the sweep's labels, and the
-    workload's longest prompt and output; None when any is missing (a model at a URL, a run without a KV design)."""
-    design = doc.header.labels.get("design")
-    block = design.get("block_size") if isinstance(design, dict) else None
+def _model_config(doc: RunDocument) -> dict[str, Any] | None:
+    """The served model's config.json: from the folder the run names where it is readable here, else a shipped
+    model's by the folder's name (a run measured elsewhere names its own checkout); None for neither (a model at a
+    URL, a hub id)."""
     model = doc.header.engine.get("model")
     path = model.get("path") if isinstance(model, dict) else None
+    if not isinstance(path, str) or not path:
+        return None
+    for folder in (Path(path), shipped_model_dir(Path(path).name)):
+        try:
+            if folder is not None:
+                return dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _kv_plan(doc: RunDocument, config: Mapping[str, Any] | None, capacity: int | None) -> CapacityFit | None:
+    """The planner (:func:`batchbench.analysis.planner.fit_in_capacity`) on the run's own figures: the served model's
+    config, the cache's capacity and block size from the sweep's labels, and the workload's longest prompt and
+    output; None when any is missing (a model at a URL, a run without a KV design)."""
+    design = doc.header.labels.get("design")
+    block = design.get("block_size") if isinstance(design, dict) else None
     prompt, output = (doc.header.workload.get(k, {}).get("max") for k in ("prompt_tokens", "output_tokens"))
-    if not (capacity and isinstance(block, int) and isinstance(path, str) and isinstance(prompt, int)
+    if not (capacity and config is not None and isinstance(block, int) and isinstance(prompt, int)
             and isinstance(output, int)):
         return None
     try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
         return fit_in_capacity(config, capacity, block_size=block, prompt_len=prompt, output_len=output,
                                kv_dtype=str(config.get("torch_dtype") or "bf16"))
-    except (OSError, ValueError, PlanError):
-        return None  # no readable config here (the run was measured elsewhere): the report shows the rest
+    except (ValueError, PlanError):
+        return None  # a config the planner cannot read: the report shows the rest
+
+
+def _scale(config: Mapping[str, Any] | None) -> ModelScale | None:
+    """How big the served model is (None: no config to tell)."""
+    try:
+        return None if config is None else ModelScale(parameter_count(config), int(config["num_hidden_layers"]))
+    except (KeyError, TypeError, ValueError, PlanError):
+        return None
+
+
+def _on_cpu(doc: RunDocument) -> bool | None:
+    """Whether the engine ran on this host's CPU: launched here (not at a URL) on a host without a GPU. None for
+    an engine at a URL, whose hardware batchbench cannot see."""
+    if doc.header.engine.get("mode") == "url":
+        return None
+    return not doc.header.environment.get("gpus")
 
 
 def _layout_and_concurrency(doc: RunDocument) -> tuple[str, int] | None:
@@ -344,10 +389,12 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
     if summary is not None and limits is not None and limits != stored and duration:
         # Goodput counts requests within the limits; the run counted its own (or none).
         summary = dataclasses.replace(  # the records' figures again; the GPUs' energy is the run's own
-            summarize(doc.records, duration_s=duration, ttft_slo_s=limits[0], tpot_slo_s=limits[1]),
+            summarize(doc.records, duration_s=duration, ttft_slo_s=limits[0], tpot_slo_s=limits[1],
+                      closed_loop=summary.steady is not None),  # as the run summarised itself
             energy=summary.energy)
     guard = doc.guardrails()
     labels = doc.header.labels
+    config = _model_config(doc)
     return Measurement(
         run_id=doc.header.run_id or source or "?", source=source, engine=engine, layout=layout,
         concurrency=concurrency, repeat=_label_int(labels, "repeat"), summary=summary, duration_s=duration,
@@ -355,7 +402,8 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
         validity=check_run(doc, slo=slo, summary=summary),
         kv_usage_peak=guard.kv_usage_peak, preemptions=guard.preemptions, waiting_peak=guard.waiting_peak,
         kv_fit=_label_int(labels, "kv_fit"), kv_capacity_tokens=_label_int(labels, "kv_capacity_tokens"),
-        kv_plan=_kv_plan(doc, _label_int(labels, "kv_capacity_tokens")),
+        kv_plan=_kv_plan(doc, config, _label_int(labels, "kv_capacity_tokens")),
+        model=_scale(config), on_cpu=_on_cpu(doc),
         precision_target=_label_share(labels, PRECISION_LABEL),
         engine_report=footer.engine_report if footer is not None else {}, records=tuple(doc.records),
         batching=dict(doc.header.batching), speculation=SpeculationCounters.over(doc.server_metrics),

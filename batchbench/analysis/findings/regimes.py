@@ -1,14 +1,11 @@
 """The curve: each layout's regimes, its sweet spot, and the batch size that gives the most throughput.
 
-The regimes come from :func:`batchbench.analysis.regimes.classify_regimes` over the points' means. Two answers are
-read off the curve, and they are different questions:
-
-- the **sweet spot** is the knee: the last batch size whose doubling still paid for itself
-  (:data:`batchbench.analysis.regimes.SCALING_GAIN`); past it, more requests buy little throughput and only add
-  latency;
-- the **most throughput** is the batch size with the highest mean, and beside it every batch size whose
-  throughput the data cannot tell apart from it (the ratio's interval contains 1). The smallest of those is
-  the one to run for throughput: no slower, and it queues fewer requests.
+The regimes come from :func:`batchbench.analysis.regimes.classify_regimes` over the points' means, and with them
+the one sweet spot every part of batchbench names: the smallest batch size whose throughput is within
+:data:`~batchbench.analysis.regimes.PEAK_SHARE` of the most measured (past it, more requests add latency, not
+throughput). Beside it, its throughput as a share of the peak's, with the interval of that ratio (paired pass by
+pass where the two were measured side by side). The **most throughput** is the batch size with the highest mean
+(what engines are compared at), with every batch size whose throughput the data cannot tell apart from it.
 """
 
 from __future__ import annotations
@@ -17,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchbench.analysis.findings.points import Point, PointFindings
+from batchbench.analysis.findings.points import KEY_FIGURE, Point, PointFindings, ratio
 from batchbench.analysis.findings.text import estimate
-from batchbench.analysis.regimes import RegimeReport, classify_regimes
+from batchbench.analysis.regimes import PEAK_SHARE, RegimeReport, classify_regimes
 from batchbench.analysis.repeats import Estimate
 
 
@@ -44,16 +41,26 @@ class SweetSpot:
     evidence: tuple[str, ...]
     #: The sweep still scaled at its last point: the knee lies beyond what was measured.
     end_of_sweep: bool
+    #: The batch size of the most throughput, and the sweet spot's throughput over it (None: it is the peak).
+    peak_concurrency: int | None = None
+    share_of_peak: Estimate | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "output_tok_s": _ivd(self.output_tok_s),
-                "ttft_p99_s": _ivd(self.ttft_p99_s), "evidence": list(self.evidence), "end_of_sweep": self.end_of_sweep}
+                "ttft_p99_s": _ivd(self.ttft_p99_s), "evidence": list(self.evidence), "end_of_sweep": self.end_of_sweep,
+                "peak_concurrency": self.peak_concurrency, "share_of_peak": _ivd(self.share_of_peak),
+                "definition": f"the smallest batch size whose throughput is at least {PEAK_SHARE:.0%} of the most "
+                              "measured"}
 
 
-def sweet_spot(report: RegimeReport, by_c: dict[int, PointFindings]) -> SweetSpot:
+def sweet_spot(report: RegimeReport, by_c: dict[int, PointFindings], points: dict[int, Point]) -> SweetSpot:
+    """The sweet spot of a classified curve, with its share of the peak (the point of highest mean throughput)."""
     s = by_c[report.sweet_spot]
+    peak = max(report.points, key=lambda p: (p.point.throughput, -p.concurrency)).concurrency
+    share = None if peak == s.concurrency else ratio(points[s.concurrency], points[peak], KEY_FIGURE)
     return SweetSpot(s.concurrency, s.figure("output_tok_s"), s.figure("ttft_p99_s"), s.run_ids,
-                     end_of_sweep=report.sweet_spot == report.points[-1].concurrency)
+                     end_of_sweep=report.sweet_spot == report.points[-1].concurrency,
+                     peak_concurrency=None if peak == s.concurrency else peak, share_of_peak=share)
 
 
 @dataclass(frozen=True)
@@ -66,14 +73,9 @@ class MostThroughput:
     within_noise: tuple[int, ...]
     evidence: tuple[str, ...]
 
-    @property
-    def smallest(self) -> int:
-        """The batch size to run for throughput: the smallest that gives as much as the best, within noise."""
-        return min(self.within_noise)
-
     def to_dict(self) -> dict[str, Any]:
         return {"concurrency": self.concurrency, "output_tok_s": self.output_tok_s.to_dict(),
-                "within_noise": list(self.within_noise), "smallest": self.smallest, "evidence": list(self.evidence)}
+                "within_noise": list(self.within_noise), "evidence": list(self.evidence)}
 
 
 def most_throughput(points: Sequence[PointFindings]) -> MostThroughput | None:
