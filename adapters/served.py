@@ -299,8 +299,8 @@ class ServedEngine(Engine):
         return self.launch.placement() if self.launch is not None else EngineCpus("at a URL")
 
     def server_process_groups(self) -> frozenset[int] | None:
-        """A server launched here as a local process: its process group (the launch's ``pid`` leads it).
-        At a URL or in a container its processes are not ours to tell apart: None."""
+        """A server launched here: its process group (a local process's ``pid``, or a container's main process where
+        this machine sees it, leads it). At a URL its processes are not ours to tell apart: None."""
         group = self.launch.process_group() if self.launch is not None else None
         return frozenset({group}) if group is not None else None
 

@@ -17,10 +17,12 @@ from typing import Any
 
 from batchbench.adapters.auth import API_KEY_ENV, auth_from
 from batchbench.adapters.base import EngineError
+from batchbench.adapters.launch.images import image_problem
 from batchbench.adapters.registry import (
     EngineOptions,
     embedded_engines,
     engine_names,
+    launch_mode,
     make_engine,
     parse_engine_urls,
 )
@@ -76,6 +78,38 @@ def add_endpoint_argument(add: Callable[..., Any]) -> None:
              "template; reasoning tokens timed and counted apart)")
 
 
+def add_image_argument(add: Callable[..., Any]) -> None:
+    """``--image ENGINE=REF``: the image an engine's container runs, in place of ``images.toml``'s pin (argparse's
+    ``add_argument`` or pytest's ``addoption``); :func:`engine_options` checks it with the other engine options."""
+    add("--image", action="append", default=[], metavar="ENGINE=REF",
+        help="run ENGINE's container from this image instead of the one adapters/images.toml pins (repeatable; an "
+             "explicit tag, not latest), e.g. vllm=batchbench-vllm-cpu:0.32.0, built here by docker/images.sh "
+             "vllm-cpu; the rest of the engine's container spec is kept")
+
+
+def parse_images(values: Sequence[str], selected: Sequence[str], options: EngineOptions) -> tuple[tuple[str, str], ...]:
+    """``--image ENGINE=REF`` values -> (engine, image) pairs; ValueError for one that names no selected engine,
+    an image without a pinned tag, or an engine that starts no container (at a URL, or a local process)."""
+    images: dict[str, str] = {}
+    for value in values:
+        name, sep, image = value.partition("=")
+        if not sep or not name or not image:
+            raise ValueError(f"--image {value!r}: write ENGINE=IMAGE:TAG, e.g. vllm=batchbench-vllm-cpu:0.32.0")
+        if name not in selected:
+            raise ValueError(f"--image {value}: engine {name!r} is not selected (add --engine {name})")
+        if (problem := image_problem(image)) is not None:
+            raise ValueError(f"--image {value}: {problem}")
+        if options.url_for(name) is not None:
+            raise ValueError(f"--image {value}: engine {name!r} is reached at a URL, so no container is started")
+        if launch_mode(name, options) != "docker":
+            raise ValueError(f"--image {value}: engine {name!r} runs as a local process here (--launch "
+                             f"{options.launch}); add --launch docker to run it in a container")
+        if name in images and images[name] != image:
+            raise ValueError(f"--image {value}: engine {name!r} already runs {images[name]}")
+        images[name] = image
+    return tuple(images.items())
+
+
 def add_telemetry_arguments(add: Callable[..., Any]) -> None:
     """``--gpu-hour-cost`` and ``--no-gpu-telemetry``: how the GPUs the engines use are read (argparse's
     ``add_argument`` or pytest's ``addoption``)."""
@@ -106,14 +140,14 @@ def gpu_options(cost: float | None, no_telemetry: bool) -> GpuOptions:
 def engine_options(
     engines: Sequence[str], *, engine_urls: Sequence[str], model: str | None, launch: str, profile: Profile,
     results_dir: Path, cpus: str | None = None, api_key: str | None = None, headers: Sequence[str] = (),
-    endpoint: Endpoint = "completions",
+    endpoint: Endpoint = "completions", images: Sequence[str] = (),
 ) -> tuple[tuple[str, ...], EngineOptions]:
     """The selected engines (default: the embedded ones) and their options, every engine checked.
 
-    Raises ValueError with a message for the user: an unknown engine, a URL for an engine that is not
-    selected, an engine that cannot run as asked (hf-static in a container, a container without --model, chat on
-    an engine without a chat route), a ``--cpus`` that cannot be applied (:func:`choose_placement`), a malformed
-    ``--header``. ``api_key`` None: ``$OPENAI_API_KEY``, if set.
+    Raises ValueError with a message for the user: an unknown engine, a URL or an ``--image`` for an engine that
+    is not selected, an engine that cannot run as asked (hf-static in a container, chat on an engine without a chat
+    route), an ``--image`` for an engine that starts no container (:func:`parse_images`), a ``--cpus`` that cannot
+    be applied (:func:`choose_placement`), a malformed ``--header``. ``api_key`` None: ``$OPENAI_API_KEY``, if set.
     """
     if model is not None and model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
         # A hub id is NAME or ORG/NAME; something written as a path must be there now, not fail at engine start.
@@ -128,6 +162,7 @@ def engine_options(
                             max_model_len=profile.max_model_len, log_dir=results_dir / "server-logs",
                             placement=placement, unplaced=unplaced, auth=auth_from(api_key, headers),
                             endpoint=endpoint)
+    options = dataclasses.replace(options, images=parse_images(images, selected, options))
     for name in selected:
         try:
             make_engine(name, None, options)

@@ -29,6 +29,7 @@ from batchbench.harness import Harness
 from batchbench.options import (
     add_endpoint_argument,
     add_engine_arguments,
+    add_image_argument,
     add_telemetry_arguments,
     batching_grid,
     engine_options,
@@ -42,6 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("batchbench")
     add_engine_arguments(group.addoption)
     add_endpoint_argument(group.addoption)
+    add_image_argument(group.addoption)
     add_telemetry_arguments(group.addoption)
     group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
     group.addoption("--require-engines", action="store_true",
@@ -75,6 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
             model=config.getoption("--model"), launch=config.getoption("--launch"), profile=profile,
             results_dir=results_dir, cpus=config.getoption("--cpus"), api_key=config.getoption("--api-key"),
             headers=config.getoption("--header"), endpoint=config.getoption("--endpoint"),
+            images=config.getoption("--image"),
         )
         if options.endpoint == "chat":
             # The suites' workloads are token ids; on a chat endpoint they are sent as text of those lengths.

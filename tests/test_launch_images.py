@@ -46,6 +46,7 @@ def test_images_toml_pins_every_engine() -> None:
         ('image = "x/y:1"\nport = 1\nbogus = 1', "unknown keys"),
         ('image = "x/y"\nport = 1', "explicit tag"),
         ('image = "x/y:latest"\nport = 1', "not 'latest'"),
+        ('image = "x/y:1"\ncpu_image = "x/y-cpu"\nport = 1', "cpu_image 'x/y-cpu' must carry an explicit tag"),
         ('image = "x/y:1"', "missing 'port'"),
         ('image = "x/y:1"\nport = 0', "port must be"),
         ('image = "x/y:1"\nport = 1\nprogram = "a b"', "program must be"),

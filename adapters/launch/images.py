@@ -28,6 +28,8 @@ class ContainerSpec:
     engine: str
     image: str
     port: int
+    #: The engine's CPU build, run on a host without a GPU in place of :attr:`image` (None: there is none).
+    cpu_image: str | None = None
     #: Put in front of the engine's own arguments (the image's ENTRYPOINT stays).
     program: tuple[str, ...] = ()
     shm_size: str | None = None
@@ -44,6 +46,7 @@ class ContainerSpec:
         return {
             "engine": self.engine,
             "image": self.image,
+            "cpu_image": self.cpu_image,
             "port": self.port,
             "program": list(self.program),
             "shm_size": self.shm_size,
@@ -55,8 +58,21 @@ class ContainerSpec:
 
 
 _SPEC_KEYS = {
-    "image", "port", "program", "shm_size", "ipc_mode", "ulimits", "hf_home", "env",
+    "image", "cpu_image", "port", "program", "shm_size", "ipc_mode", "ulimits", "hf_home", "env",
 }
+
+
+def image_problem(image: object) -> str | None:
+    """What is wrong with an image reference (None: nothing): it must be a non-empty string with an explicit tag
+    (or a digest) that is not ``latest``, so a result always says which build ran."""
+    if not isinstance(image, str) or not image:
+        return "image must be a non-empty string"
+    tail = image.rsplit("/", 1)[-1]
+    if ":" not in tail and "@" not in image:
+        return f"image {image!r} must carry an explicit tag"
+    if tail.endswith(":latest"):
+        return f"image {image!r}: pin a version, not 'latest'"
+    return None
 
 
 def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> ContainerSpec:
@@ -68,13 +84,11 @@ def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> Con
         if key not in table:
             raise ValueError(f"{where}: missing {key!r}")
     image = table["image"]
-    if not isinstance(image, str) or not image:
-        raise ValueError(f"{where}: image must be a non-empty string")
-    tail = image.rsplit("/", 1)[-1]
-    if ":" not in tail and "@" not in image:
-        raise ValueError(f"{where}: image {image!r} must carry an explicit tag")
-    if tail.endswith(":latest"):
-        raise ValueError(f"{where}: image {image!r}: pin a version, not 'latest'")
+    if (problem := image_problem(image)) is not None:
+        raise ValueError(f"{where}: {problem}")
+    cpu_image = table.get("cpu_image")
+    if cpu_image is not None and (problem := image_problem(cpu_image)) is not None:
+        raise ValueError(f"{where}: cpu_{problem}")
     port = table["port"]
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"{where}: port must be an integer in 1..65535, not {port!r}")
@@ -90,6 +104,7 @@ def _spec_from_table(engine: str, table: Mapping[str, Any], source: Path) -> Con
     return ContainerSpec(
         engine=engine,
         image=image,
+        cpu_image=cpu_image,
         port=port,
         program=tuple(program),
         shm_size=table.get("shm_size") or None,

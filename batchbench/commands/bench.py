@@ -61,6 +61,7 @@ from batchbench.measures.slo import Slo
 from batchbench.options import (
     add_endpoint_argument,
     add_engine_arguments,
+    add_image_argument,
     add_telemetry_arguments,
     engine_options,
     gpu_options,
@@ -106,6 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_arguments(p.add_argument)
     add_endpoint_argument(p.add_argument)
+    add_image_argument(p.add_argument)
     add_telemetry_arguments(p.add_argument)
     levels = p.add_mutually_exclusive_group()
     levels.add_argument("--concurrency", type=concurrency_list, default=None, metavar="LIST",
@@ -181,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
                                           cpus=args.cpus, api_key=args.api_key, headers=args.header,
-                                          endpoint=args.endpoint)
+                                          endpoint=args.endpoint, images=args.image)
         batching = one_batching(args.batching, "bench", engines)
         served = served_models_at_urls(engines, options)
         work = prepare_workload(args, profile, kind=kind, levels=levels, served=served)

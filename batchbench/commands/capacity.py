@@ -55,6 +55,7 @@ from batchbench.core.config import BatchingConfig
 from batchbench.options import (
     add_endpoint_argument,
     add_engine_arguments,
+    add_image_argument,
     add_telemetry_arguments,
     engine_options,
     gpu_options,
@@ -70,6 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_arguments(p.add_argument)
     add_endpoint_argument(p.add_argument)
+    add_image_argument(p.add_argument)
     add_telemetry_arguments(p.add_argument)
     p.add_argument("--by", choices=["concurrency", "rate"], default="concurrency",
                    help="search over requests in flight (closed loop) or requests/s (open loop)")
@@ -156,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
         engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
                                           launch=args.launch, profile=profile, results_dir=args.results_dir,
                                           cpus=args.cpus, api_key=args.api_key, headers=args.header,
-                                          endpoint=args.endpoint)
+                                          endpoint=args.endpoint, images=args.image)
         batching = one_batching(args.batching, "capacity", engines)
         _search(args, kind)  # its bounds are checked before anything starts
         served = served_models_at_urls(engines, options)
