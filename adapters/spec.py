@@ -36,7 +36,7 @@ class EngineSpec:
 
     name: str
     engine_class: type[Engine]
-    #: One line for ``--help`` and the README's engine table.
+    #: One line for ``--help`` and the engine table (docs/engines.md).
     summary: str
     #: Runs on any machine with nothing but batchbench's own dependencies: the default selection.
     embedded: bool = False

@@ -30,7 +30,7 @@ from batchbench.measures.slo import Slo
 from batchbench.progress import EngineStart, Progress
 from batchbench.workload.lora import Lora, LoraSpec, materialize
 
-#: Exit statuses (the README lists them). A stop by SIGTERM or SIGHUP exits 128 + the signal's number (143, 129).
+#: Exit statuses (docs/main-job.md lists them). A stop by SIGTERM or SIGHUP exits 128 + the signal's number (143, 129).
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENGINE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 #: The signals a job scheduler stops a job with (Slurm, Kubernetes, a CI timeout: SIGTERM; a closed terminal:
