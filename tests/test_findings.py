@@ -445,3 +445,16 @@ def test_lora_runs_get_a_sentence_on_whether_their_adapters_were_served_alike() 
     assert sentence.startswith("alpha continuous at 4: 2 LoRA adapters, TTFT p50 from ")
     assert "(a) to " in sentence and "(b)" in sentence and "Jain's fairness of their request speeds" in sentence
     assert not [d for d in findings_from_documents([document(RunSpec())]).details if "LoRA" in d]
+
+
+def test_a_plateau_with_the_cache_not_full_is_compute_saturated_not_memory_bound() -> None:
+    """Flat from batch 2 with the cache a quarter full: no sentence calls it memory-bound (issue 28's slow run)."""
+    docs = [document(RunSpec(concurrency=c, repeat=r, throughput=t * (1 + 0.01 * r), kv_usage=kv, jitter=0.0))
+            for r in range(3) for c, t, kv in [(1, 100, 0.05), (2, 180, 0.25), (4, 185, 0.4), (8, 182, 0.6)]]
+    found = findings_from_documents(docs)
+    f = layout(found)
+    assert [p.regime for p in f.points] == ["under-utilised", "sweet-spot", "compute-saturated", "compute-saturated"]
+    answer = decisions(found).answers(None)["memory"]
+    assert answer.startswith("not memory-bound within the sweep: compute-saturated from batch 4 (KV at most 60% full")
+    assert "memory-bound from" not in " ".join(found.details)
+    assert decisions(found).answers(None)["throughput"].startswith("batch 2: ")  # the sweet spot, within 10% of 185

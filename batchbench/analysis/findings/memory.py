@@ -95,9 +95,9 @@ def _plateau(m: MemoryBound) -> str | None:
     if m.regime == "memory-bound":
         return None
     if m.regime == "saturated":
-        return f"saturated from {m.concurrency} (no KV data: the engine reports no KV cache)"
+        return f"no KV data (the engine reports no KV cache): saturated from batch {m.concurrency}"
     kv = f"KV at most {m.kv_usage_before:.0%} full" if m.kv_usage_before is not None else "no KV usage read"
-    return f"compute-saturated from {m.concurrency} ({kv}, no preemptions: compute, not the cache, limits it)"
+    return f"compute-saturated from batch {m.concurrency} ({kv}, no preemptions: compute, not the cache, limits it)"
 
 
 def clause(m: MemoryBound) -> str:
