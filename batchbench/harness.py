@@ -32,7 +32,7 @@ from batchbench.core.server_metrics import ServerMetrics
 from batchbench.load.engines import EngineCache
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.pinning import ClientPin, pin_thread
-from batchbench.load.runner import RunResult, run
+from batchbench.load.runner import MeasuredRun, run
 from batchbench.measures.gpu import GpuOptions
 from batchbench.workload.chat import as_chat
 from batchbench.workload.profiles import Profile
@@ -160,7 +160,7 @@ class Harness:
         benchmark: Any = None,
         load: LoadConfig | None = None,
         **run_options: Any,
-    ) -> RunResult:
+    ) -> MeasuredRun:
         """Run ``workload`` on ``engine`` and write its results document.
 
         With a pytest-benchmark fixture, the run is also recorded there (one
@@ -171,13 +171,13 @@ class Harness:
         labels = {"profile": self.profile.name, **(labels or {})}
         workload = self.sent(workload)
 
-        def once() -> RunResult:
+        def once() -> MeasuredRun:
             return self._loop.call(run(engine, workload, results_dir=self.results_dir, tag=tag, load=load,
                                       labels=labels, **{"gpu": self.gpu, **run_options}))
 
         if benchmark is None:
             return once()
-        result: RunResult = benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
+        result: MeasuredRun = benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
         benchmark.extra_info.update({
             "engine": engine.name,
             "batching": engine.batching.label(),

@@ -41,7 +41,7 @@ from batchbench.adapters.vllm import VLLMEngine
 from batchbench.analysis import validity
 from batchbench.core import eventloop
 from batchbench.core.config import LoadConfig, ModelRef
-from batchbench.load.runner import RunResult, run
+from batchbench.load.runner import MeasuredRun, run
 from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
 #: The served model's name (the server serves no weights).
@@ -141,7 +141,7 @@ def _p50(truth: dict[str, Any], key: str) -> float | None:
     return float(spread["p50"]) if spread else None
 
 
-def level_figures(result: RunResult, arrival: Arrival, truth: dict[str, Any], cpu_s: float) -> Level:
+def level_figures(result: MeasuredRun, arrival: Arrival, truth: dict[str, Any], cpu_s: float) -> Level:
     """One level's figures from its run; ``truth``: the server's account of the level (GET /batchbench/truth);
     ``cpu_s``: the client process's CPU over the run."""
     s, client = result.summary, result.client

@@ -21,7 +21,7 @@ from batchbench.analysis.regimes import PEAK_SHARE
 from batchbench.analysis.repeats import CONFIDENCE, Estimate
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.reports import fmt
-from batchbench.reports.document import Block, Bullets, Cell, Para, Section, Table
+from batchbench.reports.blocks import Block, Bullets, Cell, Para, Section, Table
 
 Formatter = Callable[[object], str]
 #: The anchor of the table of runs left out.

@@ -23,9 +23,9 @@ from batchbench.analysis.regimes import PEAK_SHARE
 from batchbench.analysis.repeats import Estimate
 from batchbench.reports import plots
 from batchbench.reports.answer import layouts
-from batchbench.reports.document import Block, Para, Plot, Section
+from batchbench.reports.blocks import Block, Para, Plot, Section
 from batchbench.reports.headline import HeadlinePoint, headline_svg
-from batchbench.reports.model import Run, display_name
+from batchbench.reports.model import ReportedRun, display_name
 from batchbench.reports.series import group_series, series_labels
 from batchbench.reports.svg import to_svg
 
@@ -178,7 +178,7 @@ def per_user(findings: Findings, colors: dict[str, str], accelerators: dict[str,
     return to_svg(fig)
 
 
-def _accelerators(runs: list[Run]) -> dict[str, int]:
+def _accelerators(runs: list[ReportedRun]) -> dict[str, int]:
     """Accelerators each engine ran on: the GPUs its runs' environment lists (a CPU counts as one)."""
     out: dict[str, int] = {}
     for r in runs:
@@ -187,7 +187,7 @@ def _accelerators(runs: list[Run]) -> dict[str, int]:
     return out
 
 
-def _memory_bound_points(findings: Findings, runs: list[Run]) -> list[list[Run]]:
+def _memory_bound_points(findings: Findings, runs: list[ReportedRun]) -> list[list[ReportedRun]]:
     """The runs of the points where each engine and layout became memory-bound, for their KV and queue timelines:
     the finding's evidence, or (without one) the valid points classified memory-bound or saturated. A point's
     repeats are one list, drawn as one figure."""
@@ -203,7 +203,7 @@ def _memory_bound_points(findings: Findings, runs: list[Run]) -> list[list[Run]]
     return [[by_id[str(row["run_id"])] for row in s.rows] for s in group_series([r.to_row() for r in cited])]
 
 
-def _point_title(point: list[Run]) -> str:
+def _point_title(point: list[ReportedRun]) -> str:
     first = point[0]
     repeats = f" ({len(point)} repeats)" if len(point) > 1 else ""
     return display_name(first.engine, first.batching_label, series_labels(first.to_row())) + repeats
@@ -239,7 +239,7 @@ def headlines(findings: Findings, colors: dict[str, str]) -> list[Block]:
     return out
 
 
-def figures_section(findings: Findings, runs: list[Run], colors: dict[str, str]) -> Section:
+def figures_section(findings: Findings, runs: list[ReportedRun], colors: dict[str, str]) -> Section:
     """The figures behind the answer, drawn from the findings' points (means with their 95% intervals)."""
     sec = Section("Figures")
     drawn = [

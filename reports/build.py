@@ -23,6 +23,7 @@ from batchbench.analysis.findings import Findings, findings_from_documents
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.slo import Slo
 from batchbench.reports import exports, markdown, render_html
+from batchbench.reports.blocks import Document
 from batchbench.reports.compare import (
     DEFAULT_THRESHOLD_PCT,
     REPORT_SCHEMA,
@@ -33,7 +34,6 @@ from batchbench.reports.compare import (
     read_report_rows,
 )
 from batchbench.reports.content import build_document, group_by_workload
-from batchbench.reports.document import Document
 from batchbench.reports.inputs import Inputs, discover
 from batchbench.reports.model import KEY_METRICS
 from batchbench.reports.series import group_series

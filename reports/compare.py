@@ -1,6 +1,6 @@
 """Comparisons: engines against each other within a workload, and a build against an earlier one.
 
-Both work on report rows (``Run.to_row()``, or the rows of an earlier
+Both work on report rows (``ReportedRun.to_row()``, or the rows of an earlier
 report.json), so a baseline can be either a results folder or just the
 report.json kept from an earlier build (results folders are often deleted,
 reports are kept).

@@ -17,15 +17,15 @@ from batchbench.analysis.findings import Findings
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.metrics import ttft_by_bucket
 from batchbench.reports import answer, answer_plots, fmt, plots
+from batchbench.reports.blocks import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
 from batchbench.reports.compare import BaselineComparison, best_by_metric
-from batchbench.reports.document import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
 from batchbench.reports.inputs import Inputs
 from batchbench.reports.model import (
     BUCKET_EDGES,
     KEY_METRICS,
     METRICS_BY_KEY,
     MetricSpec,
-    Run,
+    ReportedRun,
     canonical,
     display_name,
 )
@@ -39,7 +39,7 @@ def format_metric(spec: MetricSpec, value: object) -> str:
     return _UNIT_FORMAT[spec.unit](value)
 
 
-def status_text(run: Run) -> str:
+def status_text(run: ReportedRun) -> str:
     """The status cell: a partial or interrupted run is impossible to miss."""
     if run.status == "complete":
         return "complete"
@@ -48,7 +48,7 @@ def status_text(run: Run) -> str:
     return f"⚠ {run.status.upper()}{derived}{missing}"
 
 
-def _danger_lines(runs: list[Run]) -> list[str]:
+def _danger_lines(runs: list[ReportedRun]) -> list[str]:
     """One line per series (a measurement's repeats) whose runs entered the KV danger zone: how many of them did,
     their highest peak and how many of their samples were in it."""
     found = []
@@ -67,7 +67,7 @@ def _danger_lines(runs: list[Run]) -> list[str]:
     return found
 
 
-def _partial_text(run: Run) -> str:
+def _partial_text(run: ReportedRun) -> str:
     why = {
         "partial": "journal of a killed run, no footer; figures cover only the requests it recorded",
         "interrupted": f"the run was interrupted ({run.error or 'no reason recorded'}); figures cover what completed",
@@ -75,7 +75,7 @@ def _partial_text(run: Run) -> str:
     return f"⚠ {run.status.upper()}: {run.display_name()} ({run.workload_name}), {run.source}: {why}"
 
 
-def _workload_order(item: tuple[tuple[str, str], list[Run]]) -> tuple[str, str, float, str]:
+def _workload_order(item: tuple[tuple[str, str], list[ReportedRun]]) -> tuple[str, str, float, str]:
     """Workloads by name, then arrival kind, then load (concurrency or rate), so a sweep reads in order."""
     (name, digest), members = item
     spec = members[0].workload.get("spec")
@@ -86,9 +86,9 @@ def _workload_order(item: tuple[tuple[str, str], list[Run]]) -> tuple[str, str, 
     return (name, kind, load if load is not None else 0.0, digest)
 
 
-def group_by_workload(runs: list[Run]) -> list[tuple[tuple[str, str], list[Run]]]:
+def group_by_workload(runs: list[ReportedRun]) -> list[tuple[tuple[str, str], list[ReportedRun]]]:
     """Runs grouped by workload (name and hash), each group ordered by engine and configuration."""
-    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[ReportedRun]] = defaultdict(list)
     for r in runs:
         groups[r.workload_key].append(r)
     for members in groups.values():
@@ -96,12 +96,12 @@ def group_by_workload(runs: list[Run]) -> list[tuple[tuple[str, str], list[Run]]
     return sorted(groups.items(), key=_workload_order)
 
 
-def _column_names(runs: list[Run]) -> list[str]:
+def _column_names(runs: list[ReportedRun]) -> list[str]:
     names = [r.display_name() for r in runs]
     return [f"{n} ({r.run_id[-6:]})" if names.count(n) > 1 else n for n, r in zip(names, runs)]
 
 
-def arrival_text(run: Run) -> str:
+def arrival_text(run: ReportedRun) -> str:
     """How the workload released its requests ("closed, concurrency 8"), or "" when not recorded."""
     spec = run.workload.get("spec")
     arrival = spec.get("arrival") if isinstance(spec, dict) else None
@@ -115,13 +115,13 @@ def arrival_text(run: Run) -> str:
     return str(kind or "")
 
 
-def workload_title(name: str, digest: str, run: Run) -> str:
+def workload_title(name: str, digest: str, run: ReportedRun) -> str:
     """Name, arrival and short hash: one name often covers several arrivals (a concurrency sweep)."""
     arrival = arrival_text(run)
     return f"{name}" + (f", {arrival}" if arrival else "") + f" ({digest[:12] or 'no hash'})"
 
 
-def _workload_intro(name: str, digest: str, runs: list[Run]) -> str:
+def _workload_intro(name: str, digest: str, runs: list[ReportedRun]) -> str:
     wl = runs[0].workload
     parts = [f"Workload {name}, hash {digest or 'n/a'}"]
     if wl.get("num_requests") is not None:
@@ -135,13 +135,13 @@ def _workload_intro(name: str, digest: str, runs: list[Run]) -> str:
     return "; ".join(parts) + "."
 
 
-def metrics_table(runs: list[Run]) -> Table:
+def metrics_table(runs: list[ReportedRun]) -> Table:
     """Engines side by side on one workload: a column per run, a row per figure."""
     rows: list[list[Cell]] = []
     cols = _column_names(runs)
     rows.append([Cell("Status")] + [Cell(status_text(r), "" if not r.partial else "warn") for r in runs])
 
-    def counts(r: Run) -> str:
+    def counts(r: ReportedRun) -> str:
         ok, failed = (r.summary.ok, r.summary.failed) if r.summary is not None else (None, None)
         return f"{fmt.count(ok)} / {fmt.count(failed)}"
 
@@ -183,7 +183,7 @@ def metrics_table(runs: list[Run]) -> Table:
     return Table(["Metric", *cols], rows)
 
 
-def reasoning_rows(runs: list[Run]) -> list[list[Cell]]:
+def reasoning_rows(runs: list[ReportedRun]) -> list[list[Cell]]:
     """Where a run's streams reasoned: time to the first token of the answer (TTFO) beside TTFT's rows, and the
     reasoning tokens per request; where the engine counted the prompt otherwise than it was sent (a chat
     template's added tokens), both counts per request. Nothing for runs with neither."""
@@ -203,7 +203,7 @@ def reasoning_rows(runs: list[Run]) -> list[list[Cell]]:
     return rows
 
 
-def energy_rows(runs: list[Run]) -> list[list[Cell]]:
+def energy_rows(runs: list[ReportedRun]) -> list[list[Cell]]:
     """The GPUs' energy per run and what it bought; where no run has figures, one row saying why."""
     found = [r.energy() for r in runs]
     if not any(e is not None and e.energy_j is not None for e in found):
@@ -218,13 +218,13 @@ def energy_rows(runs: list[Run]) -> list[list[Cell]]:
     return rows
 
 
-def rankable_run(run: Run) -> bool:
+def rankable_run(run: ReportedRun) -> bool:
     """Whether a run may be bolded best: complete, every request ok, no NaN among its key figures."""
     return (not run.partial and run.summary is not None and run.summary.failed == 0
             and not any(run.nan_metric(spec.key) for spec in KEY_METRICS))
 
 
-def failure_text(run: Run) -> str:
+def failure_text(run: ReportedRun) -> str:
     """Why a run's figures are not all they seem: its failed requests by kind (the overview lists these)."""
     s = run.summary
     assert s is not None and s.failures
@@ -232,7 +232,7 @@ def failure_text(run: Run) -> str:
     return f"{run.display_name()} ({run.workload_name}): {s.failed} of {s.requests} requests failed: {kinds}"
 
 
-def repeats_table(runs: list[Run]) -> Table | None:
+def repeats_table(runs: list[ReportedRun]) -> Table | None:
     """Each key metric's mean [95% interval] over the repeats of each series; None when nothing repeats."""
     series = [s for s in group_series([r.to_row() for r in runs]) if len(s.rows) > 1]
     if not series:
@@ -259,7 +259,7 @@ def _bucket_labels() -> list[str]:
     return list(ttft_by_bucket([], lambda r: r.in_flight_at_send, BUCKET_EDGES))
 
 
-def bucket_table(runs: list[Run]) -> Table:
+def bucket_table(runs: list[ReportedRun]) -> Table:
     """TTFT per batch-size bucket (requests in flight when each was sent): p50 / p99 ms and count."""
     labels = _bucket_labels()
     rows = []
@@ -279,7 +279,7 @@ def bucket_table(runs: list[Run]) -> Table:
                          "— means no request met that batch size.")
 
 
-def turn_table(runs: list[Run]) -> Table | None:
+def turn_table(runs: list[ReportedRun]) -> Table | None:
     """TTFT per turn of the runs' multi-turn conversations (p50 / p90 ms and count); None when no run has any.
 
     A later turn carries the whole conversation so far, so this is where a growing context (and a prefix
@@ -301,7 +301,7 @@ def turn_table(runs: list[Run]) -> Table | None:
                          "— means no request of that turn succeeded.")
 
 
-def windows_table(runs: list[Run], which: str) -> Table | None:
+def windows_table(runs: list[ReportedRun], which: str) -> Table | None:
     """Each run's windows, ``slices`` (``--slice``) or ``stages`` (``bench --stages``): a row per window; None
     when no run has any."""
     rows = []
@@ -325,7 +325,7 @@ def windows_table(runs: list[Run], which: str) -> Table | None:
                             else ""))
 
 
-def lora_table(runs: list[Run]) -> Table | None:
+def lora_table(runs: list[ReportedRun]) -> Table | None:
     """Each LoRA adapter's share of the runs whose requests named adapters, and Jain's fairness index between
     them; None when no run has any. One heavy adapter, or more adapters than the engine's slots, shows here as
     some adapters' requests waiting longer than others'."""
@@ -424,10 +424,10 @@ def _placement_text(p: Placement | None) -> str:
     return f"engine {engine}, client CPU {clients} ({state})"
 
 
-def environment_section(runs: list[Run]) -> Section:
+def environment_section(runs: list[ReportedRun]) -> Section:
     """Where each run happened, one table per distinct machine/software set, then the engines' configurations."""
     sec = Section("Environment")
-    groups: dict[str, list[Run]] = defaultdict(list)
+    groups: dict[str, list[ReportedRun]] = defaultdict(list)
     for r in runs:
         groups[canonical(r.environment)].append(r)
     for i, members in enumerate(groups.values(), 1):

@@ -21,7 +21,7 @@ from typing import Any
 from batchbench.core.records import RequestRecord
 from batchbench.reports.content import group_by_workload
 from batchbench.reports.inputs import Inputs
-from batchbench.reports.model import KEY_METRICS, MetricSpec, Run
+from batchbench.reports.model import KEY_METRICS, MetricSpec, ReportedRun
 
 #: Column-name suffix per metric unit: stored values are seconds, per-second rates and fractions.
 _UNIT_SUFFIX = {"ms": "_s", "rate": "", "fraction": ""}
@@ -32,7 +32,7 @@ def metric_column(spec: MetricSpec) -> str:
     return spec.key + _UNIT_SUFFIX[spec.unit]
 
 
-def _label_keys(runs: Iterable[Run]) -> list[str]:
+def _label_keys(runs: Iterable[ReportedRun]) -> list[str]:
     """Every label any run has (concurrency, repeat, layout, ...), each a column of its own."""
     return sorted({key for run in runs for key in run.labels})
 
@@ -43,7 +43,7 @@ def _identity_header(label_keys: list[str]) -> list[str]:
             *(f"label_{key}" for key in label_keys)]
 
 
-def _identity(run: Run, label_keys: list[str]) -> dict[str, Any]:
+def _identity(run: ReportedRun, label_keys: list[str]) -> dict[str, Any]:
     """The columns that say which run a row belongs to."""
     return {"source": run.source, "run_id": run.run_id, "engine": run.engine, "batching": run.batching_label,
             "workload": run.workload_name, "workload_hash": run.workload_hash,
@@ -59,7 +59,7 @@ def _cell(value: Any) -> Any:
     return value
 
 
-def _ordered(inputs: Inputs) -> list[tuple[Run, int]]:
+def _ordered(inputs: Inputs) -> list[tuple[ReportedRun, int]]:
     """Each run (with its index in ``inputs``) in the order the report shows them."""
     index = {id(run): i for i, run in enumerate(inputs.runs)}
     return [(run, index[id(run)]) for _, members in group_by_workload(inputs.runs) for run in members]
@@ -84,7 +84,7 @@ def runs_csv(inputs: Inputs) -> str:
               "decode_idle_fraction", "mean_decoding", "peak_kv_usage", "kv_danger_zone", "kv_capacity_tokens",
               "preemptions", "rejections", "max_waiting", "max_running", "duration_s"]
 
-    def row(run: Run) -> dict[str, Any]:
+    def row(run: ReportedRun) -> dict[str, Any]:
         s, server = run.summary, run.server
         return {
             **_identity(run, label_keys), "status": run.status, "summary_source": run.summary_source,
@@ -119,7 +119,7 @@ def records_csv(inputs: Inputs) -> str:
     header = [*_identity_header(label_keys), *_RECORD_FIELDS, "output_tokens", "chunks", "ttft_s", "ttfo_s", "e2e_s",
               "e2e_from_schedule_s", "schedule_lag_s"]
 
-    def row(run: Run, record: RequestRecord) -> dict[str, Any]:
+    def row(run: ReportedRun, record: RequestRecord) -> dict[str, Any]:
         return {**_identity(run, label_keys), **{name: getattr(record, name) for name in _RECORD_FIELDS},
                 "output_tokens": record.output_tokens, "chunks": len(record.chunk_times), "ttft_s": record.ttft_s,
                 "ttfo_s": record.ttfo_s, "e2e_s": record.e2e_s, "e2e_from_schedule_s": record.e2e_from_schedule_s,

@@ -60,7 +60,7 @@ def _draw(ax: Axes, points: list[HeadlinePoint], color: str, label: str, *, vali
 
 def headline_svg(engine: str, points: Sequence[HeadlinePoint], *, sweet_spot: int | None,
                  slo_ttft_p99_s: float | None, color: str) -> str | None:
-    """The headline figure as SVG (for a :class:`~batchbench.reports.document.Plot`); None when no point has both
+    """The headline figure as SVG (for a :class:`~batchbench.reports.blocks.Plot`); None when no point has both
     a finite throughput and a finite TTFT p99, so there is nothing to draw.
 
     ``sweet_spot`` is the batch size to ring (nothing is ringed when it is None or names no valid point drawn);

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchbench.reports.model import Run, build_run
+from batchbench.reports.model import ReportedRun, build_run
 from batchbench.results.document import RunDocument, unreadable_reason
 from batchbench.results.document import discover as discover_documents
 
@@ -19,7 +19,7 @@ from batchbench.results.document import discover as discover_documents
 class Inputs:
     """What was found under a results folder."""
 
-    runs: list[Run] = field(default_factory=list)
+    runs: list[ReportedRun] = field(default_factory=list)
     #: The documents the runs were read from, in the same order (what ``batchbench.analysis.findings`` reads).
     documents: list[RunDocument] = field(default_factory=list)
     #: One line per skipped batchbench file, naming it and why.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from batchbench.reports.document import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
+from batchbench.reports.blocks import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
 
 _SPECIAL = re.compile(r"([\\`*\[\]<>|#!])")
 _EDGE_UNDERSCORE = re.compile(r"(?<!\w)_|_(?!\w)")

@@ -101,7 +101,7 @@ class ServerStats:
 
 
 @dataclass
-class Run:
+class ReportedRun:
     """One results document, reduced to what the report shows."""
 
     source: str
@@ -275,8 +275,8 @@ def batching_label(batching: dict[str, Any]) -> str:
         return f"{mode}-{rest}" if rest else mode
 
 
-def build_run(source: str, doc: RunDocument) -> Run:
-    """Reduce a results document to a :class:`Run`."""
+def build_run(source: str, doc: RunDocument) -> ReportedRun:
+    """Reduce a results document to a :class:`ReportedRun`."""
     header, footer = doc.header, doc.footer
     notes: list[str] = list(doc.problems)
     records = doc.records
@@ -309,7 +309,7 @@ def build_run(source: str, doc: RunDocument) -> Run:
     if sized:
         buckets = ttft_by_bucket(sized, lambda r: r.in_flight_at_send, BUCKET_EDGES)
         ttft_buckets = {label: (d.to_dict() if d is not None else None) for label, d in buckets.items()}
-    return Run(
+    return ReportedRun(
         source=source,
         run_id=header.run_id or source,
         engine=header.engine_name,

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.reports.fmt import num
-from batchbench.reports.model import Run
+from batchbench.reports.model import ReportedRun
 from batchbench.reports.svg import to_svg
 
 #: The label that orders points along a latency-throughput curve, when the runs carry it.
@@ -27,36 +27,36 @@ POINT_LABEL = "concurrency"
 _STYLES = ["-", "--", ":", "-."]
 
 
-def engine_colors(runs: list[Run]) -> dict[str, str]:
+def engine_colors(runs: list[ReportedRun]) -> dict[str, str]:
     """One colour per engine (matplotlib's default cycle, C0..C9), the same in every figure of a report."""
     return {name: f"C{i % 10}" for i, name in enumerate(sorted({r.engine for r in runs}))}
 
 
-def _point_order(run: Run) -> tuple[int, float, str]:
+def _point_order(run: ReportedRun) -> tuple[int, float, str]:
     value = run.labels.get(POINT_LABEL)
     n = num(value)
     return (0, n, "") if n is not None else (1, 0.0, str(value))
 
 
-def _point_text(run: Run) -> str:
+def _point_text(run: ReportedRun) -> str:
     if POINT_LABEL in run.labels:
         return f"c={run.labels[POINT_LABEL]}"
     return run.workload_name
 
 
-def _series_of(points: list[Run]) -> dict[str, list[Run]]:
+def _series_of(points: list[ReportedRun]) -> dict[str, list[ReportedRun]]:
     """Group runs into lines: one per engine (and per other label, such as a layout).
 
     A line joins points that differ in the point label. When one engine has
     several runs at the same point (several batching configurations), its
     line splits by batching configuration so no line zigzags between them.
     """
-    by_engine: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    by_engine: dict[tuple[str, str], list[ReportedRun]] = defaultdict(list)
     for r in points:
         rest = " ".join(f"{k}={v}" for k, v in sorted(r.labels.items(), key=lambda kv: str(kv[0]))
                         if k != POINT_LABEL)
         by_engine[(r.engine, rest)].append(r)
-    series: dict[str, list[Run]] = {}
+    series: dict[str, list[ReportedRun]] = {}
     for (engine, rest), members in sorted(by_engine.items()):
         suffix = f" {rest}" if rest else ""
         batchings = sorted({r.batching_label for r in members})
@@ -70,7 +70,7 @@ def _series_of(points: list[Run]) -> dict[str, list[Run]]:
     return series
 
 
-def latency_throughput(runs: list[Run]) -> str | None:
+def latency_throughput(runs: list[ReportedRun]) -> str | None:
     """Output tokens/s (x) against TTFT p99 (y): a line per engine, a point per run.
 
     Points are labelled with the run's concurrency (``labels["concurrency"]``)
@@ -110,7 +110,7 @@ def latency_throughput(runs: list[Run]) -> str | None:
     return to_svg(fig)
 
 
-def short_names(runs: list[Run]) -> list[str]:
+def short_names(runs: list[ReportedRun]) -> list[str]:
     """Each run as ``engine [batching]`` and the plain labels whose values differ among ``runs`` (a legend's
     names: the three repeats of one measurement are ``repeat=0``, ``repeat=1``, ``repeat=2``)."""
     keys = sorted({k for r in runs for k, v in r.labels.items() if isinstance(v, str | int | float | bool)
@@ -119,7 +119,7 @@ def short_names(runs: list[Run]) -> list[str]:
             + (" (partial)" if r.partial else "") for r in runs]
 
 
-def _series(run: Run, name: str) -> tuple[list[float], list[float]]:
+def _series(run: ReportedRun, name: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for s in run.samples:
         t, v = num(s.t), num(getattr(s, name))
@@ -150,7 +150,7 @@ def _requests_ylim(ax: Axes, values: list[float]) -> None:
     ax.set_ylim(-0.03 * top, top)
 
 
-def workload_figure(runs: list[Run], colors: dict[str, Any]) -> str | None:
+def workload_figure(runs: list[ReportedRun], colors: dict[str, Any]) -> str | None:
     """One compact figure per workload, a line per run: the TTFT CDF of its ok requests, its KV usage (with the
     danger line) and its requests waiting over time. What a per-run figure each used to show, at a fraction of
     the page: runs of one workload are a handful of repeats, which read best on one axis."""
@@ -195,7 +195,7 @@ def workload_figure(runs: list[Run], colors: dict[str, Any]) -> str | None:
     return to_svg(fig)
 
 
-def slices_figure(runs: list[Run], colors: dict[str, Any]) -> str | None:
+def slices_figure(runs: list[ReportedRun], colors: dict[str, Any]) -> str | None:
     """Output tokens/s and TTFT p99 per time window (``--slice``), a line per sliced run: warm-up, drift or a
     saturation that sets in within a run, which its whole-run figures average away."""
     sliced = [(r, name) for r, name in zip(runs, short_names(runs)) if r.slices]
@@ -232,7 +232,7 @@ def _once(label: str, shown: set[str]) -> str:
     return label
 
 
-def server_timeline(runs: list[Run], color: Any) -> str | None:
+def server_timeline(runs: list[ReportedRun], color: Any) -> str | None:
     """KV usage (with the danger line) and queue depth (requests waiting and running) over the runs of one point
     (its repeats), a line per run, drawn alike: they are one measurement, and their spread is the noise."""
     shown: set[str] = set()

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from html import escape
 
 from batchbench.reports import svg
-from batchbench.reports.document import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
+from batchbench.reports.blocks import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
 
 #: What an anchor may be: it is written unescaped into ids and links.
 _ANCHOR = re.compile(r"[a-z0-9-]+")

@@ -52,7 +52,7 @@ from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paire
 from batchbench.core.config import BatchingConfig
 from batchbench.fixtures import tiny_model_dir
 from batchbench.harness import Harness
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.workload.lora import Lora, make_lora
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
@@ -107,14 +107,14 @@ def test_adapters_beyond_the_slots_wait_for_one(
         with harness.private_engine(engine_name, config, loras=loras) as engine:
             harness.replay(engine, warm_up(wls["over"]))  # each adapter loaded, a full batch's shapes seen
 
-            def measure(split: str, repeat: int) -> RunResult:
+            def measure(split: str, repeat: int) -> MeasuredRun:
                 result = harness.measure(engine, wls[split], tag=f"lora-{split}", benchmark=(
                     benchmark if split == "over" and repeat == REPEATS - 1 else None),
                     labels={"suite": "multi_lora", "split": split, "repeat": repeat})
                 assert result.summary.failed == 0, result.summary.failures
                 return result
 
-            series: dict[str, Repeats[RunResult]] = {split: Repeats() for split in wls}
+            series: dict[str, Repeats[MeasuredRun]] = {split: Repeats() for split in wls}
             # Every split each pass, again while a claim's interval straddles its limit.
             for split, repeat in RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, alternate=True,
                                                 together=True, settled=lambda _: claims(wls, series).decided
@@ -151,13 +151,13 @@ def test_adapters_beyond_the_slots_wait_for_one(
     claims(wls, series).finish(f"{engine_name}, max_loras={SLOTS}")
 
 
-def spread(run: RunResult) -> float | None:
+def spread(run: MeasuredRun) -> float | None:
     """Slowest over fastest adapter's TTFT p50 in one run."""
     ttfts = [lora_ttft(run, name) for name in run.summary.loras or {}]
     return max(ttfts) / min(ttfts) if ttfts and min(ttfts) > 0 else None
 
 
-def claims(wls: dict[str, Workload], series: dict[str, Repeats[RunResult]]) -> IntervalChecks:
+def claims(wls: dict[str, Workload], series: dict[str, Repeats[MeasuredRun]]) -> IntervalChecks:
     """The suite's claims on the runs so far, each over the repeats (module docstring)."""
     checks = IntervalChecks()
     quiet = {split: [r for r, load in zip(reps.runs, reps.loads) if not load.disturbed]
@@ -173,7 +173,7 @@ def claims(wls: dict[str, Workload], series: dict[str, Repeats[RunResult]]) -> I
     return checks
 
 
-def lora_ttft(run: RunResult, name: str) -> float:
+def lora_ttft(run: MeasuredRun, name: str) -> float:
     loras = run.summary.loras or {}
     ttft = loras[name].ttft if name in loras else None
     assert ttft is not None, f"no TTFT for adapter {name!r}"

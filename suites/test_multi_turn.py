@@ -44,7 +44,7 @@ from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics, prefix_cache_hit_rate
 from batchbench.harness import Harness
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.workload.profiles import Profile, get_profile
 from batchbench.workload.requests import Arrival, Lengths, ThinkTime, Workload, WorkloadSpec
@@ -102,7 +102,7 @@ def out_of_order(wl: Workload, records: list[RequestRecord]) -> list[str]:
     return wrong
 
 
-def ttft_p50_by_turn(runs: list[RunResult]) -> dict[int, float]:
+def ttft_p50_by_turn(runs: list[MeasuredRun]) -> dict[int, float]:
     """Each turn's TTFT p50, the lowest over the repeats (a stall on a shared machine only ever adds)."""
     found: dict[int, float] = {}
     for r in runs:
@@ -127,7 +127,7 @@ def test_conversations_wait_for_answers_and_ttft_follows_the_context(
     engines = {on: start_engine(engine_name, config) for on, config in configs.items()}
     before: dict[tuple[bool, int], ServerMetrics | None] = {}
 
-    def measure(on: bool, repeat: int) -> RunResult:
+    def measure(on: bool, repeat: int) -> MeasuredRun:
         before[(on, repeat)] = harness.scrape(engines[on])
         result = harness.measure(engines[on], wl, tag=f"turns-cache-{'on' if on else 'off'}", benchmark=(
             benchmark if not on and repeat == REPEATS - 1 else None),
@@ -136,13 +136,13 @@ def test_conversations_wait_for_answers_and_ttft_follows_the_context(
         assert not (wrong := out_of_order(wl, result.records)), wrong
         return result
 
-    series: dict[bool, Repeats[RunResult]] = {on: Repeats() for on in engines}
+    series: dict[bool, Repeats[MeasuredRun]] = {on: Repeats() for on in engines}
 
-    def last_turn(run: RunResult) -> float | None:
+    def last_turn(run: MeasuredRun) -> float | None:
         found = (run.summary.ttft_by_turn or {}).get(str(TURNS))
         return None if found is None else found.p50
 
-    def growth(run: RunResult) -> float | None:
+    def growth(run: MeasuredRun) -> float | None:
         by_turn = run.summary.ttft_by_turn or {}
         first, last = by_turn.get("1"), by_turn.get(str(TURNS))
         return None if first is None or last is None or not first.p50 > 0 else last.p50 / first.p50

@@ -26,7 +26,7 @@ from batchbench.analysis.main_job import padding_pair
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paired
 from batchbench.analysis.theory import padding_fraction
 from batchbench.harness import Harness
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.workload.requests import Workload
 
@@ -39,7 +39,7 @@ def batches(harness: Harness) -> dict[str, Workload]:
     return padding_pair(harness.profile.max_model_len, BATCH)
 
 
-def wave_time(result: RunResult) -> float:
+def wave_time(result: MeasuredRun) -> float:
     return max(r.done_s for r in result.records) - min(r.sent_s for r in result.records)
 
 
@@ -63,7 +63,7 @@ def test_padding_cost(harness: Harness, start_engine: Callable[..., Engine], eng
     # What each layout costs in prompt tokens: padded (B x longest) or real (the sum).
     padded_ratio = (BATCH * max(prompt_lens["padded-mixed"])) / sum(prompt_lens["homogeneous"])
     real_ratio = sum(prompt_lens["padded-mixed"]) / sum(prompt_lens["homogeneous"])
-    series: dict[str, Repeats[RunResult]] = {tag: Repeats() for tag in work}
+    series: dict[str, Repeats[MeasuredRun]] = {tag: Repeats() for tag in work}
 
     def judged() -> tuple[IntervalChecks, Estimate | None]:
         cost = paired(series["padded-mixed"], series["homogeneous"], wave_time)

@@ -71,7 +71,7 @@ from batchbench.analysis.repeats import RepeatProtocol
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
 from batchbench.harness import Harness
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.measures.metrics import Distribution
 from batchbench.workload.profiles import Profile, get_profile
 from batchbench.workload.requests import Arrival, Lengths, Request, Workload, WorkloadSpec, interleave
@@ -138,7 +138,7 @@ def _of_requests(wl: Workload, priority: str) -> list[Request]:
     return [r for r in wl.requests if r.priority == priority]
 
 
-def layout_metrics(result: RunResult) -> dict[str, float]:
+def layout_metrics(result: MeasuredRun) -> dict[str, float]:
     """Interactive TTFT p99 and batch throughput (the batch job's tokens over its own span)."""
     interactive, batch = _of(result.records, INTERACTIVE), _of(result.records, BATCH)
     ttft = Distribution.of(r.ttft_s for r in interactive if r.ttft_s is not None)
@@ -205,7 +205,7 @@ def test_latency_and_throughput_pools_vs_one_mixed_pool(
     wl = workload(profile)
     n_interactive, n_batch = len(_of_requests(wl, INTERACTIVE)), len(_of_requests(wl, BATCH))
 
-    def measure_layout(name: str, repeat: int) -> RunResult:
+    def measure_layout(name: str, repeat: int) -> MeasuredRun:
         before = {route: served_count(harness, e) or 0.0 for route, e in pools.items()}
         last = repeat == REPEATS - 1 and name == "split"
         result = harness.measure(layouts[name], wl, tag=name, benchmark=benchmark if last else None,

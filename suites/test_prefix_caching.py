@@ -39,7 +39,7 @@ from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paire
 from batchbench.core.config import BatchingConfig
 from batchbench.core.server_metrics import ServerMetrics, prefix_cache_hit_rate
 from batchbench.harness import Harness
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.results.document import RunDocument
 from batchbench.workload.profiles import Profile, get_profile
@@ -90,7 +90,7 @@ def test_prefix_caching_serves_shared_prefixes_from_the_cache(
     # The first scrape of a run can come after its first requests: read the counters right before it too.
     before: dict[tuple[bool, int], ServerMetrics | None] = {}
 
-    def measure(on: bool, repeat: int) -> RunResult:
+    def measure(on: bool, repeat: int) -> MeasuredRun:
         before[(on, repeat)] = harness.scrape(engines[on])
         result = harness.measure(engines[on], wl, tag=f"prefix-{'on' if on else 'off'}", benchmark=(
             benchmark if on and repeat == REPEATS - 1 else None),
@@ -98,7 +98,7 @@ def test_prefix_caching_serves_shared_prefixes_from_the_cache(
         assert result.summary.failed == 0, result.summary.failures
         return result
 
-    series: dict[bool, Repeats[RunResult]] = {True: Repeats(), False: Repeats()}
+    series: dict[bool, Repeats[MeasuredRun]] = {True: Repeats(), False: Repeats()}
 
     def judged() -> tuple[IntervalChecks, Estimate | None]:
         ratio = paired(series[True], series[False], lambda r: r.summary.ttft.p50 if r.summary.ttft else None)

@@ -47,7 +47,7 @@ from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paire
 from batchbench.core import environment
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.measures.speculation import SpeculationCounters, speedup
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.results.document import RunDocument
@@ -81,7 +81,7 @@ def workload(batch: int) -> Workload:
                         output=Lengths.fixed(OUTPUT), arrival=Arrival("closed", concurrency=batch), seed=5).build()
 
 
-def decode_chunks(result: RunResult) -> tuple[int, int]:
+def decode_chunks(result: MeasuredRun) -> tuple[int, int]:
     """(output tokens, streamed chunks) after each request's first token, which comes from prefill."""
     tokens = chunks = 0
     for record in result.records:
@@ -91,12 +91,12 @@ def decode_chunks(result: RunResult) -> tuple[int, int]:
     return tokens, chunks
 
 
-def tokens_per_chunk(result: RunResult) -> float:
+def tokens_per_chunk(result: MeasuredRun) -> float:
     tokens, chunks = decode_chunks(result)
     return tokens / chunks
 
 
-def predicted_tokens_per_chunk(result: RunResult, counters: SpeculationCounters) -> float:
+def predicted_tokens_per_chunk(result: MeasuredRun, counters: SpeculationCounters) -> float:
     """D decode tokens in D - accepted steps, one chunk each."""
     tokens, _ = decode_chunks(result)
     return tokens / (tokens - counters.accepted_tokens)
@@ -113,7 +113,7 @@ def test_speculation_against_batch_size(
     engines = {on: start_engine(engine_name, spec if on else None) for on in (True, False)}
     sizes = batches(harness.profile)
 
-    def measure(key: tuple[int, bool], repeat: int) -> RunResult:
+    def measure(key: tuple[int, bool], repeat: int) -> MeasuredRun:
         batch, on = key
         result = harness.measure(engines[on], workload(batch), tag=f"spec-{'on' if on else 'off'}-c{batch}",
                                  benchmark=benchmark if key == (1, True) and repeat == 0 else None,
@@ -124,7 +124,7 @@ def test_speculation_against_batch_size(
 
     keys = [(b, on) for b in sizes for on in (True, False)]
     on_gpu = bool(environment.capture()["gpus"])
-    series: dict[tuple[int, bool], Repeats[RunResult]] = {key: Repeats() for key in keys}
+    series: dict[tuple[int, bool], Repeats[MeasuredRun]] = {key: Repeats() for key in keys}
 
     def judged() -> tuple[IntervalChecks, Estimate | None]:
         """On a GPU, TPOT at batch 1 without speculation over with it, paired pass by pass: above

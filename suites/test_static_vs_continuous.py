@@ -38,7 +38,7 @@ from batchbench.analysis.theory import continuous_idle_fraction, waves_idle_frac
 from batchbench.core import environment
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.measures.machine_load import BUSY_SHARE
 from batchbench.measures.metrics import percentile
 from batchbench.pytest_plugin import IntervalChecks, skip_unless_capable
@@ -89,13 +89,13 @@ def test_static_waves_vs_continuous(
     continuous_engine = "continuous" in engine.capabilities.batching_modes
     on_gpu = bool(environment.capture()["gpus"])
 
-    def measure_layout(tag: str, repeat: int) -> RunResult:
+    def measure_layout(tag: str, repeat: int) -> MeasuredRun:
         result = harness.measure(engine, base.with_arrival(layouts[tag]), tag=tag,
                                  labels=labels | {"layout": tag, "repeat": repeat})
         assert result.summary.failed == 0, result.summary.failures
         return result
 
-    series: dict[str, Repeats[RunResult]] = {tag: Repeats() for tag in layouts}
+    series: dict[str, Repeats[MeasuredRun]] = {tag: Repeats() for tag in layouts}
 
     def judged() -> tuple[IntervalChecks, Estimate | None, Estimate | None]:
         """The claims on the pairs so far: occupancy (the mechanism) always, throughput on a GPU or a static

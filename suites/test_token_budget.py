@@ -102,7 +102,7 @@ from batchbench.analysis.repeats import RepeatProtocol, Repeats, paired
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
 from batchbench.harness import Harness
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.measures.metrics import Distribution, itl_samples
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.workload.profiles import Profile, get_profile
@@ -226,7 +226,7 @@ def _of(records: list[RequestRecord], priority: str) -> list[RequestRecord]:
     return [r for r in records if r.priority == priority]
 
 
-def run_metrics(result: RunResult) -> dict[str, float]:
+def run_metrics(result: MeasuredRun) -> dict[str, float]:
     """One run: the worst TTFT of the short requests that arrive with the burst, the short requests' TTFT and
     ITL p99, the run's throughput, and when the burst's prompts got their first tokens."""
     shorts, longs = _of(result.records, "interactive"), _of(result.records, "batch")
@@ -273,7 +273,7 @@ class CellRunner:
             self._warm.add(id(engine))
         return engine
 
-    def measure(self, cell: Cell, engine: Engine, benchmark: Any = None) -> RunResult:
+    def measure(self, cell: Cell, engine: Engine, benchmark: Any = None) -> MeasuredRun:
         c = cell.config
         repeat = len(self.runs.setdefault(cell.name, []))
         labels = {"suite": "token_budget", "cell": cell.name, "chunked": c.chunked_prefill, "repeat": repeat,
@@ -285,13 +285,13 @@ class CellRunner:
         self.runs[cell.name].append(run_metrics(result))
         return result
 
-    def alternate(self, a: Cell, b: Cell, judge: Callable[[Repeats[RunResult], Repeats[RunResult]], IntervalChecks],
-                  benchmark: Any = None) -> tuple[Repeats[RunResult], Repeats[RunResult]]:
+    def alternate(self, a: Cell, b: Cell, judge: Callable[[Repeats[MeasuredRun], Repeats[MeasuredRun]], IntervalChecks],
+                  benchmark: Any = None) -> tuple[Repeats[MeasuredRun], Repeats[MeasuredRun]]:
         """Runs of two cells alternating (both engines live), so that a slow period of the machine hits both:
         REPEATS passes, then more, up to MAX_REPEATS, while ``judge``'s claims on the pairs are undecided."""
         cells = {a.name: a, b.name: b}
         engines = {a.name: self.engine(a), b.name: self.engine(b)}
-        series: dict[str, Repeats[RunResult]] = {a.name: Repeats(), b.name: Repeats()}
+        series: dict[str, Repeats[MeasuredRun]] = {a.name: Repeats(), b.name: Repeats()}
         protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True,
                                   settled=lambda _: judge(series[a.name], series[b.name]).decided)
         for name, i in protocol.schedule(series):
@@ -329,8 +329,8 @@ def test_token_budget_vs_sequence_cap(
     # Each baseline alternates with the capped cell; each comparison pairs the capped runs of its own period.
     capped_cell = cells["chunked-lpt"]
 
-    def judge(name: str) -> Callable[[Repeats[RunResult], Repeats[RunResult]], IntervalChecks]:
-        def claims(baseline: Repeats[RunResult], capped: Repeats[RunResult]) -> IntervalChecks:
+    def judge(name: str) -> Callable[[Repeats[MeasuredRun], Repeats[MeasuredRun]], IntervalChecks]:
+        def claims(baseline: Repeats[MeasuredRun], capped: Repeats[MeasuredRun]) -> IntervalChecks:
             checks = IntervalChecks()
             # The mechanism: capped, the burst's prompts advance side by side and get their first tokens in one
             # step; uncapped (chunked or not) they are prefilled one after another.

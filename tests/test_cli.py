@@ -14,7 +14,7 @@ from batchbench.analysis.repeats import Repeats
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE, died, failure_lines
 from batchbench.core.records import RequestRecord
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.measures.client_load import ClientLoad
 from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import Distribution, summarize
@@ -98,13 +98,13 @@ def test_a_results_folder_that_cannot_be_made_is_a_usage_error_before_any_engine
     assert "cannot write results under" in capsys.readouterr().err
 
 
-def _result(records: list[RequestRecord]) -> RunResult:
-    return RunResult(path=Path("r.json"), records=records, samples=[], summary=summarize(records, duration_s=1.0),
+def _result(records: list[RequestRecord]) -> MeasuredRun:
+    return MeasuredRun(path=Path("r.json"), records=records, samples=[], summary=summarize(records, duration_s=1.0),
                      engine_report={}, duration_s=1.0, status="complete",
                      client=ClientLoad(cpu_s=0.0, wall_s=1.0, busy_fraction=0.0), machine=MachineLoad(None))
 
 
-def _run_of(throughput: float, ttft_p99: float) -> RunResult:
+def _run_of(throughput: float, ttft_p99: float) -> MeasuredRun:
     found = _result([_record(0, True)])
     summary = dataclasses.replace(found.summary, output_token_throughput=throughput,
                                   ttft=Distribution.of([ttft_p99] * 4))

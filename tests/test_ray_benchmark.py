@@ -37,7 +37,7 @@ from batchbench.analysis import validity
 from batchbench.core import eventloop
 from batchbench.core.config import LoadConfig, ModelRef
 from batchbench.load import ray_workers
-from batchbench.load.runner import RunResult, run
+from batchbench.load.runner import MeasuredRun, run
 from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
 ROUNDS = int(os.environ.get("BATCHBENCH_BENCH_ROUNDS", "1"))
@@ -101,7 +101,7 @@ def placed() -> Iterator[tuple[str, Any, set[int], str]]:
             cluster.shutdown()
 
 
-def _row(load: str, layout: str, k: int, result: RunResult, truth: dict[str, Any], driver_s: float, ray_s: float,
+def _row(load: str, layout: str, k: int, result: MeasuredRun, truth: dict[str, Any], driver_s: float, ray_s: float,
          arrival: Arrival) -> Row:
     s = result.summary
     assert s.requests > 0 and s.failed == 0, f"{load} {layout}: {s.failed} of {s.requests} requests failed"

@@ -316,7 +316,7 @@ def test_a_signal_to_bench_leaves_nothing_of_ours_running(cluster: Any, server: 
 
 
 def test_the_runs_line_names_where_ray_put_the_workers_and_what_was_lost() -> None:
-    from batchbench.commands.points import worker_lines
+    from batchbench.commands.levels import worker_lines
     from batchbench.results.document import WorkerReport
 
     reports = [WorkerReport(index=0, pool="ray", host="load-a", node="n1", requests=10, records=10,

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from matplotlib.figure import Figure
 
 from batchbench.reports import markdown, render_html
+from batchbench.reports.blocks import Document, Plot, Section
 from batchbench.reports.build import build_report
-from batchbench.reports.document import Document, Plot, Section
 from batchbench.reports.headline import HeadlinePoint, headline_svg
 from batchbench.reports.svg import inline, to_svg
 from batchbench.reports.svg_path import relative

@@ -28,7 +28,7 @@ from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.speculation import SpeculationCounters, crossover, speedup
 from batchbench.reports import markdown
 from batchbench.reports.answer import details_section
-from batchbench.reports.document import Document
+from batchbench.reports.blocks import Document
 from batchbench.results.document import RunDocument
 from tests.synthetic_runs import RunSpec, document
 

@@ -29,7 +29,7 @@ from batchbench.analysis import validity
 from batchbench.analysis.regimes import SweepPoint, classify_regimes
 from batchbench.analysis.repeats import RepeatProtocol, Repeats, precise
 from batchbench.core.config import BatchingConfig
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.load.sweep import SweepDesign, sweep_design
 from batchbench.measures.slo import Slo
 from batchbench.workload.profiles import Profile
@@ -239,7 +239,7 @@ class Repetition:
 
 
 def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS
-             ) -> Callable[[Mapping[Key, Repeats[RunResult]]], set[Key]]:
+             ) -> Callable[[Mapping[Key, Repeats[MeasuredRun]]], set[Key]]:
     """What the answer is decided by, given the runs so far (:attr:`RepeatProtocol.focus`): everything measured
     at the fit (the comparisons), and on the curve the sweet spot with its neighbours, the batch of most
     throughput, and the two batches either side of the SLO's TTFT p99 limit. Extra repeats go there, and to any
@@ -247,12 +247,12 @@ def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS
     fit = sweep.design.fit
     limit = next((o.limit_s for o in slo.objectives if o.metric == "ttft" and o.stat == "p99"), None)
 
-    def focus(series: Mapping[Key, Repeats[RunResult]]) -> set[Key]:
+    def focus(series: Mapping[Key, Repeats[MeasuredRun]]) -> set[Key]:
         short = {key for key, runs in series.items()
                  if sum(usable_throughput(r) is not None for r in runs.runs) < repeats}
         return short | _deciding(series)
 
-    def _deciding(series: Mapping[Key, Repeats[RunResult]]) -> set[Key]:
+    def _deciding(series: Mapping[Key, Repeats[MeasuredRun]]) -> set[Key]:
         keys = {key for key in series if key[0] != "continuous" or key[1] == fit}
         curve = sorted((c, tok) for (layout, c), runs in series.items()
                        if layout == "continuous" and (tok := runs.estimate(usable_throughput)) is not None)
@@ -272,7 +272,7 @@ def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS
     return focus
 
 
-def usable_throughput(result: RunResult) -> float | None:
+def usable_throughput(result: MeasuredRun) -> float | None:
     """A run's output tokens/s as the curve takes it (a closed loop's steady state), where the findings will use
     the run (no failed request, the client's clock kept, the machine quiet:
     :func:`batchbench.analysis.validity.load_reasons`); None otherwise, so an invalid run never settles a
@@ -282,7 +282,7 @@ def usable_throughput(result: RunResult) -> float | None:
     return result.summary.curve_throughput
 
 
-def usable_ttft_p99(result: RunResult) -> float | None:
+def usable_ttft_p99(result: MeasuredRun) -> float | None:
     """A usable run's TTFT p99, in its steady state where it has one (as the SLO judges it)."""
     ttft = (result.summary.steady or result.summary).ttft
     return ttft.p99 if ttft is not None and usable_throughput(result) is not None else None

@@ -363,7 +363,7 @@ class RepeatProtocol:
         load: Callable[[T], MachineLoad] = lambda run: run.machine,  # type: ignore[attr-defined]
     ) -> dict[K, Repeats[T]]:
         """Measure ``keys`` by this protocol; ``measure(key, pass)`` returns a run (None: nothing to keep)
-        and ``load(run)`` the machine's load during it (a :class:`~batchbench.load.runner.RunResult`'s by default)."""
+        and ``load(run)`` the machine's load during it (a :class:`~batchbench.load.runner.MeasuredRun`'s by default)."""
         series: dict[K, Repeats[T]] = {key: Repeats() for key in keys}
         for key, r in self.schedule(series):
             found = measure(key, r)

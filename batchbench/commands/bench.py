@@ -46,7 +46,7 @@ from batchbench.commands.common import (
     serve_loras,
     served_models_at_urls,
 )
-from batchbench.commands.points import EngineSession, PointResult, finish, level_text, write_summary
+from batchbench.commands.levels import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.commands.workload_args import (
     LevelKind,
     PreparedWorkload,

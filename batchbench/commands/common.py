@@ -25,7 +25,7 @@ from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.load.engines import EngineCache
 from batchbench.load.pinning import pinned_process
-from batchbench.load.runner import RunResult
+from batchbench.load.runner import MeasuredRun
 from batchbench.measures.slo import Slo
 from batchbench.progress import EngineStart, Progress
 from batchbench.workload.lora import Lora, LoraSpec, materialize
@@ -209,7 +209,7 @@ def make_run_dir(results_dir: Path, prefix: str) -> Path | None:
     return run_dir
 
 
-def died(result: RunResult) -> str | None:
+def died(result: MeasuredRun) -> str | None:
     """Why the engine is gone, if this run says so: a record that saw it die, or nothing reachable at all."""
     for record in result.records:
         if record.error_kind == "engine_died":
@@ -219,7 +219,7 @@ def died(result: RunResult) -> str | None:
     return None
 
 
-def failure_lines(result: RunResult, timeout_s: float) -> list[str]:
+def failure_lines(result: MeasuredRun, timeout_s: float) -> list[str]:
     """Failed requests by kind with the first message; a timed-out request's wait is in the run's duration."""
     kinds = result.summary.failures  # the summary already counts them by kind
     if not kinds:
@@ -233,7 +233,7 @@ def failure_lines(result: RunResult, timeout_s: float) -> list[str]:
     return lines
 
 
-def verdict_lines(result: RunResult) -> list[str]:
+def verdict_lines(result: MeasuredRun) -> list[str]:
     """The run's verdict as it ends, from its client and machine loads through :mod:`batchbench.analysis.validity`:
     ``INVALID (kind): sentence`` per rule they broke, then ``warning: ...`` per caveat that does not invalidate
     it (chunks the server delivered together). Failed requests have lines of their own (:func:`failure_lines`)."""

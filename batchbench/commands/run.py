@@ -86,7 +86,7 @@ from batchbench.commands.common import (
 from batchbench.core import eventloop
 from batchbench.core.config import LoadConfig
 from batchbench.load.loadgen import LoadGenerator
-from batchbench.load.runner import RunResult, run
+from batchbench.load.runner import MeasuredRun, run
 from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo
 from batchbench.options import add_engine_arguments, add_telemetry_arguments, engine_options, gpu_options
@@ -176,7 +176,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 class Outcome:
     """What the main job measured, and which engines could not run or died (name -> why)."""
 
-    results: list[RunResult] = field(default_factory=list)
+    results: list[MeasuredRun] = field(default_factory=list)
     engine_problems: dict[str, str] = field(default_factory=dict)
 
 
@@ -244,7 +244,7 @@ class EngineMeasurement:
     #: past it: MANDATORY_OVERRUN), from ``measuring``.
     share: float
     measuring: float
-    series: dict[Key, Repeats[RunResult]] = field(default_factory=dict)
+    series: dict[Key, Repeats[MeasuredRun]] = field(default_factory=dict)
 
     def fits(self, key: Key, limit: TimeLimit) -> bool:
         """Whether a run of ``key`` (as long as its last one, else as planned) still fits the job and the share."""
@@ -290,7 +290,7 @@ class EngineMeasurement:
             progress.print(line)
 
 
-def _throughput_lines(engine: str, series: dict[Key, Repeats[RunResult]], precision: float) -> list[str]:
+def _throughput_lines(engine: str, series: dict[Key, Repeats[MeasuredRun]], precision: float) -> list[str]:
     """Per measurement, the throughput's mean and interval over its usable runs: the curve at a glance."""
     lines = [f"  {engine}: out tok/s, mean [95% interval] over the usable runs (* not within ±{precision:.0%})"]
     for (layout, c), runs in series.items():

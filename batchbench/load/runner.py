@@ -50,7 +50,7 @@ from batchbench.workload.stages import boundaries
 
 
 @dataclass
-class RunResult:
+class MeasuredRun:
     """Everything one run measured, as written to ``path``."""
 
     path: Path
@@ -91,7 +91,7 @@ async def run(
     on_record: Callable[[RequestRecord], None] | None = None,
     reset_cache: bool = True,
     gpu: GpuOptions | None = None,
-) -> RunResult:
+) -> MeasuredRun:
     """Replay ``workload`` against the running ``engine`` and write its results document.
 
     ``load``: how it is sent (its ``workers``: load-generator processes to send from, :mod:`batchbench.load.workers`;
@@ -250,5 +250,5 @@ async def run(
             ))
         finally:
             writer.close()  # where the footer could not be written: every record handed over still is (partial)
-    return RunResult(path, generator.records, scraper.samples, summary, report, duration, status, client, machine,
+    return MeasuredRun(path, generator.records, scraper.samples, summary, report, duration, status, client, machine,
                      stages, reports)

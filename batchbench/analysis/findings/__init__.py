@@ -6,7 +6,7 @@ keeps its type, its computation and its sentence together:
 
 - :mod:`~batchbench.analysis.findings.points`: runs read into points (engine, layout, concurrency), each figure an
   :class:`~batchbench.analysis.repeats.Estimate` over the point's valid runs (the mean with a 95% t-interval);
-- :mod:`~batchbench.analysis.findings.regimes`: the curve's regimes, its sweet spot, the batch size of most throughput;
+- :mod:`~batchbench.analysis.findings.curve`: the curve's regimes, its sweet spot, the batch size of most throughput;
 - :mod:`~batchbench.analysis.findings.memory`: where it becomes memory-bound, against the KV plan;
 - :mod:`~batchbench.analysis.findings.batching`: continuous over static batching, and its mechanism;
 - :mod:`~batchbench.analysis.findings.padding`: what a batch with one long prompt costs;
@@ -34,17 +34,18 @@ from typing import Any
 from batchbench.analysis.findings import (
     batching,
     comparisons,
+    curve,
     energy,
     invalid,
     loras,
     memory,
     padding,
-    regimes,
     speculation,
     turns,
 )
 from batchbench.analysis.findings.batching import ContinuousOverStatic
 from batchbench.analysis.findings.comparisons import Comparison
+from batchbench.analysis.findings.curve import MostThroughput, SweetSpot
 from batchbench.analysis.findings.decisions import QUESTIONS, EngineDecisions, precision_sentence
 from batchbench.analysis.findings.invalid import InvalidRun
 from batchbench.analysis.findings.memory import MemoryBound
@@ -59,7 +60,6 @@ from batchbench.analysis.findings.points import (
     point_findings,
     points_from_documents,
 )
-from batchbench.analysis.findings.regimes import MostThroughput, SweetSpot
 from batchbench.analysis.findings.slo import LatencyPool, MaxGoodput, SloAt, latency_pool, max_goodput, slo_at
 from batchbench.analysis.findings.speculation import Speculation
 from batchbench.analysis.repeats import CONFIDENCE
@@ -188,21 +188,21 @@ class Findings:
 
 def _layout_findings(engine: str, layout: str, points: Sequence[Point], slo: Slo | None) -> LayoutFindings:
     report, no_curve = (None, f"{layout} is a padding comparison, not a curve") if layout in PADDING_LAYOUTS \
-        else regimes.classify(points)
+        else curve.classify(points)
     labels = report.labels if report is not None else {}
     found = tuple(point_findings(p, labels.get(p.concurrency) if p.valid else None) for p in points)
     by_c = {p.concurrency: p for p in found}
     measured = {p.concurrency: p for p in points}
     slos = {p.concurrency: slo_at(p, slo) for p in points} if slo is not None else {}
-    curve = report is not None
+    has_curve = report is not None
     return LayoutFindings(
         engine, layout, found,
-        sweet_spot=regimes.sweet_spot(report, by_c, measured) if report is not None else None,
+        sweet_spot=curve.sweet_spot(report, by_c, measured) if report is not None else None,
         memory_bound=memory.memory_bound(report, points, found) if report is not None else None,
-        most_throughput=regimes.most_throughput(found) if curve else None,
+        most_throughput=curve.most_throughput(found) if has_curve else None,
         slo_points=slos,
-        max_goodput=max_goodput(found, slos) if slo is not None and curve else None,
-        latency_pool=latency_pool(found, slos) if slo is not None and curve else None,
+        max_goodput=max_goodput(found, slos) if slo is not None and has_curve else None,
+        latency_pool=latency_pool(found, slos) if slo is not None and has_curve else None,
         has_kv_data=report.has_kv_data if report is not None else False,
         no_curve=no_curve)
 
@@ -227,14 +227,14 @@ def _engine_findings(engine: str, points: Sequence[Point], slo: Slo | None) -> E
     mixed, plain = layouts.get("padded-mixed"), layouts.get("homogeneous")
     cost = padding.padding_cost(list(mixed.points), list(plain.points), by_c["padded-mixed"], by_c["homogeneous"]) \
         if mixed is not None and plain is not None else None
-    curve = cont if cont is not None and cont.no_curve is None else next(
+    main = cont if cont is not None and cont.no_curve is None else next(
         (f for f in layouts.values() if f.no_curve is None), cont)
-    imprecise = tuple(p.concurrency for p in curve.points if p.valid and p.precise is False) if curve else ()
-    targets = [p.precision_target for p in curve.points if p.precision_target is not None] if curve else []
+    imprecise = tuple(p.concurrency for p in main.points if p.valid and p.precise is False) if main else ()
+    targets = [p.precision_target for p in main.points if p.precision_target is not None] if main else []
     decisions = EngineDecisions(
-        engine, curve.layout if curve else None, curve.most_throughput if curve else None,
-        curve.sweet_spot if curve else None, curve.latency_pool if curve else None, cos, cost,
-        curve.memory_bound if curve else None, curve.has_kv_data if curve else False, missing, imprecise,
+        engine, main.layout if main else None, main.most_throughput if main else None,
+        main.sweet_spot if main else None, main.latency_pool if main else None, cos, cost,
+        main.memory_bound if main else None, main.has_kv_data if main else False, missing, imprecise,
         min(targets) if targets else None)
     return EngineFindings(engine, layouts, cos, cost, decisions)
 
@@ -247,7 +247,7 @@ def _details(engines: dict[str, EngineFindings], slo: Slo | None) -> list[str]:
         for layout, f in e.layouts.items():
             if layout in PADDING_LAYOUTS:
                 continue
-            text = regimes.curve_sentence(name, layout, f.points, f.sweet_spot, f.no_curve)
+            text = curve.curve_sentence(name, layout, f.points, f.sweet_spot, f.no_curve)
             out.append(text if f.no_curve is not None
                        else text + (memory.clause(f.memory_bound) if f.memory_bound else "") + ".")
             if slo is not None and f.no_curve is None:

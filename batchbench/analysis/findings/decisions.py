@@ -14,9 +14,9 @@ from typing import Any
 
 from batchbench.analysis.findings import batching, memory, padding
 from batchbench.analysis.findings.batching import ContinuousOverStatic
+from batchbench.analysis.findings.curve import MostThroughput, SweetSpot
 from batchbench.analysis.findings.memory import MemoryBound
 from batchbench.analysis.findings.padding import PaddingCost
-from batchbench.analysis.findings.regimes import MostThroughput, SweetSpot
 from batchbench.analysis.findings.slo import LatencyPool
 from batchbench.analysis.findings.text import estimate, ms
 from batchbench.analysis.findings.text import ratio as ratio_text

@@ -35,7 +35,7 @@ from batchbench.core.server_metrics import prefix_cache_hit_rate
 from batchbench.load.engines import EngineCache
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.ray_workers import LATE_START_S
-from batchbench.load.runner import RunResult, run
+from batchbench.load.runner import MeasuredRun, run
 from batchbench.measures import parity
 from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo, Verdict
@@ -50,7 +50,7 @@ class PointResult:
     kind: LevelKind
     level: float
     repeat: int
-    result: RunResult
+    result: MeasuredRun
     status: Literal["ok", "failed"]
     #: Why the point failed (None when it did not).
     reason: str | None
@@ -93,7 +93,7 @@ def level_text(kind: LevelKind, level: float) -> str:
     return "rate=inf" if math.isinf(level) else f"rate={level:g}/s"
 
 
-def _why_failed(result: RunResult, timeout_s: float) -> str | None:
+def _why_failed(result: MeasuredRun, timeout_s: float) -> str | None:
     """Why no request of the run succeeded; None when some did."""
     s = result.summary
     if s.ok or not s.requests:
