@@ -10,6 +10,7 @@ import sys
 
 from batchbench.commands import bench, capacity, plan, report, run, selftest
 from batchbench.commands.common import EXIT_WRITE, interrupted_by, interrupted_status, stop_signals_as_interrupts
+from batchbench.options import typed_options
 from batchbench.results.document import WRITE_ERRNOS, ResultsWriteError
 
 #: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.
@@ -28,10 +29,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; SIGTERM and SIGHUP finish it as Ctrl-C does (each command says what it kept), then
     exit 128 + the signal."""
-    args = parser().parse_args(argv)
+    parsed = vars(parser().parse_args(argv))
+    handler = parsed.pop("handler")
+    options = typed_options(parsed.pop("options"), parsed)
     with stop_signals_as_interrupts():
         try:
-            return int(args.handler(args))
+            return int(handler(options))
         except KeyboardInterrupt as stop:  # outside a command's own measuring (its report, its checks)
             print(f"batchbench: {interrupted_by(stop)}", file=sys.stderr)
             return interrupted_status(stop)

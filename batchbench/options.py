@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from batchbench.adapters.auth import API_KEY_ENV, auth_from
 from batchbench.adapters.base import EngineError
@@ -38,6 +40,83 @@ from batchbench.core.placement import (
 )
 from batchbench.measures.gpu import GpuOptions
 from batchbench.workload.profiles import PROFILES, Profile
+
+T = TypeVar("T")
+
+
+class OptionGroup:
+    """Base of the dataclasses that group options several commands share (:class:`EngineArgs`, ...): a command's
+    options dataclass holds them as fields, which :func:`typed_options` fills from the same parsed values."""
+
+
+def typed_options(cls: type[T], values: Mapping[str, Any]) -> T:
+    """``cls``, a dataclass of one command's options, from the parsed arguments' values by field name: built once,
+    so no ``argparse.Namespace`` travels further than the command line. A field that is itself such a dataclass
+    (an :class:`OptionGroup`) is filled from the same values; a field the command did not register keeps its
+    default."""
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        tp = hints[f.name]
+        if isinstance(tp, type) and issubclass(tp, OptionGroup):
+            kwargs[f.name] = typed_options(tp, values)
+        elif f.name in values:
+            kwargs[f.name] = values[f.name]
+    return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class EngineArgs(OptionGroup):
+    """The engine options as parsed (:func:`add_engine_arguments`, :func:`add_endpoint_argument`,
+    :func:`add_image_argument`): which engines, where, with what. :meth:`resolve` checks them all."""
+
+    engine: list[str] = field(default_factory=list)
+    engine_url: list[str] = field(default_factory=list)
+    api_key: str | None = None
+    header: list[str] = field(default_factory=list)
+    model: str | None = None
+    launch: str = "auto"
+    profile: str = "quick"
+    results_dir: Path = Path("results")
+    batching: list[str] = field(default_factory=list)
+    cpus: str | None = None
+    endpoint: Endpoint = "completions"
+    image: list[str] = field(default_factory=list)
+
+    @property
+    def sizes(self) -> Profile:
+        """The ``--profile``'s sizes."""
+        return PROFILES[self.profile]
+
+    def resolve(self) -> tuple[tuple[str, ...], EngineOptions]:
+        """The selected engines and their options (:func:`engine_options`); ValueError for the user."""
+        return engine_options(self.engine, engine_urls=self.engine_url, model=self.model, launch=self.launch,
+                              profile=self.sizes, results_dir=self.results_dir, cpus=self.cpus, api_key=self.api_key,
+                              headers=self.header, endpoint=self.endpoint, images=self.image)
+
+
+@dataclass(frozen=True)
+class TelemetryArgs(OptionGroup):
+    """``--gpu-hour-cost`` and ``--no-gpu-telemetry`` as parsed (:func:`add_telemetry_arguments`)."""
+
+    gpu_hour_cost: float | None = None
+    no_gpu_telemetry: bool = False
+
+    def gpu(self) -> GpuOptions:
+        return gpu_options(self.gpu_hour_cost, self.no_gpu_telemetry)
+
+
+class NotForThisCommand(argparse.Action):
+    """An option another command takes, given to this one: a usage error that says why and where it belongs, rather
+    than argparse's "unrecognized arguments"."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+        self.why = why
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string or self.option_strings[0]} {self.why}")
 
 
 def add_engine_arguments(add: Callable[..., Any]) -> None:

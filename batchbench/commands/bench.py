@@ -50,6 +50,7 @@ from batchbench.commands.levels import EngineSession, PointResult, finish, level
 from batchbench.commands.workload_args import (
     LevelKind,
     PreparedWorkload,
+    WorkloadArgs,
     add_stages_argument,
     add_workload_arguments,
     prepare_workload,
@@ -59,16 +60,15 @@ from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.measures.slo import Slo
 from batchbench.options import (
+    EngineArgs,
+    TelemetryArgs,
     add_endpoint_argument,
     add_engine_arguments,
     add_image_argument,
     add_telemetry_arguments,
-    engine_options,
-    gpu_options,
     with_load_processes,
 )
 from batchbench.progress import Progress
-from batchbench.workload.profiles import get_profile
 
 
 def concurrency_list(text: str) -> list[float]:
@@ -121,7 +121,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                           help="stop the sweep at the first level that fails outright")
     on_error.add_argument("--keep-going", dest="stop_on_error", action="store_false",
                           help="measure every level even after one failed (the default)")
-    p.set_defaults(handler=main, stop_on_error=False)
+    p.set_defaults(handler=main, options=BenchArgs, stop_on_error=False)
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    """``batchbench bench``'s options as parsed."""
+
+    engine: EngineArgs
+    telemetry: TelemetryArgs
+    workload: WorkloadArgs
+    concurrency: list[float] | None = None
+    rate: list[float] | None = None
+    stop_on_error: bool = False
 
 
 @dataclass
@@ -137,22 +149,22 @@ class Sweep:
 
 
 async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None,
-                 work: PreparedWorkload, kind: LevelKind, levels: list[float], args: argparse.Namespace, run_dir: Path,
+                 work: PreparedWorkload, kind: LevelKind, levels: list[float], args: BenchArgs, run_dir: Path,
                  timeout_s: float, sweep: Sweep, progress: Progress) -> None:
+    w = args.workload
     engines_here = StartingEngines(options, progress)
     cache = engines_here.cache(timeout_s)
-    load = work.load(timeout_s, args.scrape_interval)
+    load = work.load(timeout_s, w.scrape_interval)
     try:
         for name in engines:
-            session = EngineSession(engines_here, cache, name, batching,
-                                     gpu_options(args.gpu_hour_cost, args.no_gpu_telemetry))
+            session = EngineSession(engines_here, cache, name, batching, args.telemetry.gpu())
             try:
                 for level in levels:
-                    for repeat in range(args.repeats):
+                    for repeat in range(w.repeats):
                         point = await session.measure(work, kind, level, repeat, run_dir=run_dir, suite="bench",
-                                                      slo=args.slo, load=load)
+                                                      slo=w.slo, load=load)
                         sweep.points.append(point)
-                        write_summary(run_dir / "bench.json", sweep.document(kind, args.slo, work.notes))
+                        write_summary(run_dir / "bench.json", sweep.document(kind, w.slo, work.notes))
                         if point.status == "failed" and args.stop_on_error:
                             raise _Stop(f"{level_text(kind, level)} #{repeat} failed: {point.reason}")
             except (EngineError, ImportError) as exc:
@@ -163,47 +175,45 @@ async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: Bat
             await cache.release(name, batching)
     finally:
         await cache.close()
-        write_summary(run_dir / "bench.json", sweep.document(kind, args.slo, work.notes))
+        write_summary(run_dir / "bench.json", sweep.document(kind, w.slo, work.notes))
 
 
 class _Stop(Exception):
     """--stop-on-error: a level failed outright."""
 
 
-def main(args: argparse.Namespace) -> int:
-    profile = get_profile(args.profile)
+def main(args: BenchArgs) -> int:
+    w = args.workload
+    profile = args.engine.sizes
     try:
-        replay = timed_levels(args)
+        replay = timed_levels(w, args.concurrency, args.rate)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     kind: LevelKind = "rate" if args.rate is not None or replay is not None else "concurrency"
     levels = replay or args.rate or args.concurrency or [float(profile.concurrency)]
     try:
-        engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
-                                          launch=args.launch, profile=profile, results_dir=args.results_dir,
-                                          cpus=args.cpus, api_key=args.api_key, headers=args.header,
-                                          endpoint=args.endpoint, images=args.image)
-        batching = one_batching(args.batching, "bench", engines)
+        engines, options = args.engine.resolve()
+        batching = one_batching(args.engine.batching, "bench", engines)
         served = served_models_at_urls(engines, options)
-        work = prepare_workload(args, profile, kind=kind, levels=levels, served=served)
-        check_lora_specs(args.loras, engines, batching)
+        work = prepare_workload(w, profile, kind=kind, levels=levels, served=served)
+        check_lora_specs(w.loras, engines, batching)
         options = dataclasses.replace(options, chat_tokenizer=work.tokenizer)
-        options = with_load_processes(options, args.cpus, work.most_workers(kind, levels))
+        options = with_load_processes(options, args.engine.cpus, work.most_workers(kind, levels))
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if (run_dir := make_run_dir(args.results_dir, "bench")) is None:
+    if (run_dir := make_run_dir(args.engine.results_dir, "bench")) is None:
         return EXIT_USAGE
     try:
-        options = serve_loras(args.loras, options, run_dir, args.seed)
+        options = serve_loras(w.loras, options, run_dir, w.seed)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     for note in work.notes:
         print(f"batchbench: {note}")
     sweep = Sweep()
-    timeout_s = args.request_timeout or profile.request_timeout_s
+    timeout_s = w.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
     try:
         with place_client(options), progress:
@@ -213,5 +223,4 @@ def main(args: argparse.Namespace) -> int:
         print(f"\nbatchbench: {interrupted_by(stop)}; {len(sweep.points)} finished run(s), any cut-short run "
               f"(status interrupted) and bench.json are in {run_dir}", file=sys.stderr)
         return interrupted_status(stop)
-    return finish(run_dir, sweep.points, sweep.engine_problems, no_report=args.no_report, slo=args.slo)
-
+    return finish(run_dir, sweep.points, sweep.engine_problems, no_report=w.no_report, slo=w.slo)

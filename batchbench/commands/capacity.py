@@ -46,23 +46,24 @@ from batchbench.commands.levels import EngineSession, PointResult, finish, level
 from batchbench.commands.workload_args import (
     LevelKind,
     PreparedWorkload,
+    WorkloadArgs,
     add_workload_arguments,
     positive_number,
     prepare_workload,
 )
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
+from batchbench.measures.slo import Slo
 from batchbench.options import (
+    EngineArgs,
+    TelemetryArgs,
     add_endpoint_argument,
     add_engine_arguments,
     add_image_argument,
     add_telemetry_arguments,
-    engine_options,
-    gpu_options,
     with_load_processes,
 )
 from batchbench.progress import Progress
-from batchbench.workload.profiles import get_profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,7 +84,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=positive_number, default=0.1,
                    help="rates: stop when the bracket is within this fraction of the capacity (default 0.1)")
     add_workload_arguments(p, slo_required=True)
-    p.set_defaults(handler=main)
+    p.set_defaults(handler=main, options=CapacityArgs)
+
+
+@dataclass(frozen=True)
+class CapacityArgs:
+    """``batchbench capacity``'s options as parsed."""
+
+    engine: EngineArgs
+    telemetry: TelemetryArgs
+    workload: WorkloadArgs
+    by: LevelKind = "concurrency"
+    start: float = 1.0
+    max_level: float = 1024.0
+    min_level: float | None = None
+    tolerance: float = 0.1
+
+    @property
+    def slo(self) -> Slo:
+        """The SLO searched for (``--slo``, which capacity requires)."""
+        assert self.workload.slo is not None, "--slo is required"
+        return self.workload.slo
+
+    def search(self) -> Search:
+        """The search over levels; ValueError for bounds that cannot be searched."""
+        integer = self.by == "concurrency"
+        min_level = self.min_level or (1.0 if integer else self.start / 64)
+        return Search(start=self.start, max_level=self.max_level, integer=integer, min_level=min_level,
+                      tolerance=self.tolerance, repeats=self.workload.repeats)
 
 
 @dataclass
@@ -94,30 +122,22 @@ class Found:
     results: dict[str, CapacityResult] = field(default_factory=dict)
     engine_problems: dict[str, str] = field(default_factory=dict)
 
-    def document(self, kind: LevelKind, args: argparse.Namespace) -> dict[str, Any]:
+    def document(self, kind: LevelKind, args: CapacityArgs) -> dict[str, Any]:
         return {"command": "capacity", "by": kind, "slo": args.slo.to_dict(),
-                "rule": "a level meets the SLO only if every repeat does", "repeats": args.repeats,
+                "rule": "a level meets the SLO only if every repeat does", "repeats": args.workload.repeats,
                 "engines": {name: r.to_dict() for name, r in self.results.items()},
                 "runs": [p.to_dict() for p in self.points], "engine_problems": dict(self.engine_problems)}
 
 
-def _search(args: argparse.Namespace, kind: LevelKind) -> Search:
-    integer = kind == "concurrency"
-    min_level = args.min_level or (1.0 if integer else args.start / 64)
-    return Search(start=args.start, max_level=args.max_level, integer=integer, min_level=min_level,
-                  tolerance=args.tolerance, repeats=args.repeats)
-
-
 async def _find(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None,
-                work: PreparedWorkload, kind: LevelKind, args: argparse.Namespace, run_dir: Path, timeout_s: float,
+                work: PreparedWorkload, kind: LevelKind, args: CapacityArgs, run_dir: Path, timeout_s: float,
                 found: Found, progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
     cache = engines_here.cache(timeout_s)
-    load = work.load(timeout_s, args.scrape_interval)
+    load = work.load(timeout_s, args.workload.scrape_interval)
     try:
         for name in engines:
-            session, search = EngineSession(engines_here, cache, name, batching,
-                                     gpu_options(args.gpu_hour_cost, args.no_gpu_telemetry)), _search(args, kind)
+            session, search = EngineSession(engines_here, cache, name, batching, args.telemetry.gpu()), args.search()
             try:
                 while (level := search.next_level()) is not None:
                     repeat = sum(len(p.outcomes) for p in search.result().points if p.level == level)
@@ -151,29 +171,27 @@ def _verdict_line(name: str, kind: LevelKind, result: CapacityResult) -> str:
     return f"  {name}: capacity {level_text(kind, result.capacity)}{ceiling}, goodput {goodput}{failing}"
 
 
-def main(args: argparse.Namespace) -> int:
-    profile = get_profile(args.profile)
+def main(args: CapacityArgs) -> int:
+    w = args.workload
+    profile = args.engine.sizes
     kind: LevelKind = args.by
     try:
-        engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
-                                          launch=args.launch, profile=profile, results_dir=args.results_dir,
-                                          cpus=args.cpus, api_key=args.api_key, headers=args.header,
-                                          endpoint=args.endpoint, images=args.image)
-        batching = one_batching(args.batching, "capacity", engines)
-        _search(args, kind)  # its bounds are checked before anything starts
+        engines, options = args.engine.resolve()
+        batching = one_batching(args.engine.batching, "capacity", engines)
+        args.search()  # its bounds are checked before anything starts
         served = served_models_at_urls(engines, options)
-        work = prepare_workload(args, profile, kind=kind, levels=[args.start, args.max_level], served=served)
-        check_lora_specs(args.loras, engines, batching)
+        work = prepare_workload(w, profile, kind=kind, levels=[args.start, args.max_level], served=served)
+        check_lora_specs(w.loras, engines, batching)
         options = dataclasses.replace(options, chat_tokenizer=work.tokenizer)
-        options = with_load_processes(options, args.cpus,
+        options = with_load_processes(options, args.engine.cpus,
                                       work.most_workers(kind, [args.start, args.max_level]))
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if (run_dir := make_run_dir(args.results_dir, "capacity")) is None:
+    if (run_dir := make_run_dir(args.engine.results_dir, "capacity")) is None:
         return EXIT_USAGE
     try:
-        options = serve_loras(args.loras, options, run_dir, args.seed)
+        options = serve_loras(w.loras, options, run_dir, w.seed)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -181,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
     for note in work.notes:
         print(f"batchbench: {note}")
     found = Found()
-    timeout_s = args.request_timeout or profile.request_timeout_s
+    timeout_s = w.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
     try:
         with place_client(options), progress:
@@ -191,5 +209,5 @@ def main(args: argparse.Namespace) -> int:
               f"(status interrupted) and capacity.json are in {run_dir}", file=sys.stderr)
         return interrupted_status(stop)
     status = EXIT_OK if all(r.capacity is not None for r in found.results.values()) else EXIT_FAILURES
-    return finish(run_dir, found.points, found.engine_problems, no_report=args.no_report, slo=args.slo,
+    return finish(run_dir, found.points, found.engine_problems, no_report=w.no_report, slo=args.slo,
                   status=status)

@@ -24,6 +24,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -140,7 +141,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --gpu: the batch sizes of the curve on paper, e.g. 1,8,32 (default "
                    f"{','.join(map(str, DEFAULT_LEVELS))})")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of the steps")
-    p.set_defaults(handler=main)
+    p.set_defaults(handler=main, options=PlanArgs)
+
+
+@dataclass(frozen=True)
+class PlanArgs:
+    """``batchbench plan``'s options as parsed."""
+
+    model: str
+    memory: int | None = None
+    memory_fraction: float = 0.9
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    tp: int = 1
+    context: int | None = None
+    prompt_len: int | None = None
+    output_len: int | None = None
+    block_size: int = 16
+    gpu: Accelerator | None = None
+    concurrency: tuple[int, ...] | None = None
+    json: bool = False
 
 
 def _gib(n: int) -> str:
@@ -207,7 +227,7 @@ def lines(p: Plan) -> list[str]:
     return out
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: PlanArgs) -> int:
     """``batchbench plan``."""
     if args.model == "list":
         print("\n".join(shipped_models()))

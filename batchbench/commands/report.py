@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help=f"also write {RECORDS_CSV}: every request record of every run, a row each (CSV only: "
                           "Parquet would need pyarrow, which batchbench does not depend on)")
     _gate_arguments(rep)
-    rep.set_defaults(handler=main)
+    rep.set_defaults(handler=main, options=ReportArgs)
 
     cmp = sub.add_parser("compare", help="two result folders side by side: the change per metric, and whether "
                          "it is within noise", description=__doc__,
@@ -84,14 +85,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("--json", action="store_true",
                      help="print the comparison as JSON (the table's rows, each with its verdict) instead of a table")
     _gate_arguments(cmp)
-    cmp.set_defaults(handler=main_compare)
+    cmp.set_defaults(handler=main_compare, options=CompareArgs)
+
+
+@dataclass(frozen=True)
+class ReportArgs:
+    """``batchbench report``'s options as parsed."""
+
+    results_dir: Path
+    out: Path | None = None
+    baseline: Path | None = None
+    slo: Slo | None = None
+    no_plots: bool = False
+    format: str = "html"
+    records_csv: bool = False
+    threshold: float = DEFAULT_THRESHOLD_PCT
+    fail_on_regression: bool = False
+
+
+@dataclass(frozen=True)
+class CompareArgs:
+    """``batchbench compare``'s options as parsed."""
+
+    a: Path
+    b: Path
+    json: bool = False
+    threshold: float = DEFAULT_THRESHOLD_PCT
+    fail_on_regression: bool = False
 
 
 def _warn(message: str) -> None:
     print(f"batchbench: warning: {message}", file=sys.stderr)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: ReportArgs) -> int:
     """``batchbench report``."""
     out = args.out if args.out is not None else args.results_dir / "report"
     try:
@@ -197,7 +224,7 @@ def comparison_json(result: BaselineComparison, a: Path, b: Path) -> dict[str, A
     }
 
 
-def main_compare(args: argparse.Namespace) -> int:
+def main_compare(args: CompareArgs) -> int:
     """``batchbench compare A B``."""
     try:
         a = load_rows(args.a, None, _warn, what="A")

@@ -44,7 +44,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from batchbench.adapters.base import Engine, EngineError
 from batchbench.adapters.registry import EngineOptions, get_spec
@@ -89,9 +88,16 @@ from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.runner import MeasuredRun, run
 from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo
-from batchbench.options import add_engine_arguments, add_telemetry_arguments, engine_options, gpu_options
+from batchbench.options import (
+    EngineArgs,
+    NotForThisCommand,
+    TelemetryArgs,
+    add_engine_arguments,
+    add_image_argument,
+    add_telemetry_arguments,
+)
 from batchbench.progress import Progress
-from batchbench.workload.profiles import Profile, get_profile
+from batchbench.workload.profiles import Profile
 
 #: The SLO the answer is judged against when ``--slo`` is not given: a first token within half a second for 99 of
 #: 100 requests, a common interactive target (and, for the tiny model on a small CPU, one the sweep crosses).
@@ -118,26 +124,12 @@ _BENCH_ONLY = {
 }
 
 
-class _NotForRun(argparse.Action):
-    """A ``bench`` option given to ``run``: a usage error that says why, rather than argparse's "unrecognized
-    arguments". The main job sweeps one fixed design (the regimes suite's workload), so that every engine is
-    compared on the same requests; speculative decoding is a --batching setting, which run refuses already."""
-
-    def __init__(self, option_strings: list[str], dest: str, why: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
-        self.why = why
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        parser.error(f"{option_string} is not an option of the main job, which sweeps one fixed workload so that "
-                     f"every engine is compared on the same requests: {self.why}")
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Adds ``batchbench run`` to the top-level parser."""
     run_p = sub.add_parser("run", help="the main job: each engine's batch-size sweep, its answer and the report",
                            description=__doc__)
     add_engine_arguments(run_p.add_argument)
+    add_image_argument(run_p.add_argument)
     run_p.add_argument("--time-limit", type=positive_seconds, default=DEFAULT_TIME_LIMIT_S, metavar="SECONDS",
                        help="the whole job's wall-clock bound, start-ups and the report included (default "
                             "%(default)gs); each engine gets a share, its runs are sized to it")
@@ -166,10 +158,37 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "given up")
     add_telemetry_arguments(run_p.add_argument)
     run_p.add_argument("--no-report", action="store_true", help="write results only")
+    # The main job sweeps one fixed design (the regimes suite's workload), so that every engine is compared on the
+    # same requests: bench's workload options are refused with why (speculative decoding is a --batching setting,
+    # which run refuses already).
     for options, why in _BENCH_ONLY.items():
         for option in options:
-            run_p.add_argument(option, action=_NotForRun, why=why, dest=f"_not_{option.strip('-')}")
-    run_p.set_defaults(handler=main)
+            run_p.add_argument(option, action=NotForThisCommand, dest=f"_not_{option.strip('-')}",
+                               why=f"is not an option of the main job, which sweeps one fixed workload so that every "
+                                   f"engine is compared on the same requests: {why}")
+    run_p.set_defaults(handler=main, options=RunArgs)
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """``batchbench run``'s options as parsed."""
+
+    engine: EngineArgs
+    telemetry: TelemetryArgs
+    time_limit: float = DEFAULT_TIME_LIMIT_S
+    repeats: int = DEFAULT_REPEATS
+    precision: float = DEFAULT_PRECISION
+    max_repeats: int | None = None
+    levels: tuple[int, ...] | None = None
+    slo: Slo = DEFAULT_SLO
+    scrape_interval: float = 0.25
+    slice: float | None = None
+    request_timeout: float | None = None
+    no_report: bool = False
+
+    def repetition(self) -> Repetition:
+        return Repetition(self.repeats, max(self.max_repeats or MAX_REPEATS_FACTOR * self.repeats, self.repeats),
+                          self.precision)
 
 
 @dataclass
@@ -308,34 +327,30 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.1f}ms"
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: RunArgs) -> int:
     limit = TimeLimit.starting_now(args.time_limit)
-    profile = get_profile(args.profile)
+    profile = args.engine.sizes
     try:
-        engines, options = engine_options(args.engine, engine_urls=args.engine_url, model=args.model,
-                                          launch=args.launch, profile=profile, results_dir=args.results_dir,
-                                          cpus=args.cpus, api_key=args.api_key, headers=args.header)
-        if args.batching:
+        engines, options = args.engine.resolve()
+        if args.engine.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
-        gpu = gpu_options(args.gpu_hour_cost, args.no_gpu_telemetry)
         served_models_at_urls(engines, options)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if (run_dir := make_run_dir(args.results_dir, "run")) is None:
+    if (run_dir := make_run_dir(args.engine.results_dir, "run")) is None:
         return EXIT_USAGE
     outcome = Outcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
-    repetition = Repetition(args.repeats, max(args.max_repeats or MAX_REPEATS_FACTOR * args.repeats, args.repeats),
-                            args.precision)
     progress = Progress.for_terminal()
     try:
         with place_client(options), progress:
-            eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir, repetition,
+            eventloop.run(_sweep(list(engines), options, profile, args.levels or profile.sweep, run_dir,
+                                 args.repetition(),
                                  LoadConfig(request_timeout_s=timeout_s, scrape_interval_s=args.scrape_interval,
                                             slice_s=args.slice),
-                                 args.slo, outcome, progress, limit, gpu))
+                                 args.slo, outcome, progress, limit, args.telemetry.gpu()))
     except KeyboardInterrupt as stop:
         # The runner folded every run, a cut-short one with status interrupted: nothing measured is lost.
         # Cut short while the first engine started, nothing was measured: progress's one line said it all.

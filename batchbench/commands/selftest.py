@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 from batchbench import selftest
 from batchbench.commands.common import (
@@ -49,7 +50,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="closed-loop concurrencies to try instead of the doubling ladder")
     p.add_argument("--no-poisson", action="store_true", help="skip the open-loop Poisson step")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    p.set_defaults(handler=main)
+    p.set_defaults(handler=main, options=SelftestArgs)
+
+
+@dataclass(frozen=True)
+class SelftestArgs:
+    """``batchbench selftest``'s options as parsed."""
+
+    interval: float
+    ttft: float
+    tokens: int
+    level_seconds: float
+    max_concurrency: int
+    levels: tuple[int, ...] = ()
+    no_poisson: bool = False
+    json: bool = False
 
 
 def whole_ms(text: str) -> float:
@@ -62,7 +77,7 @@ def whole_ms(text: str) -> float:
     return seconds
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: SelftestArgs) -> int:
     settings = selftest.Settings(interval_s=args.interval, ttft_s=args.ttft, tokens=args.tokens,
                                  level_s=args.level_seconds,
                                  max_concurrency=args.max_concurrency, levels=args.levels,

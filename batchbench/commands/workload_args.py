@@ -24,6 +24,7 @@ from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.load.ray_workers import unusable
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo
+from batchbench.options import OptionGroup
 from batchbench.workload import datasets, stages, tokenizer, traces
 from batchbench.workload.chat import as_chat
 from batchbench.workload.lora import LoraSpec, TrafficSplit
@@ -99,6 +100,46 @@ def workers_option(text: str) -> Workers:
     if text.startswith("ray:"):
         return Workers(positive_int(text[4:]), "ray")
     return Workers(None if text == "auto" else positive_int(text))
+
+
+@dataclass(frozen=True)
+class WorkloadArgs(OptionGroup):
+    """The workload options as parsed (:func:`add_workload_arguments`, and ``bench``'s ``--stages``): what
+    :func:`prepare_workload` turns into a :class:`PreparedWorkload`, every cross-option rule checked there. Built
+    once from the parsed arguments (:func:`batchbench.options.typed_options`)."""
+
+    input_len: Lengths | None = None
+    output_len: Lengths | None = None
+    dataset: Path | None = None
+    trace: Path | None = None
+    trace_format: str = "mooncake"
+    trace_speed: float | None = None
+    trace_block_size: int = traces.MOONCAKE_BLOCK_SIZE
+    tokenizer: str | None = None
+    num_requests: int | None = None
+    duration: float | None = None
+    turns: int = 1
+    think_time: ThinkTime | None = None
+    warmup: int = 0
+    arrival: Literal["poisson", "gamma"] = "poisson"
+    burstiness: float = 1.0
+    slo: Slo | None = None
+    repeats: int = 1
+    seed: int = 0
+    scrape_interval: float = 0.25
+    request_timeout: float | None = None
+    workers: Workers = Workers()
+    ray_address: str | None = None
+    slice: float | None = None
+    no_report: bool = False
+    loras: tuple[LoraSpec, ...] = ()
+    lora_split: TrafficSplit = TrafficSplit()
+    #: ``bench``'s staged load (None: not staged).
+    stages: tuple[stages.Stage, ...] | None = None
+    endpoint: str = "completions"
+    #: The engine options a text workload's tokenizer falls back on: ``--model``, and whether an engine is at a URL.
+    model: str | None = None
+    engine_url: list[str] = field(default_factory=list)
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: bool = False) -> None:
@@ -271,7 +312,7 @@ def slo_samples(slo: Slo | None) -> int:
     return max((samples_needed(q) for q in quantiles), default=0)
 
 
-def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelKind,
+def prepare_workload(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
                      levels: list[float], served: ServedModel | None = None) -> PreparedWorkload:
     """The workload the options describe, every check done; ValueError with a message for the user. ``served``:
     the model an engine at a URL serves (its root is a text dataset's tokenizer when none is given)."""
@@ -286,17 +327,17 @@ def prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelK
     return result
 
 
-def _prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: LevelKind,
+def _prepare_workload(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
                       levels: list[float], served: ServedModel | None) -> PreparedWorkload:
     if args.dataset is not None and args.input_len is not None:
         raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
-    chat = getattr(args, "endpoint", "completions") == "chat"
+    chat = args.endpoint == "chat"
     if args.trace is not None:
         if chat:
             raise ValueError("--trace with --endpoint chat: a trace's prompts are token blocks (shared ones carry "
                              "its prefix reuse) that text would not keep; replay it over --endpoint completions")
         return _prepare_trace(args, profile, kind=kind, levels=levels)
-    if getattr(args, "stages", None) is not None:
+    if args.stages is not None:
         _check_stages(args, kind)
     if args.trace_speed is not None:
         raise ValueError("--trace-speed time-scales a --trace: give one")
@@ -306,12 +347,12 @@ def _prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: Level
         raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
                          "to fill; give --num-requests")
     _check_turns(args, kind)
-    loras: tuple[LoraSpec, ...] = getattr(args, "loras", ())
+    loras: tuple[LoraSpec, ...] = args.loras
     weights = args.lora_split.for_loras(len(loras)) if loras else ()
-    if not loras and getattr(args, "lora_split", TrafficSplit()) != TrafficSplit():
+    if not loras and args.lora_split != TrafficSplit():
         raise ValueError("--lora-split shares traffic among --lora-adapters: give them")
     num_requests = args.num_requests or (DURATION_REQUEST_CAP if args.duration else
-                                         max(profile.num_requests, slo_samples(getattr(args, "slo", None))))
+                                         max(profile.num_requests, slo_samples(args.slo)))
     if args.num_requests is None:  # whole conversations
         num_requests = -(-num_requests // args.turns) * args.turns
     output = args.output_len or DEFAULT_LENGTH
@@ -322,7 +363,7 @@ def _prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: Level
         # staged load at its stages' times.
         sessions = {"turns": args.turns, "think": args.think_time or ThinkTime(),
                     "arrival": Arrival("closed")} if args.turns > 1 else {}
-        if getattr(args, "stages", None) is not None:
+        if args.stages is not None:
             sessions = {"stages": args.stages, "arrival": Arrival("timed", rate=_mean_rate(args.stages))}
             num_requests = len(stages.schedule(args.stages, random.Random(f"{args.seed}:arrivals")))
         longest = args.turns * (prompt.max_value + output.max_value)
@@ -340,7 +381,7 @@ def _prepare_workload(args: argparse.Namespace, profile: Profile, *, kind: Level
 
         result = PreparedWorkload("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
                               args.seed, synthetic, workers=args.workers.count, slice_s=args.slice,
-                              stages=getattr(args, "stages", None) or (), tokenizer=tok)
+                              stages=args.stages or (), tokenizer=tok)
         result.requests(num_requests)
         return result
     dataset = datasets.load(args.dataset)
@@ -381,7 +422,7 @@ def _refuse_given(option: str, flags: tuple[tuple[str, object], ...], why: str) 
         raise ValueError(f"{option} with {', '.join(given)}: {why}")
 
 
-def _check_stages(args: argparse.Namespace, kind: LevelKind) -> None:
+def _check_stages(args: WorkloadArgs, kind: LevelKind) -> None:
     """What staged load cannot be combined with; ValueError naming the flags."""
     _refuse_given("--stages", (("--dataset", args.dataset), ("--turns", args.turns != 1),
                                ("--num-requests", args.num_requests), ("--duration", args.duration),
@@ -391,39 +432,39 @@ def _check_stages(args: argparse.Namespace, kind: LevelKind) -> None:
         raise ValueError("--stages are rates (rate=, ramp=), not a concurrency")
 
 
-def timed_levels(args: argparse.Namespace) -> list[float] | None:
+def timed_levels(args: WorkloadArgs, concurrency: list[float] | None, rate: list[float] | None) -> list[float] | None:
     """``bench``'s levels where the workload times its own sends: a trace's (the rates given, else the recorded
     rate times ``--trace-speed``), or the stages' mean rate; None for neither. ValueError for what cannot be
     combined."""
-    if getattr(args, "stages", None) is not None:
-        if args.concurrency is not None or args.rate is not None or args.trace is not None:
+    if args.stages is not None:
+        if concurrency is not None or rate is not None or args.trace is not None:
             raise ValueError("--stages set the rates of the run: not with --concurrency, --rate or --trace")
         return [_mean_rate(args.stages)]
     if args.trace is None:
         return None
-    if args.concurrency is not None:
+    if concurrency is not None:
         raise ValueError("--trace with --concurrency: a trace's requests are sent at their recorded times, not "
                          "as slots free; give --rate to time-scale it, or --trace-speed")
-    if args.rate is not None:
+    if rate is not None:
         if args.trace_speed is not None:
             raise ValueError("--trace-speed and --rate both set the trace's pace: give one")
-        if any(math.isinf(r) for r in args.rate):
+        if any(math.isinf(r) for r in rate):
             raise ValueError("--trace with --rate inf: a trace keeps its gaps, scaled; use --dataset to send all "
                              "at once")
-        return list(args.rate)
+        return list(rate)
     return [_load_trace(args).rate * (args.trace_speed or 1.0)]
 
 
-def _load_trace(args: argparse.Namespace) -> traces.Trace:
+def _load_trace(args: WorkloadArgs) -> traces.Trace:
     return traces.load(args.trace, args.trace_format)
 
 
-def _prepare_trace(args: argparse.Namespace, profile: Profile, *, kind: LevelKind,
+def _prepare_trace(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
                    levels: list[float]) -> PreparedWorkload:
     """The trace's requests, built and checked against the context window before an engine starts."""
     _refuse_given("--trace", (("--input-len", args.input_len), ("--output-len", args.output_len),
                               ("--dataset", args.dataset), ("--turns", args.turns != 1),
-                              ("--lora-adapters", getattr(args, "loras", ()))),
+                              ("--lora-adapters", args.loras)),
                   "a trace's requests are its own (lengths, times); leave them out")
     if kind != "rate":
         raise ValueError("--trace is replayed at its recorded pace, or time-scaled to a rate: not by concurrency "
@@ -453,7 +494,7 @@ def _prepare_trace(args: argparse.Namespace, profile: Profile, *, kind: LevelKin
     return result
 
 
-def _check_turns(args: argparse.Namespace, kind: LevelKind) -> None:
+def _check_turns(args: WorkloadArgs, kind: LevelKind) -> None:
     """What ``--turns`` and ``--think-time`` cannot be combined with; ValueError naming the flags."""
     if args.think_time is not None and args.turns == 1:
         raise ValueError("--think-time is the pause between turns of a conversation: add --turns N (N >= 2)")
@@ -470,7 +511,7 @@ def _check_turns(args: argparse.Namespace, kind: LevelKind) -> None:
                          "give a multiple of it")
 
 
-def _tokenizer(args: argparse.Namespace, served: ServedModel | None, why: str) -> tokenizer.Tokenizer:
+def _tokenizer(args: WorkloadArgs, served: ServedModel | None, why: str) -> tokenizer.Tokenizer:
     """The served model's tokenizer: ``--tokenizer``; else, at a URL, the folder or hub id the server loaded its
     model from (/v1/models' ``root``) when that loads, said in a line; else ``--model``'s; else the embedded
     model's (the tiny model's, which the 8B-shaped one shares). ``why`` says what needs it, in errors."""
