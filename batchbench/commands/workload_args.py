@@ -312,12 +312,44 @@ def slo_samples(slo: Slo | None) -> int:
     return max((samples_needed(q) for q in quantiles), default=0)
 
 
+def check_rules(args: WorkloadArgs, kind: LevelKind, levels: list[float]) -> None:
+    """Every rule between the workload options, in one place and one style: ValueError naming the options and why,
+    before anything is read or started."""
+    if args.ray_address is not None and args.workers.pool != "ray":
+        raise ValueError("--ray-address is the cluster of --workers ray:N: give both")
+    if args.dataset is not None and args.input_len is not None:
+        raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
+    if args.trace is not None:
+        if args.endpoint == "chat":
+            raise ValueError("--trace with --endpoint chat: a trace's prompts are token blocks (shared ones carry "
+                             "its prefix reuse) that text would not keep; replay it over --endpoint completions")
+        _refuse_given("--trace", (("--input-len", args.input_len), ("--output-len", args.output_len),
+                                  ("--dataset", args.dataset), ("--turns", args.turns != 1),
+                                  ("--lora-adapters", args.loras)),
+                      "a trace's requests are its own (lengths, times); leave them out")
+        if kind != "rate":
+            raise ValueError("--trace is replayed at its recorded pace, or time-scaled to a rate: not by concurrency "
+                             "(capacity: --by rate)")
+        return
+    if args.stages is not None:
+        _check_stages(args, kind)
+    if args.trace_speed is not None:
+        raise ValueError("--trace-speed time-scales a --trace: give one")
+    if args.burstiness != 1.0 and args.arrival != "gamma":
+        raise ValueError("--burstiness is the shape of gamma arrivals: add --arrival gamma")
+    if args.duration is not None and kind == "rate" and any(math.isinf(v) for v in levels):
+        raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
+                         "to fill; give --num-requests")
+    _check_turns(args, kind)
+    if not args.loras and args.lora_split != TrafficSplit():
+        raise ValueError("--lora-split shares traffic among --lora-adapters: give them")
+
+
 def prepare_workload(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
                      levels: list[float], served: ServedModel | None = None) -> PreparedWorkload:
     """The workload the options describe, every check done; ValueError with a message for the user. ``served``:
     the model an engine at a URL serves (its root is a text dataset's tokenizer when none is given)."""
-    if args.ray_address is not None and args.workers.pool != "ray":
-        raise ValueError("--ray-address is the cluster of --workers ray:N: give both")
+    check_rules(args, kind, levels)
     # As Ray's own tools do: RAY_ADDRESS (``ray job submit`` sets it for its entrypoint) when no address is given.
     address = (args.ray_address or os.environ.get("RAY_ADDRESS") or None) if args.workers.pool == "ray" else None
     if args.workers.pool == "ray" and (why := unusable(address)) is not None:
@@ -329,28 +361,11 @@ def prepare_workload(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
 
 def _prepare_workload(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
                       levels: list[float], served: ServedModel | None) -> PreparedWorkload:
-    if args.dataset is not None and args.input_len is not None:
-        raise ValueError("--input-len and --dataset: the dataset's prompts are the input; give one of them")
     chat = args.endpoint == "chat"
     if args.trace is not None:
-        if chat:
-            raise ValueError("--trace with --endpoint chat: a trace's prompts are token blocks (shared ones carry "
-                             "its prefix reuse) that text would not keep; replay it over --endpoint completions")
-        return _prepare_trace(args, profile, kind=kind, levels=levels)
-    if args.stages is not None:
-        _check_stages(args, kind)
-    if args.trace_speed is not None:
-        raise ValueError("--trace-speed time-scales a --trace: give one")
-    if args.burstiness != 1.0 and args.arrival != "gamma":
-        raise ValueError("--burstiness is the shape of gamma arrivals: add --arrival gamma")
-    if args.duration is not None and kind == "rate" and any(math.isinf(v) for v in levels):
-        raise ValueError("--duration with --rate inf: every request is sent at once, so there is no duration "
-                         "to fill; give --num-requests")
-    _check_turns(args, kind)
+        return _prepare_trace(args, profile, levels=levels)
     loras: tuple[LoraSpec, ...] = args.loras
     weights = args.lora_split.for_loras(len(loras)) if loras else ()
-    if not loras and args.lora_split != TrafficSplit():
-        raise ValueError("--lora-split shares traffic among --lora-adapters: give them")
     num_requests = args.num_requests or (DURATION_REQUEST_CAP if args.duration else
                                          max(profile.num_requests, slo_samples(args.slo)))
     if args.num_requests is None:  # whole conversations
@@ -459,16 +474,8 @@ def _load_trace(args: WorkloadArgs) -> traces.Trace:
     return traces.load(args.trace, args.trace_format)
 
 
-def _prepare_trace(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
-                   levels: list[float]) -> PreparedWorkload:
+def _prepare_trace(args: WorkloadArgs, profile: Profile, *, levels: list[float]) -> PreparedWorkload:
     """The trace's requests, built and checked against the context window before an engine starts."""
-    _refuse_given("--trace", (("--input-len", args.input_len), ("--output-len", args.output_len),
-                              ("--dataset", args.dataset), ("--turns", args.turns != 1),
-                              ("--lora-adapters", args.loras)),
-                  "a trace's requests are its own (lengths, times); leave them out")
-    if kind != "rate":
-        raise ValueError("--trace is replayed at its recorded pace, or time-scaled to a rate: not by concurrency "
-                         "(capacity: --by rate)")
     trace = _load_trace(args)
 
     def from_trace(n: int) -> Workload:
