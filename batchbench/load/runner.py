@@ -31,7 +31,7 @@ from batchbench.load.ray_workers import RayWorkerPool
 from batchbench.load.scraper import Scraper
 from batchbench.load.workers import Pool, WorkerPool, partition
 from batchbench.measures.client_load import ClientLoad, ClientMeter
-from batchbench.measures.gpu import GpuOptions, GpuSample, energy_of
+from batchbench.measures.gpu import GpuOptions, GpuSample, GpuTelemetry, energy_of
 from batchbench.measures.guardrails import server_summary
 from batchbench.measures.machine_load import MachineLoad, MachineMeter
 from batchbench.measures.metrics import Summary, summarize
@@ -71,6 +71,74 @@ class MeasuredRun:
     workers: list[WorkerReport] = field(default_factory=list)
 
 
+class _Journal:
+    """A run's journal, and what a write it refuses does (the results folder full, read-only...): the first one
+    stops the run, by cancelling its sending (nothing more could be kept), and is raised once the run is down."""
+
+    def __init__(self, writer: JournalWriter, on_record: Callable[[RequestRecord], None] | None) -> None:
+        self.writer, self.on_record = writer, on_record
+        self.failed: ResultsWriteError | None = None
+        #: The load generator's run, once started: what a refused write cancels.
+        self.sending: asyncio.Future[list[RequestRecord]] | None = None
+
+    def _stop(self, exc: ResultsWriteError) -> None:
+        if self.failed is None:
+            self.failed = exc
+            if self.sending is not None:
+                self.sending.cancel()
+
+    def record(self, r: RequestRecord) -> None:
+        try:
+            self.writer.record(r)
+        except ResultsWriteError as exc:
+            self._stop(exc)
+            return
+        if self.on_record is not None:
+            self.on_record(r)
+
+    def sample(self, s: ServerMetrics) -> None:
+        try:
+            self.writer.sample(s)
+        except ResultsWriteError as exc:
+            self._stop(exc)
+
+    def gpu_sample(self, s: GpuSample) -> None:
+        """On the GPU meter's thread: a refused write is left to the next record or sample, on the loop."""
+        with contextlib.suppress(ResultsWriteError):
+            self.writer.gpu_sample(s)
+
+
+def _summary(records: list[RequestRecord], duration: float, workload: Workload, slo: Slo | None,
+             telemetry: GpuTelemetry, gpu_hour_cost: float | None) -> Summary:
+    """The run's summary: its records' figures under the SLO's per-request limits, and the GPUs' energy."""
+    ttft_slo_s, tpot_slo_s = slo.request_limits() if slo is not None else (None, None)
+    summary = summarize(records, duration_s=duration, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
+                        closed_loop=workload.closed_loop)
+    ok = [r for r in records if r.ok]
+    return dataclasses.replace(summary, energy=energy_of(
+        telemetry, output_tokens=sum(r.output_tokens for r in ok), ok_requests=len(ok), duration_s=duration,
+        gpu_hour_cost=gpu_hour_cost))
+
+
+def _footer(status: str, error: str | None, duration: float, records: list[RequestRecord], scraper: Scraper,
+            workload: Workload, load: LoadConfig, summary: Summary, report: dict[str, Any], client: ClientLoad,
+            machine: MachineLoad, telemetry: GpuTelemetry, workers: list[WorkerReport]) -> RunFooter:
+    """How the run ended and what it measured, with its time slices and stages (where asked for) as windows."""
+    slices = [] if load.slice_s is None else time_slices(records, scraper.samples, width_s=load.slice_s,
+                                                         duration_s=duration)
+    plan = workload.spec.stages
+    stages = stage_windows(records, scraper.samples, edges=boundaries(plan), labels=[s.label for s in plan],
+                           duration_s=duration) if plan else []
+    return RunFooter(
+        status=status, error=error, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), duration_s=duration,
+        engine_report=report,
+        scrape=ScrapeStats(failures=scraper.failures, last_error=scraper.last_error, scrapes=scraper.scrapes,
+                           mean_scrape_s=scraper.scrape_time_s / scraper.scrapes if scraper.scrapes else None),
+        summary=summary, guardrails=server_summary(scraper.samples), client=client, machine=machine,
+        gpu=telemetry, slices=slices, stages=stages, workers=workers,
+    )
+
+
 def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str = "") -> Path:
     """A unique, readable file name: engine, config, workload, tag, time."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -107,51 +175,20 @@ async def run(
     on_ray = load.worker_pool == "ray"
     if load.workers > 1 or on_ray:  # as many as the workload can be split into (ValueError for waves: before anything)
         load = dataclasses.replace(load, workers=len(partition(workload, load.workers)))
-    workers = load.workers
-    ttft_slo_s, tpot_slo_s = slo.request_limits() if slo is not None else (None, None)
     cache_reset = await engine.reset_cache() if reset_cache else None
     path = results_path(results_dir, engine, workload, tag)
-    writer = JournalWriter(path)
+    journal = _Journal(JournalWriter(path), on_record)
     client_pin = pinning.current()
-    # A write the results folder refused (full, read-only...) stops the run: nothing more could be kept.
-    write_failed: list[ResultsWriteError] = []
-    sending: asyncio.Future[list[RequestRecord]] | None = None
-
-    def stop_writing(exc: ResultsWriteError) -> None:
-        if not write_failed:
-            write_failed.append(exc)
-            if sending is not None:
-                sending.cancel()
-
-    def record(r: RequestRecord) -> None:
-        try:
-            writer.record(r)
-        except ResultsWriteError as exc:
-            stop_writing(exc)
-            return
-        if on_record is not None:
-            on_record(r)
-
-    def sample(s: ServerMetrics) -> None:
-        try:
-            writer.sample(s)
-        except ResultsWriteError as exc:
-            stop_writing(exc)
-
-    def gpu_sample(s: GpuSample) -> None:  # on the GPU meter's thread: the next record or sample stops the run
-        with contextlib.suppress(ResultsWriteError):
-            writer.gpu_sample(s)
-
     pool: Pool | None = None
     generator: LoadGenerator | Pool
-    if workers > 1 or on_ray:
+    if load.workers > 1 or on_ray:
         # The workers start before t0 (they take a moment, and the schedule must not wait for them) and before
         # the header, which records the CPUs each one reports; one that fails still leaves a partial document.
         kind = RayWorkerPool if on_ray else WorkerPool
-        generator = pool = kind(engine, workload, workers=workers, on_record=record, config=load,
+        generator = pool = kind(engine, workload, workers=load.workers, on_record=journal.record, config=load,
                                 placement=client_pin.placement if client_pin is not None else None)
     else:
-        generator = LoadGenerator(engine, workload, on_record=record, config=load)
+        generator = LoadGenerator(engine, workload, on_record=journal.record, config=load)
     pool_failed: BaseException | None = None
     if pool is not None:
         try:
@@ -159,18 +196,12 @@ async def run(
         except BaseException as exc:  # start() stopped every child
             pool_failed = exc
     interval_s = load.scrape_interval_s or SCRAPE_INTERVAL_S
-    gpu_meter = gpu.meter(*engine.gpu_devices(), interval_s=interval_s, on_sample=gpu_sample)
+    gpu_meter = gpu.meter(*engine.gpu_devices(), interval_s=interval_s, on_sample=journal.gpu_sample)
     try:
-        writer.begin(RunHeader(
-            run_id=path.stem,
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            engine=engine.describe(),
-            workload=workload.describe(),
-            load=load,
-            slo=slo,
-            environment=environment.capture(),
-            labels=labels or {},
-            cache_reset=cache_reset,
+        journal.writer.begin(RunHeader(
+            run_id=path.stem, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), engine=engine.describe(),
+            workload=workload.describe(), load=load, slo=slo, environment=environment.capture(),
+            labels=labels or {}, cache_reset=cache_reset,
             placement=pinning.placement_record(engine, client_pin, pool.pinned if pool is not None else ()),
             gpus=gpu_meter.selection,
         ))
@@ -183,7 +214,7 @@ async def run(
             raise pool_failed
         await engine.begin_run()
         t0 = now() + (pool.start_lead_s if pool is not None else 0.0)  # workers elsewhere are told it ahead
-        scraper = Scraper(engine, interval_s=interval_s, t0=t0, on_sample=sample)
+        scraper = Scraper(engine, interval_s=interval_s, t0=t0, on_sample=journal.sample)
         meter = ClientMeter()
         machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())
         machine_meter.start()
@@ -192,17 +223,17 @@ async def run(
         gpu_meter.stop()
         if pool is not None:
             await pool.close()
-        writer.close()  # the journal's writer thread stops with the header written: a partial run
+        journal.writer.close()  # the journal's writer thread stops with the header written: a partial run
         raise
     status, error = "complete", None
     try:
         with meter:
             async with scraper:
-                sending = asyncio.ensure_future(generator.run(t0))
-                await sending
+                journal.sending = asyncio.ensure_future(generator.run(t0))
+                await journal.sending
     except (Exception, asyncio.CancelledError) as exc:
         status, error = "interrupted", f"{type(exc).__name__}: {exc}"
-        if not write_failed:  # a refused write is raised below, once the run is stopped
+        if journal.failed is None:  # a refused write is raised below, once the run is stopped
             raise
     finally:
         try:
@@ -213,42 +244,17 @@ async def run(
             gpu_telemetry = gpu_meter.stop()
             if pool is not None:
                 await pool.close()
-            summary = summarize(generator.records, duration_s=duration, ttft_slo_s=ttft_slo_s,
-                                tpot_slo_s=tpot_slo_s, closed_loop=workload.closed_loop)
-            ok = [r for r in generator.records if r.ok]
-            summary = dataclasses.replace(summary, energy=energy_of(
-                gpu_telemetry, output_tokens=sum(r.output_tokens for r in ok), ok_requests=len(ok),
-                duration_s=duration, gpu_hour_cost=gpu.gpu_hour_cost))
-            slices = [] if load.slice_s is None else time_slices(
-                generator.records, scraper.samples, width_s=load.slice_s, duration_s=duration)
-            plan = workload.spec.stages
-            stages = stage_windows(generator.records, scraper.samples, edges=boundaries(plan),
-                                   labels=[s.label for s in plan], duration_s=duration) if plan else []
+            summary = _summary(generator.records, duration, workload, slo, gpu_telemetry, gpu.gpu_hour_cost)
             report = await engine.report()
-            reports = pool.reports if pool is not None else []
             client = meter.result(generator.records) if pool is None else \
                 ClientLoad.combined([meter.result(), *pool.client_loads])
-            if write_failed:
-                writer.abandon()
-                raise write_failed[0]
-            writer.finish(RunFooter(
-                status=status,
-                error=error,
-                finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                duration_s=duration,
-                engine_report=report,
-                scrape=ScrapeStats(failures=scraper.failures, last_error=scraper.last_error, scrapes=scraper.scrapes,
-                                   mean_scrape_s=scraper.scrape_time_s / scraper.scrapes if scraper.scrapes else None),
-                summary=summary,
-                guardrails=server_summary(scraper.samples),
-                client=client,
-                machine=machine,
-                gpu=gpu_telemetry,
-                slices=slices,
-                stages=stages,
-                workers=reports,
-            ))
+            if journal.failed is not None:
+                journal.writer.abandon()
+                raise journal.failed
+            footer = _footer(status, error, duration, generator.records, scraper, workload, load, summary, report,
+                             client, machine, gpu_telemetry, pool.reports if pool is not None else [])
+            journal.writer.finish(footer)
         finally:
-            writer.close()  # where the footer could not be written: every record handed over still is (partial)
+            journal.writer.close()  # where the footer could not be written: every record handed over still is
     return MeasuredRun(path, generator.records, scraper.samples, summary, report, duration, status, client, machine,
-                     stages, reports)
+                       footer.stages, footer.workers)
