@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, Self
@@ -121,7 +121,7 @@ class _ChunkQueue:
         self._sent = None
 
 
-async def chunks_of(stream_into: Callable[[ChunkSink], Awaitable[None]]) -> AsyncIterator[Chunk]:
+async def chunks_of(stream_into: Callable[[ChunkSink], Coroutine[Any, Any, None]]) -> AsyncIterator[Chunk]:
     """The pieces a ``stream_into`` call hands its sink, as :class:`Chunk` objects: :meth:`Engine.stream` for
     an engine whose own path is :meth:`Engine.stream_into`. The stream runs in a task of its own; leaving
     the iteration early cancels it, and its failure is raised after the pieces that came before it."""

@@ -77,8 +77,18 @@ def usage_of(doc: dict[str, Any], source: str = "engine") -> Usage:
 class ChatEvents:
     """One chat stream's events, read as they arrive: checked, counted (reasoning apart) and handed to the sink."""
 
-    __slots__ = ("engine", "rid", "sink", "done", "got_usage", "completed", "answered", "last_t", "count_text",
-                 "pieces")
+    __slots__ = (
+        "answered",
+        "completed",
+        "count_text",
+        "done",
+        "engine",
+        "got_usage",
+        "last_t",
+        "pieces",
+        "rid",
+        "sink",
+    )
 
     def __init__(self, engine: OpenAICompletionsEngine, rid: str, sink: ChunkSink,
                  count_text: Callable[[str], int] | None = None) -> None:

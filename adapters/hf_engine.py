@@ -158,6 +158,6 @@ class HFServerEngine(OpenAICompletionsEngine):
         (it died during the run) gives ``{"error": why}``: the run's results are still written."""
         assert self.client is not None, "report() before start()"
         try:
-            return await get_json(self.client, self.name, "/batchbench/report")  # type: ignore[no-any-return]
+            return await get_json(self.client, self.name, "/batchbench/report")
         except EngineError as exc:
             return {"error": str(exc)}

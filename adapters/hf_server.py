@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -357,10 +358,8 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             await runner.cleanup()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         eventloop.run(run())
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

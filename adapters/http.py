@@ -22,7 +22,7 @@ import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import aiohttp
 import yarl
@@ -30,6 +30,7 @@ import yarl
 from batchbench.adapters.auth import AUTH_STATUSES, Auth, auth_failure
 from batchbench.adapters.base import (
     ConnectionRefused,
+    EngineError,
     EngineHTTPError,
     EngineRejected,
     EngineUnreachable,
@@ -130,8 +131,8 @@ class HttpClient:
         headers: Mapping[str, str] | None = None, sent: SentStamp | None = None,
     ) -> AbstractAsyncContextManager[Response]:
         """``async with client.request(...) as response``; ``sent`` is stamped just before the body is written."""
-        return self._open().request(method, self.url(path), data=body, params=params, headers=headers,
-                                    trace_request_ctx=sent)
+        return cast("AbstractAsyncContextManager[Response]", self._open().request(
+            method, self.url(path), data=body, params=params, headers=headers, trace_request_ctx=sent))
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -151,7 +152,7 @@ def make_client(base_url: str, auth: Auth | None = None) -> HttpClient:
 
 
 def refusal(engine: str, status: int, where: str, body: bytes, auth: Auth, *,
-            request_id: str | None = None) -> EngineHTTPError:
+            request_id: str | None = None) -> EngineError:
     """A non-success answer from ``where`` as an error naming it: 401/403 as the endpoint wanting credentials (or
     refusing those sent), an overload as a rejection, anything else as an HTTP error; the server's words
     shortened and stripped of every secret sent."""

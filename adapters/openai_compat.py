@@ -132,7 +132,8 @@ class OpenAICompletionsEngine(ServedEngine):
 
         vLLM nests it (``{"error": {"message", "code"}}``), trtllm-serve does not.
         """
-        inner = event.get("error") if isinstance(event.get("error"), dict) else event
+        nested = event.get("error")
+        inner: dict[str, Any] = nested if isinstance(nested, dict) else event
         code = inner.get("code") if isinstance(inner.get("code"), int) else None
         message = f"error in stream: {inner.get('message') or event.get('error')}"
         if code in OVERLOAD_STATUSES:
@@ -145,7 +146,7 @@ class OpenAICompletionsEngine(ServedEngine):
 class _CompletionEvents:
     """One stream's events, read as they arrive: checked, counted and handed to the sink."""
 
-    __slots__ = ("engine", "rid", "sink", "done", "got_usage", "completed")
+    __slots__ = ("completed", "done", "engine", "got_usage", "rid", "sink")
 
     def __init__(self, engine: OpenAICompletionsEngine, rid: str, sink: ChunkSink) -> None:
         self.engine, self.rid, self.sink = engine, rid, sink

@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import batchbench.adapters
 from batchbench.adapters.auth import Auth
@@ -170,7 +170,9 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     on a GPU host).
     """
     spec = get_spec(name)
-    cls = spec.engine_class
+    # Each adapter's constructor takes the keywords of its kind (a served engine's: model, url or launch, ...), which
+    # the base Engine's does not declare.
+    cls: Any = spec.engine_class
     cls.check_loras(batching or BatchingConfig(), options.loras)
     # Only an engine that serves adapters takes them (check_loras refused the others by name).
     extra: dict[str, object] = {"loras": options.loras} if options.loras else {}
@@ -210,7 +212,7 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
     from batchbench.adapters.launch.local import LocalProcess
 
-    launch = LocalProcess(list(spec.local.program), log_dir=options.log_dir,
+    local = LocalProcess(list(spec.local.program), log_dir=options.log_dir,
                           niceness=options.server_niceness if cpus is None else 0, cpus=cpus)
-    return cls(batching, model=model, launch=launch, startup_timeout=timeout, cpus=cpus, **extra,
+    return cls(batching, model=model, launch=local, startup_timeout=timeout, cpus=cpus, **extra,
                **spec.local.adapter_options)

@@ -309,10 +309,10 @@ class ServedEngine(Engine):
         environment it is started with); at a URL the server's GPUs are not known here: None, every visible GPU."""
         if self.launch is None:
             return None, "the engine is at a URL: which GPUs it uses is not known here"
-        gpus = getattr(self.launch, "gpus", False)
-        if gpus is not False:  # a container: the GPUs passed through to it
-            return (None if gpus is None else list(gpus)), \
-                f"the container's --gpus {'all' if gpus is None else ','.join(gpus) or 'none'}"
+        gpus: Any = getattr(self.launch, "gpus", False)
+        if gpus is not False:  # a container: the GPUs passed through to it (None: all; else their ids)
+            listed = None if gpus is None else [str(g) for g in gpus]
+            return listed, f"the container's --gpus {'all' if listed is None else ','.join(listed) or 'none'}"
         devices, setting = cuda_visible_devices({**os.environ, **self.server_env(self.batching)})
         return devices, f"{setting} for the engine's server"
 

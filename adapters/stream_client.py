@@ -170,7 +170,8 @@ class StreamClient:
         self._auth_head = "".join(f"{name}: {value}\r\n" for name, value in self.auth.http_headers().items())
         self.base_url = base_url.rstrip("/")
         url = yarl.URL(self.base_url)
-        self._host, self._port = url.raw_host or "", url.port
+        # yarl gives the scheme's default port where the URL names none (only a URL without a scheme has none).
+        self._host, self._port = url.raw_host or "", url.port or 80
         self._ssl = ssl.create_default_context() if url.scheme == "https" else None
         self._prefix = url.raw_path.rstrip("/")
         authority = f"[{self._host}]" if ":" in self._host else self._host

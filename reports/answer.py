@@ -64,10 +64,8 @@ def decisions_table(findings: Findings, links: dict[tuple[str, str], str]) -> Ta
     rows = []
     for key, question in QUESTIONS.items():
         title = f"{question} ({slo_text(findings.slo)})" if key == "latency" else question
-        cells = [Cell(title)]
-        for d in engines:
-            cells.append(Cell(d.answers(findings.slo)[key], link=links.get((d.engine, d.layout or ""), "")))
-        rows.append(cells)
+        rows.append([Cell(title), *(Cell(d.answers(findings.slo)[key], link=links.get((d.engine, d.layout or ""), ""))
+                                    for d in engines)])
     return Table(["Question", *(d.engine for d in engines)], rows,
                  caption=f"Figures: the mean [{CONFIDENCE:.0%} interval] over n repeats (Student's t; ratios by the "
                          "delta method); each answer links to the curve it was read from. " + VOCABULARY, prose=True)

@@ -11,6 +11,7 @@ nothing about which line they belong to.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 from matplotlib.axes import Axes
@@ -167,7 +168,7 @@ def per_user(findings: Findings, colors: dict[str, str], accelerators: dict[str,
     drawn = False
     for engine in sorted(findings.engines):
         one = dataclasses.replace(findings, engines={engine: findings.engines[engine]})
-        drawn |= _draw(ax, one, colors, user, lambda p, e=engine: per_accelerator(p, e), label_points=True,
+        drawn |= _draw(ax, one, colors, user, functools.partial(per_accelerator, engine=engine), label_points=True,
                        halos=False)
     if not drawn:
         return None

@@ -464,9 +464,35 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     if findings is not None:
         doc.sections.append(answer.answer_section(
             findings, answer_plots.headlines(findings, colors) if with_plots else None))
+    workloads = group_by_workload(runs)
+    doc.sections.append(_overview(inputs, workloads, generated_at, baseline))
+    if with_plots and findings is not None:
+        doc.sections.append(answer_plots.figures_section(findings, runs, colors))
+    elif with_plots:
+        svg = plots.latency_throughput(runs)
+        if svg is not None:
+            doc.sections.append(Section("Latency vs throughput", blocks=[Plot(
+                "Output tokens/s against TTFT p99, one line per engine configuration; points are labelled by "
+                "concurrency (or workload); hollow markers are partial runs.", svg)]))
+    if findings is not None:
+        doc.sections.append(answer.details_section(findings))
+        doc.sections += answer.evidence_sections(findings)
+    doc.sections += [_workload_section(name, digest, members, colors if with_plots else None)
+                     for (name, digest), members in workloads]
+    if baseline is not None:
+        doc.sections.append(_baseline_section(baseline))
+    doc.sections.append(environment_section(runs))
+    if inputs.warnings or inputs.ignored:
+        doc.sections.append(_skipped_section(inputs))
+    return doc
+
+
+def _overview(inputs: Inputs, workloads: list[tuple[tuple[str, str], list[ReportedRun]]], generated_at: str,
+              baseline: BaselineComparison | None) -> Section:
+    """What was read, and what a reader must know before the figures: partial runs, failures, danger, regressions."""
+    runs = inputs.runs
     overview = Section("Overview")
     n_partial = sum(r.partial for r in runs)
-    workloads = group_by_workload(runs)
     overview.blocks.append(Para(
         f"Generated {generated_at}: {len(runs)} run{'s' if len(runs) != 1 else ''} on {len(workloads)} "
         f"workload{'s' if len(workloads) != 1 else ''}, engines: {', '.join(sorted({r.engine for r in runs}))}. "
@@ -486,62 +512,51 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     if inputs.warnings:
         overview.blocks.append(Para(f"{len(inputs.warnings)} file{'s' if len(inputs.warnings) != 1 else ''} "
                                     "skipped (see Skipped files).", "warn"))
-    doc.sections.append(overview)
+    return overview
 
-    if with_plots and findings is not None:
-        doc.sections.append(answer_plots.figures_section(findings, runs, colors))
-    elif with_plots:
-        svg = plots.latency_throughput(runs)
-        if svg is not None:
-            doc.sections.append(Section("Latency vs throughput", blocks=[Plot(
-                "Output tokens/s against TTFT p99, one line per engine configuration; points are labelled by "
-                "concurrency (or workload); hollow markers are partial runs.", svg)]))
-    if findings is not None:
-        doc.sections.append(answer.details_section(findings))
-        doc.sections += answer.evidence_sections(findings)
 
-    for (name, digest), members in workloads:
-        title = workload_title(name, digest, members[0])
-        sec = Section(f"Workload: {title}")
-        sec.blocks.append(Para(_workload_intro(name, digest, members)))
-        # Repeats merge into one mean [interval] column per series; the per-run table then folds away.
-        if (repeated := repeats_table(members)) is not None:
-            sec.blocks.append(Section("Across repeats", level=3, blocks=[repeated]))
-            sec.blocks.append(Details("Per-run figures", [metrics_table(members)]))
-        else:
-            sec.blocks.append(metrics_table(members))
-        notes = [f"{r.display_name()}: {note}" for r in members for note in r.notes]
-        if notes:
-            sec.blocks.append(Bullets(notes, "warn"))
-        sec.blocks.append(Section("TTFT by batch-size bucket", level=3, blocks=[bucket_table(members)]))
-        if (turns := turn_table(members)) is not None:
-            sec.blocks.append(Section("TTFT by turn", level=3, blocks=[turns]))
-        if (loras := lora_table(members)) is not None:
-            sec.blocks.append(Section("LoRA adapters", level=3, blocks=[loras]))
-        if (stages := windows_table(members, "stages")) is not None:
-            sec.blocks.append(Section("By stage", level=3, blocks=[stages]))
-        if (windows := windows_table(members, "slices")) is not None:
-            figure = plots.slices_figure(members, colors) if with_plots else None
-            blocks: list[Block] = [] if figure is None else [Plot(
-                f"Output tokens/s and TTFT p99 per time window on {title}, a line per sliced run.", figure)]
-            sec.blocks.append(Section("Over the run, by time window", level=3,
-                                      blocks=[*blocks, Details("Per-window figures", [windows])]))
-        # One compact figure per workload, a line per run (one figure per run made the main job's page 12 MB).
-        if with_plots and (svg := plots.workload_figure(members, colors)) is not None:
-            sec.blocks.append(Section("TTFT CDF, KV usage and queue depth over time", level=3, blocks=[Plot(
-                f"Per run on {title}: the CDF of TTFTs of ok requests, KV usage (the danger zone above the "
-                f"dashed line filled) and requests waiting, over the run.", svg)]))
-        doc.sections.append(sec)
+def _workload_section(name: str, digest: str, members: list[ReportedRun],
+                      colors: dict[str, str] | None) -> Section:
+    """One workload's tables, and its figures when ``colors`` is given (None: a report without plots)."""
+    title = workload_title(name, digest, members[0])
+    sec = Section(f"Workload: {title}")
+    sec.blocks.append(Para(_workload_intro(name, digest, members)))
+    # Repeats merge into one mean [interval] column per series; the per-run table then folds away.
+    if (repeated := repeats_table(members)) is not None:
+        sec.blocks.append(Section("Across repeats", level=3, blocks=[repeated]))
+        sec.blocks.append(Details("Per-run figures", [metrics_table(members)]))
+    else:
+        sec.blocks.append(metrics_table(members))
+    notes = [f"{r.display_name()}: {note}" for r in members for note in r.notes]
+    if notes:
+        sec.blocks.append(Bullets(notes, "warn"))
+    sec.blocks.append(Section("TTFT by batch-size bucket", level=3, blocks=[bucket_table(members)]))
+    if (turns := turn_table(members)) is not None:
+        sec.blocks.append(Section("TTFT by turn", level=3, blocks=[turns]))
+    if (loras := lora_table(members)) is not None:
+        sec.blocks.append(Section("LoRA adapters", level=3, blocks=[loras]))
+    if (stages := windows_table(members, "stages")) is not None:
+        sec.blocks.append(Section("By stage", level=3, blocks=[stages]))
+    if (windows := windows_table(members, "slices")) is not None:
+        figure = plots.slices_figure(members, colors) if colors is not None else None
+        blocks: list[Block] = [] if figure is None else [Plot(
+            f"Output tokens/s and TTFT p99 per time window on {title}, a line per sliced run.", figure)]
+        sec.blocks.append(Section("Over the run, by time window", level=3,
+                                  blocks=[*blocks, Details("Per-window figures", [windows])]))
+    # One compact figure per workload, a line per run (one figure per run made the main job's page 12 MB).
+    if colors is not None and (svg := plots.workload_figure(members, colors)) is not None:
+        sec.blocks.append(Section("TTFT CDF, KV usage and queue depth over time", level=3, blocks=[Plot(
+            f"Per run on {title}: the CDF of TTFTs of ok requests, KV usage (the danger zone above the "
+            f"dashed line filled) and requests waiting, over the run.", svg)]))
+    return sec
 
-    if baseline is not None:
-        doc.sections.append(_baseline_section(baseline))
-    doc.sections.append(environment_section(runs))
-    if inputs.warnings or inputs.ignored:
-        sec = Section("Skipped files")
-        if inputs.warnings:
-            sec.blocks.append(Bullets(inputs.warnings, "warn"))
-        if inputs.ignored:
-            sec.blocks.append(Para(f"{len(inputs.ignored)} other JSON file{'s' if len(inputs.ignored) != 1 else ''} "
-                                   "(not batchbench results) ignored: " + ", ".join(inputs.ignored)))
-        doc.sections.append(sec)
-    return doc
+
+def _skipped_section(inputs: Inputs) -> Section:
+    """The files read but not reported: unreadable ones (warnings) and JSON that is not batchbench's."""
+    sec = Section("Skipped files")
+    if inputs.warnings:
+        sec.blocks.append(Bullets(inputs.warnings, "warn"))
+    if inputs.ignored:
+        sec.blocks.append(Para(f"{len(inputs.ignored)} other JSON file{'s' if len(inputs.ignored) != 1 else ''} "
+                               "(not batchbench results) ignored: " + ", ".join(inputs.ignored)))
+    return sec

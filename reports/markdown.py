@@ -76,7 +76,7 @@ def _block(block: Block, links: dict[str, str]) -> list[str]:
     if isinstance(block, Bullets):
         return [f"- {escape(item)}" for item in block.items] + [""]
     if isinstance(block, Table):
-        return _table(block, links) + [""]
+        return [*_table(block, links), ""]
     if isinstance(block, Plot):
         return [f"*Figure in report.html: {escape(block.title)}*", ""]
     if isinstance(block, Details):

@@ -15,6 +15,7 @@ import io
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 from matplotlib.backends.backend_svg import FigureCanvasSVG
@@ -22,12 +23,15 @@ from matplotlib.figure import Figure
 
 from batchbench.reports.svg_path import relative
 
+if TYPE_CHECKING:  # the rc keys as a type, for the checker only (not in every matplotlib this runs on)
+    from matplotlib.typing import RcKeyType
+
 _SVG_NS = "{http://www.w3.org/2000/svg}"
 _XLINK_HREF = "{http://www.w3.org/1999/xlink}href"
 
 #: matplotlib's settings for every figure: text as text in one font (the one its layout measured), simplified
 #: paths, ids hashed with a constant so the output is reproducible.
-_RC = {
+_RC: dict[RcKeyType, Any] = {
     "svg.fonttype": "none",
     "svg.hashsalt": "batchbench",
     "path.simplify": True,
@@ -108,9 +112,9 @@ def _classes(root: ET.Element) -> None:
             elem.set("class", f"{elem.get('class')} {name}" if elem.get("class") else name)
     if names:
         rules = "".join(f".{name}{{{css}}}" for css, name in names.items())
-        style = ET.Element("style")
-        style.text = rules
-        root.insert(0, style)
+        sheet = ET.Element("style")
+        sheet.text = rules
+        root.insert(0, sheet)
 
 
 def _hoist_definitions(root: ET.Element) -> None:

@@ -32,6 +32,7 @@ in both runs (predicted 0.714, blocks of 128); on the static batcher (off only)
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -94,7 +95,7 @@ def out_of_order(wl: Workload, records: list[RequestRecord]) -> list[str]:
     by_id = {r.request_id: r for r in records}
     wrong = []
     for conv in wl.sessions():
-        for before, turn in zip(conv, conv[1:]):
+        for before, turn in itertools.pairwise(conv):
             prev, rec = by_id[before.request_id], by_id[turn.request_id]
             if prev.done_s is None or rec.sent_s < prev.done_s + turn.think_s:
                 wrong.append(f"{turn.request_id} (session {turn.session} turn {turn.turn}) sent at {rec.sent_s:.4f}s, "
@@ -203,7 +204,7 @@ def test_the_workload_grows_each_conversation_as_the_predictions_assume() -> Non
     convs = wl.sessions()
     assert len(convs) == SESSIONS and all(len(c) == TURNS for c in convs)
     for conv in convs:
-        assert all(b.prompt_token_ids[:a.prompt_len] == a.prompt_token_ids for a, b in zip(conv, conv[1:]))
+        assert all(b.prompt_token_ids[:a.prompt_len] == a.prompt_token_ids for a, b in itertools.pairwise(conv))
         assert conv[-1].prompt_len + conv[-1].max_tokens <= profile.max_model_len
         assert conv[-1].prompt_len > 7 * conv[0].prompt_len
     assert 0.6 < predicted_hit_rate(wl, 32) < predicted_hit_rate(wl, 1) < 1.0

@@ -384,7 +384,7 @@ def test_every_cell_is_a_config_the_engines_start_with(profile_name: str) -> Non
     assert s.long_prompt + LONG_OUTPUT <= s.max_model_len  # the long prompts are served, not refused
     assert s.long_prompt > s.small_budget  # ... and really chunked in the small-budget cells
     assert BURST * s.threshold + s.seats_all + SHORT_PROMPT_MAX <= s.small_budget  # room for newcomers, always
-    assert SHORT_PROMPT_MAX <= s.threshold  # a short prompt is never cut by the cap
+    assert s.threshold >= SHORT_PROMPT_MAX  # a short prompt is never cut by the cap
     assert s.seats_few == BURST < s.seats_all
     names = [c.name for c in grid(profile)]
     assert len(set(names)) == len(names) and {"unchunked", "chunked", "chunked-lpt"} <= set(names)
@@ -393,7 +393,8 @@ def test_every_cell_is_a_config_the_engines_start_with(profile_name: str) -> Non
     for cls in engines:
         for c in grid(profile):
             cls.check_config(c.config, max_model_len=s.max_model_len)  # raises ValueError if it would refuse
-        with pytest.raises(ValueError):  # unchunked, a budget below max_model_len: a long prompt never fits
+        # Unchunked, a budget below max_model_len: a long prompt never fits.
+        with pytest.raises(ValueError, match="max_batched_tokens >= max_model_len"):
             cls.check_config(BatchingConfig(max_batched_tokens=512, chunked_prefill=False), max_model_len=2048)
 
 

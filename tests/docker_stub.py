@@ -23,6 +23,7 @@ at a real local server to make the "engine" answer), ``log_lines``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import posixpath
@@ -218,10 +219,8 @@ class _Handler(BaseHTTPRequestHandler):
         stub = self.owner
         with stub._lock:
             stub.calls.append(Call(method, path, query, body))
-        try:
+        with contextlib.suppress(BrokenPipeError):  # the client went away
             self._route(method, path, query, body)
-        except BrokenPipeError:  # pragma: no cover - client went away
-            pass
 
     def do_GET(self) -> None:
         self._handle("GET")
@@ -284,6 +283,7 @@ class _Handler(BaseHTTPRequestHandler):
                 {"status": f"Status: Downloaded newer image for {repo}:{tag}"},
             ]
         self._stream(messages)
+        return None
 
     def _create(self, query: dict[str, Any], body: dict[str, Any]) -> None:
         stub = self.owner
@@ -296,6 +296,7 @@ class _Handler(BaseHTTPRequestHandler):
         cid = uuid.uuid4().hex + uuid.uuid4().hex
         stub.containers[cid] = stub._new_container(cid, name, body, body.get("HostConfig") or {})
         self._send(201, {"Id": cid, "Warnings": []})
+        return None
 
     def _container(
         self, method: str, action: str, container: dict[str, Any], query: dict[str, Any], body: Any

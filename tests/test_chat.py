@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Iterator
@@ -201,7 +202,7 @@ def test_a_workload_as_chat_keeps_every_length_and_grows_a_conversations_message
         roles = [[role for role, _ in t.messages or ()] for t in turns]
         assert roles == [["system", "user"], ["system", "user", "assistant", "user"],
                          ["system", "user", "assistant", "user", "assistant", "user"]]
-        for earlier, later in zip(turns, turns[1:]):
+        for earlier, later in itertools.pairwise(turns):
             assert later.messages is not None and earlier.messages is not None
             assert later.messages[:len(earlier.messages)] == earlier.messages  # the list grows, never changes
             said = later.messages[len(earlier.messages)][1]

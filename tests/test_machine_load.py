@@ -131,7 +131,7 @@ def test_a_routed_layout_owns_every_pool_s_server() -> None:
     assert mixed.server_process_groups() is None and MachineMeter.for_engine(mixed).placement == "not ours"
 
 
-@pytest.mark.parametrize("share, disturbed", [(0.0, False), (BUSY_SHARE, False), (0.26, True), (1.0, True)])
+@pytest.mark.parametrize(("share", "disturbed"), [(0.0, False), (BUSY_SHARE, False), (0.26, True), (1.0, True)])
 def test_the_report_notes_a_disturbed_run(share: float, disturbed: bool) -> None:
     doc = MachineLoad(share).to_dict()
     assert doc["disturbed"] is disturbed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -39,7 +40,7 @@ def test_each_turn_carries_the_whole_conversation_so_far(sessions: int, turns: i
     assert len(convs) == (sessions if turns > 1 else 0)
     for s, conv in enumerate(convs):
         assert [r.session for r in conv] == [s] * turns and [r.turn for r in conv] == list(range(1, turns + 1))
-        for before, after in zip(conv, conv[1:]):
+        for before, after in itertools.pairwise(conv):
             # The previous prompt, then exactly as many answer tokens as the previous turn generates, then more.
             assert after.prompt_token_ids[:before.prompt_len] == before.prompt_token_ids
             assert after.prompt_len >= before.prompt_len + before.max_tokens + 2
@@ -106,7 +107,7 @@ async def test_a_turn_is_sent_only_after_the_previous_answer_and_its_think_time(
     for conv in wl.sessions():
         recs = [by_id[r.request_id] for r in conv]
         assert [(r.session, r.turn) for r in recs] == [(t.session, t.turn) for t in conv]
-        for (prev, nxt), request in zip(zip(recs, recs[1:]), conv[1:]):
+        for (prev, nxt), request in zip(itertools.pairwise(recs), conv[1:]):
             assert nxt.scheduled_s == pytest.approx(prev.closed_s + request.think_s, abs=1e-9)
             assert nxt.sent_s >= prev.done_s + request.think_s
     # Two users: never more than two conversations' turns in flight.

@@ -101,7 +101,7 @@ def test_workers_take_client_cpus_round_robin() -> None:
 
 @pytest.mark.parametrize(("engine", "client"), [(set(), (0,)), ({1}, ()), ({0, 1}, (1,))])
 def test_a_placement_is_two_disjoint_sets(engine: set[int], client: tuple[int, ...]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"at least one CPU for the engine and one|CPUs overlap"):
         CpuPlacement(frozenset(engine), client)
 
 

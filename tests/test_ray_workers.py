@@ -205,13 +205,12 @@ async def test_stopping_the_run_keeps_every_record_and_stops_every_worker(cluste
     """Ctrl-C cancels the run: each worker is told to stop, and its requests in flight come back cancelled."""
     workload = _closed(60, 4, 200)  # 2 s a request: every worker has requests in flight when the run stops
     config = LoadConfig(worker_pool="ray", ray_address=cluster.address, workers=2)
-    async with _engine(server) as engine:
-        async with RayWorkerPool(engine, workload, workers=2, config=config) as pool:
-            run = asyncio.create_task(pool.run())
-            await asyncio.sleep(pool.start_lead_s + 1.0)
-            run.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await run
+    async with _engine(server) as engine, RayWorkerPool(engine, workload, workers=2, config=config) as pool:
+        run = asyncio.create_task(pool.run())
+        await asyncio.sleep(pool.start_lead_s + 1.0)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
     kinds = Counter(r.error_kind for r in pool.records)
     assert kinds == {"cancelled": 4}, kinds  # both workers' two streams each, not lost, not failed otherwise
     assert all(w.lost is None for w in pool.reports)

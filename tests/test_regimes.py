@@ -211,20 +211,20 @@ def test_uneven_steps_are_compared_per_doubling() -> None:
     assert gain_per_doubling(2, 100, 4, 200) == pytest.approx(1.0)
     assert gain_per_doubling(1, 0, 2, 5) == math.inf
     assert gain_per_doubling(1, 0, 2, 0) == 0.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="c_to must exceed c_from"):
         gain_per_doubling(4, 1, 4, 1)
 
 
 def test_rejects_bad_sweeps() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one point"):
         classify_regimes([])
     with pytest.raises(ValueError, match="once"):
         classify_regimes([SweepPoint(2, 1, 0.1, 0.1), SweepPoint(2, 2, 0.1, 0.1)])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="concurrency must be >= 1"):
         SweepPoint(0, 1, 0.1, 0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="throughput must be a number"):
         SweepPoint(1, math.nan, 0.1, 0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="kv_danger must be in"):
         classify_regimes([SweepPoint(1, 1, 0.1, 0.1)], kv_danger=0)
 
 
@@ -233,7 +233,7 @@ def test_corroborated_best_needs_a_second_repeat_to_agree() -> None:
     assert corroborated_best([100, 90], 0.25) == 100
     assert corroborated_best([100, 70], 0.25) is None
     assert corroborated_best([100], 0.25) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="agreement must be in"):
         corroborated_best([1.0, 1.0], 1.0)
 
 
@@ -254,7 +254,7 @@ def test_median_of_resists_one_fluke_either_way() -> None:
     assert (m.throughput, m.ttft_p99) == pytest.approx((188, 0.30))
     assert (m.peak_kv_usage, m.preemptions, m.peak_waiting) == (0.25, 1, None)
     assert median_of(runs[:3]).throughput == 223  # neither the stalled 153 nor the lucky 319
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one repeat"):
         median_of([])
 
 

@@ -22,7 +22,7 @@ def test_t_quantiles_are_the_tables_and_fall_towards_the_normal() -> None:
     assert t_quantile(math.inf) == 1.959964
     # Between rows, by 1/df: df=50 is 2.0086 to four decimals; beyond the table it approaches 1.96.
     assert abs(t_quantile(50) - 2.0086) < 5e-4 and 1.96 < t_quantile(1000) < 1.9625
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one degree of freedom"):
         t_quantile(0.5)
 
 
@@ -48,9 +48,9 @@ def test_an_estimate_is_the_mean_with_its_t_interval() -> None:
     assert one.format(str) == "5.0 (n=1)" and one.describe() == "n=1, no interval"
     assert Estimate.of([]) is None
     assert median([1.0, 2.0]) == 1.5
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the median of no values"):
         median([])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="low <= value <= high"):
         Estimate(1.0, 2.0, 3.0, 3)
 
 
@@ -114,7 +114,7 @@ def test_precise_settles_once_the_interval_is_narrow_enough() -> None:
     for value in (110.0, 110.0, 111.0, 109.0, 110.0, 110.0):
         reps.add(value, QUIET)
     assert settled(reps)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a precision target is a share above 0"):
         precise(lambda v: v, 0.0)
 
 
@@ -177,7 +177,7 @@ def test_a_spent_budget_stops_extra_passes_and_none_is_not_kept() -> None:
 
     series = RepeatProtocol(repeats=1, max_repeats=5, budget_s=0.0).run(["a"], measure, load=lambda _: BUSY)
     assert calls == [0] and len(series["a"]) == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
         RepeatProtocol(repeats=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"max_repeats \(2\) is below repeats \(3\)"):
         RepeatProtocol(repeats=3, max_repeats=2)

@@ -107,7 +107,7 @@ def test_journal_holds_every_record_handed_over_before_a_crash(recs: list[Reques
         writer = JournalWriter(path)
         writer.begin(HEADER)
         assert writer.journal_path == path.with_suffix(".jsonl")
-        with pytest.raises(RuntimeError, match="crash"):
+        with pytest.raises(RuntimeError, match="crash"):  # noqa: PT012 - a run that crashes while writing
             try:
                 for s in samples:
                     writer.sample(s)
@@ -606,7 +606,7 @@ def test_the_stored_guardrails_are_read_not_recomputed(tmp_path: Path) -> None:
     assert partial.guardrails() == server_summary(samples)
 
 
-@pytest.mark.parametrize("section, message", [
+@pytest.mark.parametrize(("section", "message"), [
     ("client", "client load unreadable (not a client-load document: could not convert string to float: 'x')"),
     ("machine", "machine load unreadable (not a machine-load document: foreign_share is 'lots')"),
 ])
@@ -618,7 +618,7 @@ def test_an_unreadable_load_section_is_a_problem_not_a_crash(section: str, messa
     assert doc.footer is not None and getattr(doc.footer, section) is None
 
 
-@pytest.mark.parametrize("change, message", [
+@pytest.mark.parametrize(("change", "message"), [
     (lambda d: d.pop("engine"), r"'engine' is missing"),
     (lambda d: d["engine"].pop("engine"), r"'engine.engine' \(the engine name\) is missing"),
     (lambda d: d["workload"].pop("name"), r"'workload.name' is missing"),

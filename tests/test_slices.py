@@ -3,6 +3,7 @@ where it happened; a run with ``slice_s`` writes its windows into the results do
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def test_every_request_token_and_gap_is_in_one_window(case: tuple[list[RequestRe
     records, duration = case
     slices = time_slices(records, [], width_s=width, duration_s=duration)
     assert slices[0].start_s == 0 and slices[-1].end_s == pytest.approx(duration)
-    assert all(a.end_s == pytest.approx(b.start_s) for a, b in zip(slices, slices[1:]))
+    assert all(a.end_s == pytest.approx(b.start_s) for a, b in itertools.pairwise(slices))
     assert all(s.end_s - s.start_s <= width + 1e-6 for s in slices)
     assert sum(s.sent for s in slices) == len(records) == sum(s.finished for s in slices)
     assert sum(s.failed for s in slices) == sum(1 for r in records if not r.ok)

@@ -25,7 +25,7 @@ def test_parse_reads_each_objective_and_its_unit() -> None:
     assert str(slo) == "ttft_p99<=200ms,tpot_p50<=50ms,e2e_max<=2s"
 
 
-@pytest.mark.parametrize("text, words", [
+@pytest.mark.parametrize(("text", "words"), [
     ("", "expected METRIC_STAT=LIMIT"),
     ("ttft_p99", "expected METRIC_STAT=LIMIT"),
     ("ttft_p98=200ms", "STAT one of"),

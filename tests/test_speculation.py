@@ -64,7 +64,7 @@ def test_the_batching_spec_parses_speculation_strictly() -> None:
     assert BatchingConfig().draft_tokens is None
     with pytest.raises(ValueError, match="speculative_method='eagle': expected one of ngram"):
         BatchingConfig.parse("speculative_method=eagle")
-    with pytest.raises(ValueError, match="speculative_tokens .* needs speculative_method"):
+    with pytest.raises(ValueError, match=r"speculative_tokens .* needs speculative_method"):
         BatchingConfig.parse("speculative_tokens=4")
     with pytest.raises(ValueError, match="speculative_tokens must be a positive integer"):
         BatchingConfig(speculative_method="ngram", speculative_tokens=0)

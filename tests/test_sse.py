@@ -4,6 +4,7 @@ whatever the line endings. The stamp of a chunk is taken when sse_data yields it
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator
 
@@ -24,7 +25,7 @@ async def arriving(pieces: list[bytes]) -> AsyncIterator[bytes]:
 
 def split_at(body: bytes, cuts: list[int]) -> list[bytes]:
     edges = [0, *sorted({c % (len(body) + 1) for c in cuts}), len(body)]
-    return [body[a:b] for a, b in zip(edges, edges[1:])]
+    return [body[a:b] for a, b in itertools.pairwise(edges)]
 
 
 def events_of(pieces: list[bytes]) -> list[str]:
@@ -85,7 +86,7 @@ def test_a_break_anywhere_in_the_stream_changes_nothing(eol: str) -> None:
     assert events_of([body[i:i + 1] for i in range(len(body))]) == want
 
 
-def test_a_very_long_line_in_many_reads_is_one_event(benchmark) -> None:  # noqa: ANN001
+def test_a_very_long_line_in_many_reads_is_one_event(benchmark) -> None:
     """One 4 MiB event in 4 KiB reads (a runaway engine, a huge prompt echo). Its cost is in the benchmark:
     the unfinished line is appended to in place, not copied again on every read."""
     payload = "x" * (4 << 20)

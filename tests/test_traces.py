@@ -87,7 +87,7 @@ def test_hash_ids_must_cover_the_prompt_and_the_request_fit_the_model(tmp_path: 
     path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [1]}\n'
                     '{"timestamp": 9, "input_length": 600, "output_length": 2, "hash_ids": [1, 2]}\n')
     trace = traces.load(path, "mooncake")
-    with pytest.raises(TraceError, match="request 0 has 1 hash ids for 600 prompt tokens.*need 2"):
+    with pytest.raises(TraceError, match=r"request 0 has 1 hash ids for 600 prompt tokens.*need 2"):
         traces.build_workload(trace)
     with pytest.raises(TraceError, match="request 0 has 1 hash ids"):
         traces.build_workload(trace, block_size=100)

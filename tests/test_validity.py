@@ -62,7 +62,7 @@ def test_the_note_names_what_is_needed_and_what_the_samples_support() -> None:
         "ttft p99 of 64 requests is near their maximum: p99 needs >= 200 (64 support p95)")
     assert "support no percentile" in (percentile_note("ttft", 99, 3) or "")
     assert stat_percentile("p99") == 99.0 and stat_percentile("max") is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"in \[0, 100\), not 100"):
         samples_needed(100)
 
 

@@ -99,7 +99,7 @@ class CleanupRegistry:
         for entry in reversed(entries):
             try:
                 entry.stop()
-            except Exception as exc:  # noqa: BLE001 - best effort while exiting; the rest still gets stopped
+            except Exception as exc:
                 print(f"batchbench: could not stop {entry.name}: {exc}", file=sys.stderr)
             else:
                 stopped.append(entry.name)

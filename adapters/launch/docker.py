@@ -560,7 +560,7 @@ class DockerLaunch:
                 self._status = f"container {self.name} no longer exists"
                 self._checked_at = time.monotonic()
                 return
-            except Exception:  # noqa: BLE001 - daemon hiccup: keep what we knew
+            except Exception:
                 return
             self._note_state(attrs.get("State") or {})
         finally:
@@ -577,7 +577,7 @@ class DockerLaunch:
         """Keep the log tail, then remove the container (the failure paths of start())."""
         try:
             self.last_logs = self._logs_sync(200)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.last_logs = self.last_logs or f"(logs unavailable: {self._redact(str(exc))})"
         self._remove_sync(stop_first=False)
 
@@ -593,7 +593,7 @@ class DockerLaunch:
                 pass
             except docker.errors.DockerException as exc:
                 log.warning("stopping %s failed (%s); removing it by force", self.name, self._redact(str(exc)))
-            except Exception as exc:  # noqa: BLE001 - e.g. read timeout
+            except Exception as exc:
                 log.warning("stopping %s failed (%s); removing it by force", self.name, self._redact(str(exc)))
         try:
             api.remove_container(self.container_id, force=True)
@@ -615,7 +615,7 @@ class DockerLaunch:
                 attrs = self._client.api.inspect_container(self.container_id)
                 self._note_state(attrs.get("State") or {})
                 self.last_logs = self._logs_sync(200)
-            except Exception as exc:  # noqa: BLE001 - removal must go on
+            except Exception as exc:
                 log.debug("no final state/logs for %s: %s", self.name, self._redact(str(exc)))
         self._remove_sync(stop_first=True)
 
@@ -670,7 +670,7 @@ class DockerLaunch:
             try:
                 self.last_logs = await asyncio.to_thread(self._logs_sync, max(tail, 1))
                 return self.last_logs
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if self.last_logs is None:
                     return f"(logs unavailable: {self._redact(str(exc))})"
         if self.last_logs is None:
@@ -688,6 +688,6 @@ class DockerLaunch:
         if self._own_client and self._client is not None:
             try:
                 self._client.close()
-            except Exception as exc:  # noqa: BLE001  # pragma: no cover
+            except Exception as exc:  # pragma: no cover
                 log.debug("closing the docker client: %s", exc)
             self._client = None

@@ -21,6 +21,7 @@ CPU, and its child would inherit that.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -44,10 +45,8 @@ def free_port() -> int:
 
 
 def _kill_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class _Server:
@@ -78,10 +77,8 @@ class _Server:
                         proc.wait(grace)
                     except subprocess.TimeoutExpired:
                         _kill_group(proc.pid, signal.SIGKILL)
-                        try:
+                        with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel
                             proc.wait(5.0)
-                        except subprocess.TimeoutExpired:  # pragma: no cover - stuck in the kernel
-                            pass
                 # The group may still hold children after the leader exited.
                 _kill_group(proc.pid, signal.SIGKILL)
             finally:

@@ -57,7 +57,7 @@ ACTIVATION_BYTES = 2
 def expected_experts(routed: int, per_token: int, tokens: float) -> float:
     """Distinct experts ``tokens`` tokens touch in one layer on average when each picks ``per_token`` of ``routed``
     uniformly: routed x (1 - (1 - per_token / routed) ** tokens), which is at most min(routed, per_token x tokens)."""
-    return routed * (1 - (1 - per_token / routed) ** tokens)
+    return float(routed * (1 - (1 - per_token / routed) ** tokens))
 
 
 def _mean_min(lo: int, hi: int, window: int) -> float:
@@ -128,7 +128,7 @@ def _model_shape(config: Mapping[str, Any], p: Plan) -> ModelShape:
     """The shape of a config the planner has already checked (so the fields it read are there and valid)."""
     heads, kv, par = config["num_attention_heads"], p.kv, p.parameters
     moe = experts(config)
-    per_token = 0
+    per_token: Any = 0
     routed_parameters = 0
     if moe is not None:
         per_token = config.get("num_experts_per_tok")

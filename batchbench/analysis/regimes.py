@@ -26,6 +26,7 @@ be tested on synthetic curves and applied to any engine's sweep.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -232,7 +233,7 @@ def corroborated_best(values: Sequence[float], agreement: float) -> float | None
     if not 0 <= agreement < 1:
         raise ValueError(f"agreement must be in [0, 1), not {agreement!r}")
     ordered = sorted(values, reverse=True)
-    for best, runner_up in zip(ordered, ordered[1:]):
+    for best, runner_up in itertools.pairwise(ordered):
         if runner_up >= (1 - agreement) * best:
             return best
     return None

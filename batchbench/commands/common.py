@@ -151,7 +151,9 @@ def one_batching(specs: list[str], command: str, engines: Sequence[str] = ()) ->
     if len(specs) > 1:
         raise ValueError(f"--batching: {command} measures one configuration per invocation; give it once")
     batching = BatchingConfig.parse(specs[0]) if specs else None
-    for name in engines if batching is not None else ():
+    if batching is None:  # none given, or "default": nothing for an engine to refuse
+        return None
+    for name in engines:
         try:
             engine_class(name).check_config(batching)
         except ValueError as exc:

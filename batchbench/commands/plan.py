@@ -245,7 +245,7 @@ def main(args: PlanArgs) -> int:
         result = plan(config, model=name, memory_bytes=memory, memory_fraction=args.memory_fraction,
                       weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp, context=args.context,
                       block_size=args.block_size, prompt_len=args.prompt_len, output_len=args.output_len)
-        bounds = None if args.gpu is None else limits(
+        bounds = None if args.gpu is None or args.prompt_len is None or args.output_len is None else limits(
             config, args.gpu, model=name, memory_bytes=memory, memory_fraction=args.memory_fraction,
             weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp, context=args.context,
             block_size=args.block_size, prompt_len=args.prompt_len, output_len=args.output_len)

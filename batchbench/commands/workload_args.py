@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from batchbench.adapters.served import ServedModel
 from batchbench.analysis.validity import samples_needed, stat_percentile
@@ -112,7 +112,7 @@ class WorkloadArgs(OptionGroup):
     output_len: Lengths | None = None
     dataset: Path | None = None
     trace: Path | None = None
-    trace_format: str = "mooncake"
+    trace_format: traces.TraceFormat = "mooncake"
     trace_speed: float | None = None
     trace_block_size: int = traces.MOONCAKE_BLOCK_SIZE
     tokenizer: str | None = None
@@ -133,7 +133,7 @@ class WorkloadArgs(OptionGroup):
     slice: float | None = None
     no_report: bool = False
     loras: tuple[LoraSpec, ...] = ()
-    lora_split: TrafficSplit = TrafficSplit()
+    lora_split: TrafficSplit = field(default_factory=TrafficSplit)
     #: ``bench``'s staged load (None: not staged).
     stages: tuple[stages.Stage, ...] | None = None
     endpoint: str = "completions"
@@ -376,7 +376,7 @@ def _prepare_workload(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
         prompt = args.input_len or DEFAULT_LENGTH
         # Sessions are built closed loop (each level gives its own concurrency); single requests all at once;
         # staged load at its stages' times.
-        sessions = {"turns": args.turns, "think": args.think_time or ThinkTime(),
+        sessions: dict[str, Any] = {"turns": args.turns, "think": args.think_time or ThinkTime(),
                     "arrival": Arrival("closed")} if args.turns > 1 else {}
         if args.stages is not None:
             sessions = {"stages": args.stages, "arrival": Arrival("timed", rate=_mean_rate(args.stages))}
@@ -471,6 +471,7 @@ def timed_levels(args: WorkloadArgs, concurrency: list[float] | None, rate: list
 
 
 def _load_trace(args: WorkloadArgs) -> traces.Trace:
+    assert args.trace is not None, "a trace workload without --trace"
     return traces.load(args.trace, args.trace_format)
 
 
@@ -483,7 +484,7 @@ def _prepare_trace(args: WorkloadArgs, profile: Profile, *, levels: list[float])
                                      vocab_size=DEFAULT_VOCAB, max_model_len=profile.max_model_len)
 
     num_requests = min(args.num_requests or len(trace.entries), len(trace.entries))
-    result = PreparedWorkload(f"trace-{args.trace.stem}", num_requests, args.duration, args.warmup, args.arrival,
+    result = PreparedWorkload(f"trace-{trace.path.stem}", num_requests, args.duration, args.warmup, args.arrival,
                               args.burstiness, args.seed, from_trace, workers=args.workers.count, trace=trace,
                               slice_s=args.slice)
     built = result.requests(num_requests)

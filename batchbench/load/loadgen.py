@@ -230,7 +230,7 @@ class TooManyTokens(Exception):
 class _RecordSink:
     """The :class:`ChunkSink` of one request: each piece goes straight into its record, nothing kept besides."""
 
-    __slots__ = ("record", "t0", "limit", "received")
+    __slots__ = ("limit", "received", "record", "t0")
 
     def __init__(self, record: RequestRecord, t0: float, limit: int) -> None:
         self.record, self.t0, self.limit, self.received = record, t0, limit, 0

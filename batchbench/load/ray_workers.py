@@ -191,7 +191,10 @@ class Worker:
             with contextlib.suppress(queue.Empty):
                 while True:
                     item = self._out.get_nowait()
-                    (records if isinstance(item, RequestRecord) else events).append(item)
+                    if isinstance(item, RequestRecord):
+                        records.append(item)
+                    else:
+                        events.append(item)
             if records or events or time.monotonic() - quiet_since >= HEARTBEAT_S:
                 yield records, events
                 quiet_since = time.monotonic()

@@ -8,6 +8,7 @@ engine may be dying, and the request records say more about that.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -92,8 +93,6 @@ class Scraper:
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._task is not None
         self._task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        except asyncio.CancelledError:
-            pass
         await self.scrape_once()  # the state at the end of the run

@@ -99,6 +99,7 @@ class SendTimer:
         seconds, nanoseconds = divmod(math.ceil(deadline * 1e9), 1_000_000_000)  # never before the deadline
         self._spec.it_value.tv_sec = seconds
         self._spec.it_value.tv_nsec = nanoseconds
+        assert _LIBC is not None, "a timerfd without libc"  # _fd is only ever set where libc has timerfd
         if _LIBC.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
         self._waiter = loop.create_future()

@@ -142,10 +142,6 @@ class Pool:
     ``records``; ``start()`` (or ``async with``) before the run's ``t0``, ``close()`` whatever happens.
     :class:`WorkerPool` runs the workers as processes of this host, ``ray_workers.RayWorkerPool`` as Ray actors."""
 
-    #: How far ahead of now the run's ``t0`` must be set for every worker to have it in time (processes of this host
-    #: read the same clock: no lead; workers on other hosts are told the instant over the network).
-    start_lead_s: float = 0.0
-
     def __init__(self, engine: Engine, workload: Workload, *, workers: int,
                  on_record: Callable[[RequestRecord], None] = lambda record: None,
                  config: LoadConfig | None = None, placement: CpuPlacement | None = None) -> None:
@@ -177,6 +173,32 @@ class Pool:
         raise NotImplementedError
 
     async def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def start_lead_s(self) -> float:
+        """How far ahead of now the run's ``t0`` must be set for every worker to have it in time (processes of this
+        host read the same clock: no lead; workers on other hosts are told the instant over the network)."""
+        return 0.0
+
+    @property
+    def pids(self) -> frozenset[int]:
+        """The ids of this host's processes that are the harness, not other work on the machine."""
+        raise NotImplementedError
+
+    @property
+    def pinned(self) -> list[Pinned]:
+        """Each started worker's CPUs as it reported them when ready, in worker order."""
+        raise NotImplementedError
+
+    @property
+    def client_loads(self) -> list[ClientLoad]:
+        """Each worker's own load-generator load (a worker that was lost sent none)."""
+        raise NotImplementedError
+
+    @property
+    def reports(self) -> list[WorkerReport]:
+        """Each worker as the results document keeps it."""
         raise NotImplementedError
 
     def part_config(self, index: int) -> LoadConfig:
@@ -367,10 +389,8 @@ def _child_main(engine: Engine, part: Workload, config: LoadConfig, conn: Connec
     its part of the run, records to ``conn``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent stops us
     pinned = pin_self(cpu)  # first: the loop's threads and the HTTP client's inherit it
-    try:
+    with contextlib.suppress(asyncio.CancelledError):  # stopped: the records were sent as they finished
         eventloop.run(_child(engine, part, config, conn, pinned))
-    except asyncio.CancelledError:
-        pass  # stopped: the records were sent as they finished
 
 
 async def _child(engine: Engine, part: Workload, config: LoadConfig, conn: Connection, pinned: Pinned) -> None:

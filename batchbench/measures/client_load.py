@@ -52,6 +52,7 @@ run-queue delay is one ``pread`` of a held descriptor).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -257,8 +258,9 @@ class ClientLoad:
                     "loop_lag_max_s": float, "loop_lag_samples": int, "chunk_gaps": int, "burst_gaps": int,
                     "loop_wait_s": float, "own_lag_p50_s": float, "own_lag_p90_s": float, "own_lag_p99_s": float}
         try:
-            load = cls(**{name: float(doc[name]) for name in ("cpu_s", "wall_s", "busy_fraction")},
-                       **{name: None if doc.get(name) is None else kind(doc[name]) for name, kind in optional.items()})
+            fields: dict[str, Any] = {name: float(doc[name]) for name in ("cpu_s", "wall_s", "busy_fraction")}
+            fields |= {name: None if doc.get(name) is None else kind(doc[name]) for name, kind in optional.items()}
+            load = cls(**fields)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a client-load document: {exc}") from exc
         return load
@@ -290,7 +292,7 @@ def read_bursts(records: Iterable[RequestRecord]) -> tuple[int, int]:
             continue
         bound = (times[-1] - times[0]) / n * BURST_FRACTION
         gaps += n
-        bursts += sum(1 for a, b in zip(times, times[1:]) if b - a <= bound)
+        bursts += sum(1 for a, b in itertools.pairwise(times) if b - a <= bound)
     return gaps, bursts
 
 

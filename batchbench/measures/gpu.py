@@ -24,6 +24,8 @@ Where there is no NVML (no driver, no GPU, pynvml not installed) every figure is
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import threading
 import time
@@ -172,9 +174,10 @@ def load_nvml(nvml: ModuleType | None = None) -> tuple[ModuleType | None, str | 
     """``nvml`` (None: the ``pynvml`` module) initialised, or None and why not (``no NVML: ...``)."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError as exc:
             return None, f"no NVML: pynvml is not installed (pip install nvidia-ml-py): {exc}"
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as exc:  # pynvml.NVMLError and its generated subclasses; OSError from a broken library
@@ -261,10 +264,8 @@ class GpuMeter:
 
     def _shutdown(self) -> None:
         if self._nvml is not None:
-            try:
+            with contextlib.suppress(Exception):  # shutting down a library that is going away: nothing to keep
                 self._nvml.nvmlShutdown()
-            except Exception:  # shutting down a library that is going away: nothing to keep
-                pass
             self._nvml = None
 
     def _value(self, read: Callable[[Any], Any], handle: Any) -> Any:
@@ -345,11 +346,11 @@ class GpuMeter:
 
     def _telemetry(self, ends: list[float | None]) -> GpuTelemetry:
         samples = self.samples
-        counted = [(a, b) for a, b in zip(self._energy_start, ends, strict=True)]
+        counted = [(a, b) for a, b in zip(self._energy_start, ends, strict=True) if a is not None and b is not None]
         energy: float | None
         source: EnergySource | None
-        if counted and all(a is not None and b is not None for a, b in counted):
-            energy, source = sum(b - a for a, b in counted), "energy counter"  # type: ignore[operator]
+        if counted and len(counted) == len(ends):
+            energy, source = sum(b - a for a, b in counted), "energy counter"
         else:
             energy = _integrated(samples, len(self._handles))
             source = "power samples" if energy is not None else None
@@ -387,11 +388,11 @@ def _mean(values: Any) -> float | None:
 def _power_moments(samples: Sequence[GpuSample], gpus: int) -> list[tuple[float, float]]:
     """(time, summed power) of every sampling moment at which each GPU reported power (samples come ``gpus`` at a
     time, in the same order)."""
-    moments = []
+    moments: list[tuple[float, float]] = []
     for start in range(0, len(samples) - gpus + 1, gpus):
-        moment = [s.power_w for s in samples[start:start + gpus]]
-        if all(p is not None for p in moment):
-            moments.append((samples[start].t, sum(moment)))  # type: ignore[arg-type]
+        moment = [p for s in samples[start:start + gpus] if (p := s.power_w) is not None]
+        if len(moment) == gpus:
+            moments.append((samples[start].t, float(sum(moment))))
     return moments
 
 
@@ -400,4 +401,4 @@ def _integrated(samples: Sequence[GpuSample], gpus: int) -> float | None:
     moments = _power_moments(samples, gpus)
     if len(moments) < 2:
         return None
-    return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(moments, moments[1:], strict=False))
+    return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(moments))

@@ -75,7 +75,7 @@ def server_summary(samples: Sequence[ServerMetrics]) -> Guardrails:
     """
     samples = sorted(samples, key=lambda s: s.t)
     kv = _values(samples, "kv_usage")
-    danger_s = sum(t1 - t0 for (t0, v), (t1, _) in zip(kv, kv[1:]) if v >= KV_DANGER)
+    danger_s = sum(t1 - t0 for (t0, v), (t1, _) in itertools.pairwise(kv) if v >= KV_DANGER)
     entered = next((t for t, v in kv if v >= KV_DANGER), None)
     waiting = [v for _, v in _values(samples, "waiting")]
     running = [v for _, v in _values(samples, "running")]

@@ -214,9 +214,10 @@ def steady_state(records: Sequence[RequestRecord]) -> SteadyState | None:
     ok = [r for r in records if r.ok and r.chunk_times]
     if len(ok) < 2:
         return None
-    start = min(r.done_s for r in ok)
+    # A request's completion is its last token (an ok request's ``done_s``).
+    start = min(r.chunk_times[-1] for r in ok)
     last_send = max(r.sent_s for r in records)
-    end = min((r.done_s for r in ok if r.done_s > last_send), default=None)
+    end = min((done for r in ok if (done := r.chunk_times[-1]) > last_send), default=None)
     if end is None or not end > start:
         return None
     tokens = sum(n for r in ok for t, n in zip(r.chunk_times, r.chunk_tokens) if start < t <= end)

@@ -48,6 +48,7 @@ objectives on its limits (the same goodput).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -438,7 +439,7 @@ class JournalWriter:
         takes nothing."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._journal = open(self.journal_path, "w", encoding="utf-8")
+            self._journal = open(self.journal_path, "w", encoding="utf-8")  # noqa: SIM115 - open until close()
             self._journal.write(_line({"type": "header", "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
                                        **_encode_fields(header)}))
             self._journal.flush()
@@ -551,10 +552,8 @@ class JournalWriter:
         goes (what was flushed before stays readable as a partial run), the failure forgotten."""
         self._join()
         if self._journal is not None:
-            try:
+            with contextlib.suppress(OSError):  # its last buffered bytes could not be written either
                 self._journal.close()
-            except OSError:  # its last buffered bytes could not be written either
-                pass
             self._journal = None
         self._error = None
 
@@ -741,7 +740,7 @@ def _decode(tp: Any, value: Any, where: str, problems: list[str]) -> Any:
         if not isinstance(value, dict):
             raise DocumentError(f"{_where(where)} is not an object")
         return {k: _decode(args[1], v, f"{where}.{k}", problems) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _decode_dataclass(tp, value, where, problems)
     raise TypeError(f"no JSON reading for {tp!r}")  # a type this module was not written for
 
@@ -799,7 +798,7 @@ def _type_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
         return {"type": "array", "items": _type_schema(args[0], defs)}
     if origin is dict:
         return {"type": "object", "additionalProperties": _type_schema(args[1], defs) if args[1] is not Any else True}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         name = tp.__name__
         if name not in defs:
             defs[name] = {}  # placeholder: recursion-safe

@@ -20,6 +20,7 @@ the ShareGPT item) it is about.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -148,7 +149,7 @@ def _sharegpt(path: Path, text: str) -> Dataset:
 def _conversation(where: str, turns: list[dict[str, Any]]) -> tuple[tuple[tuple[str, str], ...], str]:
     """The turns up to the last human turn followed by a reply, as chat messages, and that reply (the caller made
     sure there is one)."""
-    last = max(i for i, (turn, reply) in enumerate(zip(turns, turns[1:]))
+    last = max(i for i, (turn, reply) in enumerate(itertools.pairwise(turns))
                if turn.get("from") in _HUMAN and reply.get("from") in _REPLY)
     messages = []
     for turn in turns[:last + 1]:
@@ -162,7 +163,7 @@ def _conversation(where: str, turns: list[dict[str, Any]]) -> tuple[tuple[tuple[
 
 def _first_exchange(where: str, turns: list[dict[str, Any]]) -> tuple[str, str] | None:
     """The first human turn and the reply right after it; None when the conversation has no such pair."""
-    for turn, reply in zip(turns, turns[1:]):
+    for turn, reply in itertools.pairwise(turns):
         if turn.get("from") in _HUMAN and reply.get("from") in _REPLY:
             return _text(where, "value", turn.get("value")), _text(where, "value", reply.get("value"))
     return None

@@ -255,8 +255,8 @@ def _details(engines: dict[str, EngineFindings], slo: Slo | None) -> list[str]:
         out.append(f"{name}: continuous vs static batching: {e.decisions.answers(slo)['batching']}.")
         if e.padding_cost is not None:
             out.append(f"{name}: padding: {padding.decision(e.padding_cost)}.")
-        out += [text for layout, f in e.layouts.items() for p in f.points
-                if (text := turns.sentence(name, layout, p)) is not None]
+        out += [sentence for layout, f in e.layouts.items() for p in f.points
+                if (sentence := turns.sentence(name, layout, p)) is not None]
     return out
 
 
@@ -311,13 +311,13 @@ def measured_slo(docs: Iterable[RunDocument]) -> Slo | None:
     return found.pop() if len(found) == 1 else None
 
 
-def findings_from_documents(docs: Iterable[RunDocument | tuple[str, RunDocument]], *, slo: Slo | None = None,
+def findings_from_documents(docs: Iterable[RunDocument | tuple[str | None, RunDocument]], *, slo: Slo | None = None,
                             suite: str | None = None) -> Findings:
     """The findings of results documents (or (source, document) pairs): the entry point of the CLI and the
     report. ``slo``: judge the points against it (None: the one the runs were measured under,
     :func:`measured_slo`, if they agree on one; else no SLO findings); ``suite``: only runs labelled with this
     suite."""
-    pairs = [d if isinstance(d, tuple) else (None, d) for d in docs]
+    pairs: list[tuple[str | None, RunDocument]] = [d if isinstance(d, tuple) else (None, d) for d in docs]
     slo = slo if slo is not None else measured_slo(doc for _, doc in pairs)
     skipped: list[str] = []
     points = points_from_documents(pairs, slo=slo, suite=suite, skipped=skipped)

@@ -416,7 +416,7 @@ def layout_rank(layout: str) -> tuple[int, str]:
 
 
 def points_from_documents(
-    docs: Iterable[RunDocument | tuple[str, RunDocument]], *, slo: Slo | None = None, suite: str | None = None,
+    docs: Iterable[RunDocument | tuple[str | None, RunDocument]], *, slo: Slo | None = None, suite: str | None = None,
     skipped: list[str] | None = None,
 ) -> list[Point]:
     """Group runs into points by (engine, layout, concurrency), each run judged by :mod:`batchbench.analysis.validity`.
@@ -426,7 +426,7 @@ def points_from_documents(
     a closed-loop or waves arrival to read them from) is no point of a curve: it is left out, and
     ``skipped`` (when given) gets a line naming it.
     """
-    pairs = [(d[0], d[1]) if isinstance(d, tuple) else (None, d) for d in docs]
+    pairs: list[tuple[str | None, RunDocument]] = [(d[0], d[1]) if isinstance(d, tuple) else (None, d) for d in docs]
     pairs = [(src, doc) for src, doc in pairs if suite is None or doc.header.labels.get("suite") == suite]
     grouped: dict[tuple[str, str, int], list[Measurement]] = {}
     for (source, doc), engine in zip(pairs, _engine_keys([doc for _, doc in pairs])):
