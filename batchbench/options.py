@@ -28,6 +28,7 @@ from batchbench.adapters.registry import (
     make_engine,
     parse_engine_urls,
 )
+from batchbench.analysis.accelerators import Accelerator, UnknownAccelerator, find_accelerator
 from batchbench.core.config import ENDPOINTS, BatchingConfig, Endpoint
 from batchbench.core.placement import (
     NO_AFFINITY,
@@ -198,6 +199,22 @@ def add_telemetry_arguments(add: Callable[..., Any]) -> None:
     add("--no-gpu-telemetry", action="store_true",
         help="do not read the GPUs through NVML during runs (by default each run samples power, energy, "
              "utilisation, memory and clocks of the engine's GPUs; without NVML the document says why not)")
+
+
+def add_gpu_argument(add: Callable[..., Any]) -> None:
+    """``--gpu NAME``: the GPU the runs' limit on paper is worked out for, where NVML cannot name it."""
+    add("--gpu", type=accelerator, default=None, metavar="NAME",
+        help="the GPU the engine serves on (H100, H100-PCIe, H200, B200, A100, L40S, MI300X): the report sets each "
+             "point beside the limit on paper for it (default: the GPU NVML names in each run; an engine at a URL "
+             "may be on a GPU this host cannot see)")
+
+
+def accelerator(text: str) -> Accelerator:
+    """A GPU of the accelerators table, named loosely (``H100`` is the H100 SXM); the known ones otherwise."""
+    try:
+        return find_accelerator(text)
+    except UnknownAccelerator as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def gpu_hour_cost(text: str) -> float:

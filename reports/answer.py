@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from batchbench.analysis.bound_share import percent
 from batchbench.analysis.findings import QUESTIONS, Findings, LayoutFindings, PointFindings
 from batchbench.analysis.findings.decisions import slo_text
 from batchbench.analysis.findings.invalid import by_kind
@@ -152,7 +153,17 @@ def _precision(p: PointFindings) -> Cell:
     return Cell(text)
 
 
+def _of_limit(f: LayoutFindings, concurrency: int) -> Cell:
+    """``41% (bandwidth)``: the point's share of the limit on paper and what binds there; flagged past 100%."""
+    found = f.limit.points.get(concurrency) if f.limit is not None else None
+    if found is None:
+        return Cell(fmt.NA)
+    return Cell(f"{percent(found.share.share)} ({found.share.bound})", "bad" if found.share.beats_bound else "")
+
+
 def points_table(f: LayoutFindings) -> Table:
+    """Each point's figures, judgements and runs; with a column of its share of the limit where there is one."""
+    limit = f.limit.setup if f.limit is not None and f.limit.points else None
     rows = []
     for p in f.points:
         cells = [Cell(f"c={p.concurrency}")]
@@ -166,13 +177,19 @@ def points_table(f: LayoutFindings) -> Table:
             Cell("yes" if p.valid else "no: " + "; ".join(p.invalid_reasons), "" if p.valid else "bad"),
             Cell(fmt.pct(p.kv_usage_peak)),
             Cell(fmt.count(p.preemptions)),
+            *([_of_limit(f, p.concurrency)] if limit is not None else []),
             Cell(", ".join(p.run_ids)),
         ]
         rows.append(cells)
-    return Table(["Point", *(title for title, _, _ in _POINT_COLUMNS), "Runs", "Throughput ±", "SLO", "Regime",
-                  "Valid", "KV peak", "Preemptions", "Run ids"], rows,
-                 caption=f"Each figure: the mean [{CONFIDENCE:.0%} t-interval] over the point's valid runs. "
-                         "Throughput ±: the interval's half-width against the precision target.")
+    titles = ["Point", *(title for title, _, _ in _POINT_COLUMNS), "Runs", "Throughput ±", "SLO", "Regime", "Valid",
+              "KV peak", "Preemptions", *(["Of the limit"] if limit is not None else []), "Run ids"]
+    caption = (f"Each figure: the mean [{CONFIDENCE:.0%} t-interval] over the point's valid runs. "
+               "Throughput ±: the interval's half-width against the precision target.")
+    if limit is not None:
+        caption += (" Of the limit: output tokens/s over its ceiling on paper at the point's batch size (TPOT's floor "
+                    f"over TPOT p50 where no tokens/s was measured) and what binds there, for {limit.text()}; the "
+                    f"arithmetic: {limit.command()}.")
+    return Table(titles, rows, caption=caption)
 
 
 def evidence_sections(findings: Findings) -> list[Section]:

@@ -25,7 +25,7 @@ from batchbench.analysis.repeats import Estimate
 from batchbench.reports import plots
 from batchbench.reports.answer import layouts
 from batchbench.reports.blocks import Block, Para, Plot, Section
-from batchbench.reports.headline import HeadlinePoint, headline_svg
+from batchbench.reports.headline import BoundMark, HeadlinePoint, headline_svg
 from batchbench.reports.model import ReportedRun, display_name
 from batchbench.reports.series import group_series, series_labels
 from batchbench.reports.svg import to_svg
@@ -219,7 +219,8 @@ def _triple(found: Estimate | None) -> tuple[float, float, float] | None:
 
 def headlines(findings: Findings, colors: dict[str, str]) -> list[Block]:
     """One figure per engine for the answer: throughput against TTFT p99 along the curve its decisions were read
-    from, the sweet spot ringed and the SLO's TTFT p99 limit drawn (where it has one)."""
+    from, the sweet spot ringed, the SLO's TTFT p99 limit drawn (where it has one) and the limit on paper beside
+    the curve (where the runs' GPU has a row)."""
     limit = next((o.limit_s for o in findings.slo.objectives if o.metric == "ttft" and o.stat == "p99"), None) \
         if findings.slo is not None else None
     out: list[Block] = []
@@ -231,12 +232,19 @@ def headlines(findings: Findings, colors: dict[str, str]) -> list[Block]:
         points = [HeadlinePoint(p.concurrency, tok, ttft, p.valid) for p in curve.points
                   if (tok := _triple(p.figure("output_tok_s"))) is not None
                   and (ttft := _triple(p.figure("ttft_p99_s"))) is not None]
+        shares = curve.limit.points if curve.limit is not None else {}
+        bound = [BoundMark(c, s.bound.output_tok_s, s.bound.ttft_s) for c, s in sorted(shares.items())]
+        setup = curve.limit.setup if curve.limit is not None else None
         svg = headline_svg(engine, points, sweet_spot=d.sweet_spot.concurrency if d.sweet_spot else None,
-                           slo_ttft_p99_s=limit, color=colors.get(engine, "C0"))
+                           slo_ttft_p99_s=limit, color=colors.get(engine, "C0"), bound=bound,
+                           bound_label=f"limit on paper, {setup.tp} x {setup.gpu}" if setup else "limit on paper")
         if svg is not None:
             out.append(Plot(f"{engine}, {d.layout}: output tokens/s against TTFT p99 by batch size (mean and 95% "
                             f"interval), the sweet spot ringed (the smallest batch within {1 - PEAK_SHARE:.0%} of the "
-                            "most throughput)" + (", the SLO's TTFT p99 limit drawn" if limit else ""), svg))
+                            "most throughput)" + (", the SLO's TTFT p99 limit drawn" if limit else "")
+                            + (f", and dashed the limit on paper ({setup.text()}): the output tokens/s ceiling at "
+                               "each batch size, at the TTFT floor without queueing" if bound and setup else ""),
+                            svg))
     return out
 
 

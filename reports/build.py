@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.findings import Findings, findings_from_documents
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.slo import Slo
@@ -85,9 +86,10 @@ def load_rows(path: Path, exclude: Path | None, warn: Callable[[str], None],
     return [r.to_row() for r in found.runs]
 
 
-def compute_findings(inputs: Inputs, slo: Slo | None = None) -> Findings:
-    """:mod:`batchbench.analysis.findings` over the documents: the answer the report leads with."""
-    return findings_from_documents(inputs.documents, slo=slo)
+def compute_findings(inputs: Inputs, slo: Slo | None = None, gpu: Accelerator | None = None) -> Findings:
+    """:mod:`batchbench.analysis.findings` over the documents (their limit on paper for ``gpu`` where given): the
+    answer the report leads with."""
+    return findings_from_documents(inputs.documents, slo=slo, gpu=gpu)
 
 
 def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_at: str,
@@ -134,12 +136,14 @@ RECORDS_CSV = "records.csv"
 def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = None,
                  threshold_pct: float = DEFAULT_THRESHOLD_PCT, plots: bool = True,
                  warn: Callable[[str], None] = _print_warning, slo: Slo | None = None,
-                 findings: Findings | None = FROM_DOCUMENTS, files: tuple[str, ...] = FORMATS["html"]) -> BuildResult:
+                 findings: Findings | None = FROM_DOCUMENTS, files: tuple[str, ...] = FORMATS["html"],
+                 gpu: Accelerator | None = None) -> BuildResult:
     """Read every results document under ``results_dir`` and write the report's ``files`` to ``out_dir`` (by
     default the three of :data:`FORMATS` ``["html"]``; also ``report.csv`` and :data:`RECORDS_CSV`).
 
-    ``findings`` are drawn from the documents (under ``slo``, a :class:`batchbench.measures.slo.Slo`) unless given
-    (None: a report without its answer section); only the files that show them (html, md, json) need them.
+    ``findings`` are drawn from the documents (under ``slo``, a :class:`batchbench.measures.slo.Slo`, and with the
+    limit on paper for ``gpu`` where given instead of each run's own GPU) unless given (None: a report without its
+    answer section); only the files that show them (html, md, json) need them.
     """
     results_dir, out_dir = Path(results_dir), Path(out_dir)
     if not results_dir.is_dir():
@@ -159,7 +163,7 @@ def build_report(results_dir: Path, out_dir: Path, *, baseline: Path | None = No
                              threshold_pct=threshold_pct)
     if findings is FROM_DOCUMENTS:
         shown = {"report.html", "report.md", "report.json"} & set(files)
-        findings = compute_findings(inputs, slo) if shown else None
+        findings = compute_findings(inputs, slo, gpu) if shown else None
     generated_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
     @functools.cache

@@ -13,7 +13,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from batchbench.analysis.accelerators import Accelerator, accelerators, find_accelerator
-from batchbench.analysis.bound_share import share_of_bound
+from batchbench.analysis.bound_share import percent, share_of_bound
 from batchbench.analysis.bounds import Limits, expected_experts, limits, mean_attended
 from batchbench.analysis.planner import PlanError, plan
 from batchbench.commands.plan import load_config
@@ -287,3 +287,8 @@ def test_no_share_where_nothing_fits() -> None:
     curve = limits(_shipped("Mixtral-8x7B"), find_accelerator("H100"), prompt_len=100, output_len=100).curve([1])
     with pytest.raises(ValueError, match="not one sequence fits"):
         share_of_bound(curve, 1, output_tok_s=5.0, tpot_s=0.1)
+
+
+def test_a_share_under_one_percent_keeps_two_figures() -> None:
+    assert percent(0.41) == "41%" and percent(0.01) == "1%"
+    assert percent(0.00011850889) == "0.012%" and percent(0.0009) == "0.09%"

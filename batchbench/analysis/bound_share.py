@@ -14,10 +14,16 @@ from dataclasses import dataclass
 
 from batchbench.analysis.bounds import Bound, BoundPoint
 
-__all__ = ["BoundShare", "share_of_bound"]
+__all__ = ["BoundShare", "percent", "share_of_bound"]
 
 #: How each binding resource is named in a sentence.
 _LIMIT = {"bandwidth": "memory-bandwidth", "compute": "compute", "kv": "KV-memory"}
+
+
+def percent(share: float) -> str:
+    """A share as a percentage: whole percents from 1% up, two significant figures below (a tiny model on a big
+    GPU comes to 0.012% of its limit, which "0%" would hide)."""
+    return f"{share:.0%}" if share >= 0.01 else f"{share * 100:.2g}%"
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class BoundShare:
 
     def sentence(self) -> str:
         """"41% of the memory-bandwidth limit at batch 32" (and why a share past 100% cannot be)."""
-        text = f"{self.share:.0%} of the {_LIMIT[self.bound]} limit at batch {self.concurrency}"
+        text = f"{percent(self.share)} of the {_LIMIT[self.bound]} limit at batch {self.concurrency}"
         if self.beats_bound:
             text += " (past the limit: the GPU, TP, dtypes or lengths the bound assumes are not the run's)"
         return text

@@ -34,6 +34,7 @@ from typing import Any
 
 from batchbench.adapters.base import EngineError
 from batchbench.adapters.registry import EngineOptions
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.commands.common import (
     EXIT_USAGE,
     StartingEngines,
@@ -64,6 +65,7 @@ from batchbench.options import (
     TelemetryArgs,
     add_endpoint_argument,
     add_engine_arguments,
+    add_gpu_argument,
     add_image_argument,
     add_telemetry_arguments,
     with_load_processes,
@@ -109,6 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_endpoint_argument(p.add_argument)
     add_image_argument(p.add_argument)
     add_telemetry_arguments(p.add_argument)
+    add_gpu_argument(p.add_argument)
     levels = p.add_mutually_exclusive_group()
     levels.add_argument("--concurrency", type=concurrency_list, default=None, metavar="LIST",
                         help="requests kept in flight; a comma list is a sweep (default: the profile's, 8 quick)")
@@ -134,6 +137,7 @@ class BenchArgs:
     concurrency: list[float] | None = None
     rate: list[float] | None = None
     stop_on_error: bool = False
+    gpu: Accelerator | None = None
 
 
 @dataclass
@@ -223,4 +227,4 @@ def main(args: BenchArgs) -> int:
         print(f"\nbatchbench: {interrupted_by(stop)}; {len(sweep.points)} finished run(s), any cut-short run "
               f"(status interrupted) and bench.json are in {run_dir}", file=sys.stderr)
         return interrupted_status(stop)
-    return finish(run_dir, sweep.points, sweep.engine_problems, no_report=w.no_report, slo=w.slo)
+    return finish(run_dir, sweep.points, sweep.engine_problems, no_report=w.no_report, slo=w.slo, gpu=args.gpu)

@@ -19,6 +19,7 @@ from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import EngineOptions, engine_class, make_engine, model_dir
 from batchbench.adapters.served import ServedModel, fetch_served_models, pick_served_model
 from batchbench.analysis import validity
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.findings import QUESTIONS, Findings
 from batchbench.analysis.findings.decisions import slo_text
 from batchbench.core import eventloop
@@ -255,13 +256,15 @@ def answer_lines(findings: Findings) -> list[str]:
     return lines
 
 
-def write_report(run_dir: Path, status: int, slo: Slo | None, *, details: bool = False) -> int:
-    """Build the run folder's report under ``slo``, print the answer (``details``: every topic's sentence too) and
-    where the report went; the exit status, raised to 1 if no report could be built."""
+def write_report(run_dir: Path, status: int, slo: Slo | None, *, details: bool = False,
+                 gpu: Accelerator | None = None) -> int:
+    """Build the run folder's report under ``slo`` (its limit on paper for ``gpu`` where given, else each run's own
+    GPU), print the answer (``details``: every topic's sentence too) and where the report went; the exit status,
+    raised to 1 if no report could be built."""
     from batchbench.reports.build import ReportError, build_report  # the report is the last step, and heavy
 
     try:
-        report = build_report(run_dir, run_dir / "report", slo=slo)
+        report = build_report(run_dir, run_dir / "report", slo=slo, gpu=gpu)
     except ReportError as exc:
         print(f"batchbench: results written, but no report: {exc}", file=sys.stderr)
         return max(status, EXIT_FAILURES)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from batchbench.adapters.base import Engine
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.capacity import Trial
 from batchbench.commands.common import (
     EXIT_ENGINE,
@@ -219,8 +220,9 @@ def write_summary(path: Path, doc: dict[str, Any]) -> None:
 
 
 def finish(run_dir: Path, points: list[PointResult], engine_problems: dict[str, str], *, no_report: bool,
-           slo: Slo | None, status: int | None = None) -> int:
-    """The exit status (unless given) and the report, as every measuring command ends."""
+           slo: Slo | None, status: int | None = None, gpu: Accelerator | None = None) -> int:
+    """The exit status (unless given) and the report (its limit on paper for ``gpu`` where given), as every
+    measuring command ends."""
     if not points:
         print("batchbench: no engine could be run; nothing measured", file=sys.stderr)
         return EXIT_ENGINE
@@ -231,4 +233,4 @@ def finish(run_dir: Path, points: list[PointResult], engine_problems: dict[str, 
         status = EXIT_ENGINE
         for name, why in engine_problems.items():
             print(f"batchbench: {name}: {why}", file=sys.stderr)
-    return status if no_report else write_report(run_dir, status, slo, details=True)
+    return status if no_report else write_report(run_dir, status, slo, details=True, gpu=gpu)

@@ -29,13 +29,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from batchbench.analysis.accelerators import Accelerator, UnknownAccelerator, find_accelerator
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.bounds import limits
 from batchbench.analysis.planner import DEFAULT_CONTEXT, GiB, Plan, PlanError, plan
 from batchbench.analysis.theory import DTYPE_BYTES, dtype_bytes
 from batchbench.commands.common import EXIT_OK, EXIT_USAGE, concurrency_list, positive_int
 from batchbench.commands.plan_limits import DEFAULT_LEVELS, limit_lines, limits_json
 from batchbench.fixtures import model_configs_dir, shipped_model_dir
+from batchbench.options import accelerator
 
 #: Units --memory takes: decimal (GB) and binary (GiB), as GPU vendors and engines use both.
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -59,14 +60,6 @@ def dtype(text: str) -> str:
     if text.lower() not in DTYPE_BYTES:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: one of {', '.join(DTYPE_BYTES)}")
     return text.lower()
-
-
-def gpu(text: str) -> Accelerator:
-    """A GPU of the accelerators table, named loosely (``H100`` is the H100 SXM); the known ones otherwise."""
-    try:
-        return find_accelerator(text)
-    except UnknownAccelerator as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def fraction(text: str) -> float:
@@ -134,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-len", type=positive_int, default=None, metavar="O", help="a workload's output tokens")
     p.add_argument("--block-size", type=positive_int, default=16, metavar="TOKENS",
                    help="tokens per KV-cache block (default 16, vLLM's on a GPU)")
-    p.add_argument("--gpu", type=gpu, default=None, metavar="NAME",
+    p.add_argument("--gpu", type=accelerator, default=None, metavar="NAME",
                    help="a GPU of the accelerators table (H100, H100-PCIe, H200, B200, A100, L40S, MI300X): add the "
                    "time bounds (needs --prompt-len and --output-len)")
     p.add_argument("--concurrency", type=concurrency_list, default=None, metavar="LIST",

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.commands.common import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, answer_lines, parsed_by
 from batchbench.measures.slo import Slo
+from batchbench.options import add_gpu_argument
 from batchbench.reports import fmt
 from batchbench.reports.build import FORMATS, RECORDS_CSV, ReportError, build_report, load_rows
 from batchbench.reports.compare import DEFAULT_THRESHOLD_PCT, BaselineComparison, Delta, compare
@@ -67,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--slo", type=parsed_by(Slo), default=None, metavar="OBJECTIVES",
                      help="objectives the answer is judged against, e.g. ttft_p99=200ms,tpot_p50=50ms (default: the "
                           "one the runs were measured under, where they all were under one)")
+    add_gpu_argument(rep.add_argument)
     rep.add_argument("--no-plots", action="store_true", help="skip the figures (faster; HTML without images)")
     rep.add_argument("--format", choices=sorted(FORMATS), default="html",
                      help="html: report.html with report.md and report.json beside it (the default); md, json, csv: "
@@ -101,6 +104,7 @@ class ReportArgs:
     records_csv: bool = False
     threshold: float = DEFAULT_THRESHOLD_PCT
     fail_on_regression: bool = False
+    gpu: Accelerator | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ def main(args: ReportArgs) -> int:
     try:
         files = FORMATS[args.format] + ((RECORDS_CSV,) if args.records_csv else ())
         result = build_report(args.results_dir, out, baseline=args.baseline, threshold_pct=args.threshold,
-                              plots=not args.no_plots, warn=_warn, slo=args.slo, files=files)
+                              plots=not args.no_plots, warn=_warn, slo=args.slo, files=files, gpu=args.gpu)
     except ReportError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE

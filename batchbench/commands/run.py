@@ -47,6 +47,7 @@ from pathlib import Path
 
 from batchbench.adapters.base import Engine, EngineError
 from batchbench.adapters.registry import EngineOptions, get_spec
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.main_job import (
     DEFAULT_PRECISION,
     DEFAULT_REPEATS,
@@ -93,6 +94,7 @@ from batchbench.options import (
     NotForThisCommand,
     TelemetryArgs,
     add_engine_arguments,
+    add_gpu_argument,
     add_image_argument,
     add_telemetry_arguments,
 )
@@ -157,6 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "how long a request of the engine's warm-up may go without a word before the start is "
                             "given up")
     add_telemetry_arguments(run_p.add_argument)
+    add_gpu_argument(run_p.add_argument)
     run_p.add_argument("--no-report", action="store_true", help="write results only")
     # The main job sweeps one fixed design (the regimes suite's workload), so that every engine is compared on the
     # same requests: bench's workload options are refused with why (speculative decoding is a --batching setting,
@@ -185,6 +188,7 @@ class RunArgs:
     slice: float | None = None
     request_timeout: float | None = None
     no_report: bool = False
+    gpu: Accelerator | None = None
 
     def repetition(self) -> Repetition:
         return Repetition(self.repeats, max(self.max_repeats or MAX_REPEATS_FACTOR * self.repeats, self.repeats),
@@ -366,4 +370,4 @@ def main(args: RunArgs) -> int:
         status = EXIT_ENGINE
         for name, why in outcome.engine_problems.items():
             print(f"batchbench: {name}: {why}", file=sys.stderr)
-    return status if args.no_report else write_report(run_dir, status, args.slo)
+    return status if args.no_report else write_report(run_dir, status, args.slo, gpu=args.gpu)

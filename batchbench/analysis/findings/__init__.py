@@ -10,6 +10,8 @@ keeps its type, its computation and its sentence together:
 - :mod:`~batchbench.analysis.findings.memory`: where it becomes memory-bound, against the KV plan;
 - :mod:`~batchbench.analysis.findings.batching`: continuous over static batching, and its mechanism;
 - :mod:`~batchbench.analysis.findings.padding`: what a batch with one long prompt costs;
+- :mod:`~batchbench.analysis.findings.limit`: each point's share of the physical limit on paper at its batch size
+  (on a GPU the accelerators table lists), or why there is no limit to set beside it;
 - :mod:`~batchbench.analysis.findings.energy`: tokens per joule, joules per request and cost along each curve;
 - :mod:`~batchbench.analysis.findings.loras`: whether a multi-LoRA run's adapters were served alike;
 - :mod:`~batchbench.analysis.findings.slo`: each point against the SLO, the most goodput, the largest batch within it;
@@ -31,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.findings import (
     batching,
     comparisons,
@@ -48,6 +51,7 @@ from batchbench.analysis.findings.comparisons import Comparison
 from batchbench.analysis.findings.curve import MostThroughput, SweetSpot
 from batchbench.analysis.findings.decisions import QUESTIONS, EngineDecisions, precision_sentence
 from batchbench.analysis.findings.invalid import InvalidRun
+from batchbench.analysis.findings.limit import AgainstLimit, against_limit, no_row_sentence
 from batchbench.analysis.findings.memory import MemoryBound
 from batchbench.analysis.findings.padding import PaddingCost
 from batchbench.analysis.findings.points import (
@@ -103,6 +107,8 @@ class LayoutFindings:
     has_kv_data: bool
     #: Why there is no curve to read (one valid point, a padding layout); None when there is one.
     no_curve: str | None = None
+    #: Each valid point against the physical limit on paper, or why there is none (None: a padding layout).
+    limit: AgainstLimit | None = None
 
     def point(self, concurrency: int) -> PointFindings | None:
         return next((p for p in self.points if p.concurrency == concurrency), None)
@@ -115,10 +121,12 @@ class LayoutFindings:
         def d(x: Any) -> Any:
             return None if x is None else x.to_dict()
 
-        return {"points": [p.to_dict() | {"slo": d(self.slo_points.get(p.concurrency))} for p in self.points],
+        shares = self.limit.points if self.limit is not None else {}
+        return {"points": [p.to_dict() | {"slo": d(self.slo_points.get(p.concurrency)),
+                                          "limit": d(shares.get(p.concurrency))} for p in self.points],
                 "sweet_spot": d(self.sweet_spot), "memory_bound": d(self.memory_bound),
                 "most_throughput": d(self.most_throughput), "max_goodput": d(self.max_goodput),
-                "latency_pool": d(self.latency_pool), "no_curve": self.no_curve}
+                "latency_pool": d(self.latency_pool), "no_curve": self.no_curve, "limit": d(self.limit)}
 
 
 @dataclass(frozen=True)
@@ -204,7 +212,7 @@ def _layout_findings(engine: str, layout: str, points: Sequence[Point], slo: Slo
         max_goodput=max_goodput(found, slos) if slo is not None and has_curve else None,
         latency_pool=latency_pool(found, slos) if slo is not None and has_curve else None,
         has_kv_data=report.has_kv_data if report is not None else False,
-        no_curve=no_curve)
+        no_curve=no_curve, limit=None if layout in PADDING_LAYOUTS else against_limit(points, found))
 
 
 def _engine_findings(engine: str, points: Sequence[Point], slo: Slo | None) -> EngineFindings:
@@ -250,8 +258,12 @@ def _details(engines: dict[str, EngineFindings], slo: Slo | None) -> list[str]:
             text = curve.curve_sentence(name, layout, f.points, f.sweet_spot, f.no_curve)
             out.append(text if f.no_curve is not None
                        else text + (memory.clause(f.memory_bound) if f.memory_bound else "") + ".")
+            if f.limit is not None and (limit := f.limit.sentence(name, layout)) is not None:
+                out.append(limit)
             if slo is not None and f.no_curve is None:
                 out.append(f"{name}, {layout}, under {slo}: " + _goodput_text(f) + ".")
+        if (no_row := no_row_sentence(name, [f.limit for f in e.layouts.values() if f.limit is not None])):
+            out.append(no_row)
         out.append(f"{name}: continuous vs static batching: {e.decisions.answers(slo)['batching']}.")
         if e.padding_cost is not None:
             out.append(f"{name}: padding: {padding.decision(e.padding_cost)}.")
@@ -312,13 +324,14 @@ def measured_slo(docs: Iterable[RunDocument]) -> Slo | None:
 
 
 def findings_from_documents(docs: Iterable[RunDocument | tuple[str | None, RunDocument]], *, slo: Slo | None = None,
-                            suite: str | None = None) -> Findings:
+                            suite: str | None = None, gpu: Accelerator | None = None) -> Findings:
     """The findings of results documents (or (source, document) pairs): the entry point of the CLI and the
     report. ``slo``: judge the points against it (None: the one the runs were measured under,
     :func:`measured_slo`, if they agree on one; else no SLO findings); ``suite``: only runs labelled with this
-    suite."""
+    suite; ``gpu``: the GPU the runs' limit on paper is worked out for, in place of the one their NVML named (an
+    engine at a URL)."""
     pairs: list[tuple[str | None, RunDocument]] = [d if isinstance(d, tuple) else (None, d) for d in docs]
     slo = slo if slo is not None else measured_slo(doc for _, doc in pairs)
     skipped: list[str] = []
-    points = points_from_documents(pairs, slo=slo, suite=suite, skipped=skipped)
+    points = points_from_documents(pairs, slo=slo, suite=suite, skipped=skipped, gpu=gpu)
     return findings_from_points(points, slo=slo, skipped=skipped)

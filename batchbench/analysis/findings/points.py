@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.planner import CapacityFit, PlanError, fit_in_capacity, parameter_count
 from batchbench.analysis.regimes import Regime, SweepPoint
 from batchbench.analysis.repeats import Estimate
+from batchbench.analysis.run_bounds import RunLimit, run_limit
 from batchbench.analysis.validity import Validity, check_run, document_summary
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
@@ -110,6 +112,9 @@ class Measurement:
     #: The engine's batching configuration (``BatchingConfig.to_dict()``) and its speculation counters' growth.
     batching: Mapping[str, Any] = field(default_factory=dict, repr=False)
     speculation: SpeculationCounters | None = None
+    #: The run's bound on paper (:mod:`batchbench.analysis.run_bounds`), or why it has none.
+    limit: RunLimit | None = None
+    no_limit: str | None = None
 
     @property
     def valid(self) -> bool:
@@ -379,7 +384,7 @@ def _engine_keys(docs: Sequence[RunDocument]) -> list[str]:
 
 
 def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, concurrency: int,
-             slo: Slo | None) -> Measurement:
+             slo: Slo | None, gpu: Accelerator | None) -> Measurement:
     summary = document_summary(doc)
     footer = doc.footer
     duration = footer.duration_s if footer is not None and footer.duration_s else (
@@ -395,6 +400,7 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
     guard = doc.guardrails()
     labels = doc.header.labels
     config = _model_config(doc)
+    limit, no_limit = run_limit(doc, config, gpu=gpu)
     return Measurement(
         run_id=doc.header.run_id or source or "?", source=source, engine=engine, layout=layout,
         concurrency=concurrency, repeat=_label_int(labels, "repeat"), summary=summary, duration_s=duration,
@@ -407,6 +413,7 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
         precision_target=_label_share(labels, PRECISION_LABEL),
         engine_report=footer.engine_report if footer is not None else {}, records=tuple(doc.records),
         batching=dict(doc.header.batching), speculation=SpeculationCounters.over(doc.server_metrics),
+        limit=limit, no_limit=no_limit,
     )
 
 
@@ -417,14 +424,15 @@ def layout_rank(layout: str) -> tuple[int, str]:
 
 def points_from_documents(
     docs: Iterable[RunDocument | tuple[str | None, RunDocument]], *, slo: Slo | None = None, suite: str | None = None,
-    skipped: list[str] | None = None,
+    skipped: list[str] | None = None, gpu: Accelerator | None = None,
 ) -> list[Point]:
     """Group runs into points by (engine, layout, concurrency), each run judged by :mod:`batchbench.analysis.validity`.
 
     ``docs``: documents, or (source, document) pairs as :func:`batchbench.results.document.discover` finds them.
     ``suite``: only runs labelled with this suite. A run without a layout and concurrency (a label, or
     a closed-loop or waves arrival to read them from) is no point of a curve: it is left out, and
-    ``skipped`` (when given) gets a line naming it.
+    ``skipped`` (when given) gets a line naming it. ``gpu``: the GPU every run's bound on paper is worked out for,
+    in place of the one its NVML named (:func:`batchbench.analysis.run_bounds.run_limit`).
     """
     pairs: list[tuple[str | None, RunDocument]] = [(d[0], d[1]) if isinstance(d, tuple) else (None, d) for d in docs]
     pairs = [(src, doc) for src, doc in pairs if suite is None or doc.header.labels.get("suite") == suite]
@@ -437,7 +445,7 @@ def points_from_documents(
             continue
         layout, concurrency = found
         grouped.setdefault((engine, layout, concurrency), []).append(
-            _measure(doc, source, engine, layout, concurrency, slo))
+            _measure(doc, source, engine, layout, concurrency, slo, gpu))
     return [Point(engine, layout, c, tuple(sorted(runs, key=lambda r: (r.repeat is None, r.repeat, r.run_id))))
             for (engine, layout, c), runs in sorted(grouped.items(),
                                                     key=lambda kv: (kv[0][0], layout_rank(kv[0][1]), kv[0][2]))]
