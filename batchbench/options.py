@@ -39,7 +39,9 @@ from batchbench.core.placement import (
     parse_placement,
     usable_cpus,
 )
+from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.measures.gpu import GpuOptions
+from batchbench.workload import tokenizer
 from batchbench.workload.profiles import PROFILES, Profile
 
 T = TypeVar("T")
@@ -265,6 +267,18 @@ def engine_options(
         except EngineError as exc:  # a malformed --engine-url: a usage error, found before anything starts
             raise ValueError(str(exc)) from None
     return selected, options
+
+
+def with_chat_tokenizer(options: EngineOptions) -> EngineOptions:
+    """On a chat endpoint, the options with the tokenizer that sends a token-id workload as text of the same
+    lengths: ``--model``'s (its shipped folder where it is one of ours), else the embedded model's. For the suites
+    and the main job, whose designs are token ids; bench and capacity choose theirs from ``--tokenizer`` and the
+    server's /v1/models as well (:mod:`batchbench.commands.workload_args`)."""
+    if options.endpoint != "chat" or options.chat_tokenizer is not None:
+        return options
+    model = options.model
+    source = shipped_tokenizer_dir(model) if model else tiny_model_dir()
+    return dataclasses.replace(options, chat_tokenizer=tokenizer.load(str(source or model)))
 
 
 def choose_placement(cpus: str | None, load_processes: int = 1) -> tuple[CpuPlacement | None, str | None]:

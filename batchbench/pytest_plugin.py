@@ -13,7 +13,6 @@ parametrized over the selected engines and the ``--batching`` grid.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,6 @@ from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
 from batchbench.analysis.repeats import Estimate, Expect, decide
 from batchbench.core.config import BatchingConfig
-from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.harness import Harness
 from batchbench.options import (
     add_endpoint_argument,
@@ -34,8 +32,8 @@ from batchbench.options import (
     batching_grid,
     engine_options,
     gpu_options,
+    with_chat_tokenizer,
 )
-from batchbench.workload import tokenizer
 from batchbench.workload.profiles import Profile, get_profile
 
 
@@ -79,11 +77,8 @@ def pytest_configure(config: pytest.Config) -> None:
             headers=config.getoption("--header"), endpoint=config.getoption("--endpoint"),
             images=config.getoption("--image"),
         )
-        if options.endpoint == "chat":
-            # The suites' workloads are token ids; on a chat endpoint they are sent as text of those lengths.
-            model = options.model
-            source = shipped_tokenizer_dir(model) if model else tiny_model_dir()
-            options = dataclasses.replace(options, chat_tokenizer=tokenizer.load(str(source or model)))
+        # The suites' workloads are token ids; on a chat endpoint they are sent as text of those lengths.
+        options = with_chat_tokenizer(options)
         grid = tuple(batching_grid(config.getoption("--batching")))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc

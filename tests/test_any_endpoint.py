@@ -71,6 +71,24 @@ def test_bench_measures_a_chat_only_key_protected_server_and_the_key_is_nowhere(
     assert "not measurable on engine 'openai': server metrics" in (run_dir / "report" / "report.md").read_text()
 
 
+def test_run_sweeps_a_chat_only_key_protected_server(gateway: str, tmp_path: Path) -> None:
+    """The main job over chat: the sweep's token-id requests sent as text of the same lengths, the chat template's
+    tokens counted by the server, the key in no file or output."""
+    done, _ = _batchbench("run", "--engine", "openai", "--engine-url", f"openai={gateway}", "--api-key", KEY,
+                          "--endpoint", "chat", "--levels", "1,2", "--repeats", "1", "--max-repeats", "1",
+                          "--time-limit", "60", "--results-dir", str(tmp_path / "results"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "results").glob("run-*")
+    docs = [results.load(p) for p in sorted(run_dir.glob("openai_*.json"))]
+    assert {d.header.labels["concurrency"] for d in docs} >= {1, 2}
+    for doc in docs:
+        assert doc.header.engine["endpoint"] == "chat"
+        assert doc.records and all(r.ok and r.prompt_tokens is not None and r.prompt_tokens - r.prompt_len == 4
+                                   for r in doc.records)
+    assert (run_dir / "report" / "report.html").is_file()
+    assert not _files_holding(tmp_path, KEY) and KEY not in done.stdout + done.stderr
+
+
 @pytest.mark.parametrize(("key", "said"), [(None, "wants an API key"), ("sk-wrong-0000", "refused the API key")])
 def test_without_the_right_key_bench_stops_within_seconds_saying_so(gateway: str, tmp_path: Path, key: str | None,
                                                                     said: str) -> None:

@@ -20,6 +20,9 @@ the sweet spot, the largest batch within the SLO, continuous vs static, the cost
 of padding, where it becomes memory-bound) is judged against ``--slo``, or the
 stated default :data:`DEFAULT_SLO`.
 
+With ``--endpoint chat`` every request goes to /v1/chat/completions as messages of text of the same token
+lengths under the served model's tokenizer (``--model``'s, else the embedded model's), through its chat template.
+
 An engine at a URL (``--engine-url``) is swept as it is configured there:
 batchbench cannot shrink its KV cache, so the sweep may not reach its
 memory-bound regime, and the findings say so.
@@ -42,6 +45,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,13 +97,17 @@ from batchbench.options import (
     EngineArgs,
     NotForThisCommand,
     TelemetryArgs,
+    add_endpoint_argument,
     add_engine_arguments,
     add_gpu_argument,
     add_image_argument,
     add_telemetry_arguments,
+    with_chat_tokenizer,
 )
 from batchbench.progress import Progress
+from batchbench.workload.chat import as_chat
 from batchbench.workload.profiles import Profile
+from batchbench.workload.requests import Workload
 
 #: The SLO the answer is judged against when ``--slo`` is not given: a first token within half a second for 99 of
 #: 100 requests, a common interactive target (and, for the tiny model on a small CPU, one the sweep crosses).
@@ -131,6 +139,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run_p = sub.add_parser("run", help="the main job: each engine's batch-size sweep, its answer and the report",
                            description=__doc__)
     add_engine_arguments(run_p.add_argument)
+    add_endpoint_argument(run_p.add_argument)
     add_image_argument(run_p.add_argument)
     run_p.add_argument("--time-limit", type=positive_seconds, default=DEFAULT_TIME_LIMIT_S, metavar="SECONDS",
                        help="the whole job's wall-clock bound, start-ups and the report included (default "
@@ -208,6 +217,15 @@ class Outcome:
 MANDATORY_OVERRUN = 1.5
 
 
+def sent_as(options: EngineOptions) -> Callable[[Workload], Workload]:
+    """How the sweep's token-id workloads are sent: as chat messages of the same token lengths on a chat endpoint
+    (``--endpoint chat``), else as they are."""
+    tok = options.chat_tokenizer
+    if options.endpoint != "chat" or tok is None:
+        return lambda workload: workload
+    return lambda workload: as_chat(workload, tok)
+
+
 def _start_estimate(name: str, options: EngineOptions) -> float:
     """How long ``name`` is planned to take to start: an engine at a URL is up already."""
     return 1.0 if options.url_for(name) is not None else get_spec(name).start_estimate_s
@@ -221,6 +239,7 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
     sweeps = {name: engine_sweep(name, profile, at_url=options.url_for(name) is not None, levels=levels)
               for name in order}
     planned = sum(len(sweep.keys) for sweep in sweeps.values()) * repetition.repeats
+    sent = sent_as(options)
     for i, (name, sweep) in enumerate(sweeps.items()):
         design = sweep.design
         engine_options_here = (dataclasses.replace(options, max_model_len=design.max_model_len)
@@ -237,7 +256,7 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
             # The sweep's own shapes once, unrecorded (the engine's warm-up stops short of them), timed: one
             # generation of the fit on this engine and machine, what every run is sized by.
             started = time.perf_counter()
-            await LoadGenerator(engine, design.workload(design.fit, design.fit), config=load).run()
+            await LoadGenerator(engine, sent(design.workload(design.fit, design.fit)), config=load).run()
             calibration = Calibration(time.perf_counter() - started)
             share = limit.share(len(order) - i, sum(_start_estimate(n, options) for n in order[i + 1:]))
             sweep = dataclasses.replace(sweep, generations=generations_for(sweep, calibration, share,
@@ -247,7 +266,7 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                            f"then the points the answer rests on until within ±{repetition.precision:.0%}: "
                            f"{share:.0f} s of the time limit; runs of {sweep.generations} generations "
                            f"({calibration.generation_s:.2f} s each here)")
-            measured = EngineMeasurement(name, engine, sweep, calibration, share, time.perf_counter())
+            measured = EngineMeasurement(name, engine, sweep, calibration, share, time.perf_counter(), sent)
             await measured.run(repetition, slo, results_dir=results_dir, load=load, gpu=gpu, limit=limit,
                                outcome=outcome, progress=progress, planned=planned)
         finally:
@@ -267,6 +286,8 @@ class EngineMeasurement:
     #: past it: MANDATORY_OVERRUN), from ``measuring``.
     share: float
     measuring: float
+    #: How a workload is sent (:func:`sent_as`): as it is, or as chat messages.
+    sent: Callable[[Workload], Workload]
     series: dict[Key, Repeats[MeasuredRun]] = field(default_factory=dict)
 
     def fits(self, key: Key, limit: TimeLimit) -> bool:
@@ -280,7 +301,7 @@ class EngineMeasurement:
                   gpu: GpuOptions | None, limit: TimeLimit, outcome: Outcome, progress: Progress,
                   planned: int) -> None:
         name, sweep = self.name, self.sweep
-        workloads = {key: sweep.workload(key) for key in sweep.keys}
+        workloads = {key: self.sent(sweep.workload(key)) for key in sweep.keys}
         self.series = {key: Repeats() for key in workloads}
         protocol = repetition.protocol(sweep, slo, self.share, lambda key: self.fits(key, limit))
         # Driven by hand rather than protocol.run: the runs are awaited on this loop.
@@ -336,6 +357,7 @@ def main(args: RunArgs) -> int:
     profile = args.engine.sizes
     try:
         engines, options = args.engine.resolve()
+        options = with_chat_tokenizer(options)
         if args.engine.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
