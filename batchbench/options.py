@@ -105,8 +105,10 @@ class TelemetryArgs(OptionGroup):
     gpu_hour_cost: float | None = None
     no_gpu_telemetry: bool = False
 
-    def gpu(self) -> GpuOptions:
-        return gpu_options(self.gpu_hour_cost, self.no_gpu_telemetry)
+    def gpu(self, declared: Accelerator | None = None) -> GpuOptions:
+        """The telemetry options, with the GPU the user named (``--gpu``) to record in each run."""
+        return dataclasses.replace(gpu_options(self.gpu_hour_cost, self.no_gpu_telemetry),
+                                   declared=declared.name if declared is not None else None)
 
 
 class NotForThisCommand(argparse.Action):

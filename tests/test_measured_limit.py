@@ -185,3 +185,26 @@ def test_report_gpu_names_the_gpu_of_an_engine_at_a_url(tmp_path: Path, capsys: 
         with pytest.raises(SystemExit) as exit_:
             cli.main([command, *([str(results)] if command == "report" else []), "--gpu", "RTX 4090"])
         assert exit_.value.code == 2 and "no GPU named 'RTX 4090': one of H100 SXM" in capsys.readouterr().err
+
+
+def test_a_gpu_given_to_bench_is_recorded_and_a_later_report_uses_it(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench --gpu`` for an engine at a URL: each run records the row (``gpus.declared``), so ``report`` of the
+    folder later draws the limit on paper without being told again."""
+    from batchbench import cli
+    from tests.server_process import serving
+
+    with serving("batchbench.fixtures.protocol", "vllm", "--token-delay", "0.001", "--model", "tiny-llama",
+                 "--model-root", str(tiny_model_dir())) as url:
+        code = cli.main(["bench", "--engine", "vllm", "--engine-url", url, "--gpu", "h100", "--concurrency", "1,4",
+                         "--num-requests", "8", "--results-dir", str(tmp_path / "results"), "--no-report"])
+    assert code == 0, capsys.readouterr().err
+    (run_dir,) = (tmp_path / "results").glob("bench-*")
+    docs = [load(p) for p in sorted(run_dir.glob("vllm_*.json"))]
+    assert len(docs) == 2 and all(d.header.gpus is not None and d.header.gpus.declared == "H100 SXM" for d in docs)
+    out = tmp_path / "report"
+    assert cli.main(["report", str(run_dir), "--out", str(out), "--format", "json"]) == 0
+    limit = json.loads((out / "report.json").read_text(encoding="utf-8"))["findings"]["engines"]["vllm"]["layouts"][
+        "continuous"]["limit"]
+    assert limit["setup"]["gpu"] == "H100 SXM", limit
+    assert limit["setup"]["gpu_source"] == "--gpu H100 SXM, given to the run"

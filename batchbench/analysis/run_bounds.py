@@ -3,7 +3,8 @@
 A measured curve can only be set beside the physical limit (:mod:`batchbench.analysis.bounds`) when the run says
 what it ran on. The GPU is the row (:mod:`batchbench.analysis.accelerators`) of the device NVML named in the
 header's ``gpus`` (or, in a document older than that, the ``nvidia-smi`` names of its environment), unless one is
-given (``--gpu NAME``: an engine at a URL, whose GPUs the client's NVML cannot see). The model is the served
+given (``--gpu NAME``: an engine at a URL, whose GPUs the client's NVML cannot see), to the report or, recorded in
+``gpus.declared``, to the run. The model is the served
 model's config.json; the lengths are the workload's mean prompt and output (a step's time is linear in the context
 it reads, so the mean is the bound of the mean); TP and the dtypes are the engine's server arguments where it
 names them, else 1 and the config's ``torch_dtype``. The cache may use all of the GPU's memory: an engine's memory
@@ -17,7 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchbench.analysis.accelerators import Accelerator, accelerator_for_device_name
+from batchbench.analysis.accelerators import (
+    Accelerator,
+    UnknownAccelerator,
+    accelerator_for_device_name,
+    find_accelerator,
+)
 from batchbench.analysis.bounds import Limits, limits
 from batchbench.analysis.theory import DTYPE_BYTES
 from batchbench.results.document import RunDocument
@@ -105,6 +111,12 @@ def _gpu(doc: RunDocument, given: Accelerator | None) -> tuple[Accelerator | Non
     """The run's GPU row and where it came from, or None and why there is none."""
     if given is not None:
         return given, f"--gpu {given.name}"
+    declared = doc.header.gpus.declared if doc.header.gpus is not None else None
+    if declared is not None:
+        try:
+            return find_accelerator(declared), f"--gpu {declared}, given to the run"
+        except UnknownAccelerator as exc:  # a table that has dropped or renamed the row since
+            return None, f"no GPU row: {exc}"
     names, why = _device_names(doc)
     if not names:
         return None, why or ""

@@ -161,7 +161,7 @@ async def _sweep(engines: tuple[str, ...], options: EngineOptions, batching: Bat
     load = work.load(timeout_s, w.scrape_interval)
     try:
         for name in engines:
-            session = EngineSession(engines_here, cache, name, batching, args.telemetry.gpu())
+            session = EngineSession(engines_here, cache, name, batching, args.telemetry.gpu(args.gpu))
             try:
                 for level in levels:
                     for repeat in range(w.repeats):

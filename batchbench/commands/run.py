@@ -376,7 +376,7 @@ def main(args: RunArgs) -> int:
                                  args.repetition(),
                                  LoadConfig(request_timeout_s=timeout_s, scrape_interval_s=args.scrape_interval,
                                             slice_s=args.slice),
-                                 args.slo, outcome, progress, limit, args.telemetry.gpu()))
+                                 args.slo, outcome, progress, limit, args.telemetry.gpu(args.gpu)))
     except KeyboardInterrupt as stop:
         # The runner folded every run, a cut-short one with status interrupted: nothing measured is lost.
         # Cut short while the first engine started, nothing was measured: progress's one line said it all.

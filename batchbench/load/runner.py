@@ -203,7 +203,8 @@ async def run(
             workload=workload.describe(), load=load, slo=slo, environment=environment.capture(),
             labels=labels or {}, cache_reset=cache_reset,
             placement=pinning.placement_record(engine, client_pin, pool.pinned if pool is not None else ()),
-            gpus=gpu_meter.selection,
+            gpus=(dataclasses.replace(gpu_meter.selection, declared=gpu.declared) if gpu.declared is not None
+                  else gpu_meter.selection),
         ))
     except ResultsWriteError:
         if pool is not None and pool_failed is None:

@@ -61,6 +61,9 @@ class GpuSelection:
     reason: str = ""
     #: Why nothing is sampled ("no NVML: NVML Shared Library Not Found"); None: the devices are sampled.
     unavailable: str | None = None
+    #: The GPU the user named for the engine (``--gpu NAME``, a row of the accelerators table), where this host's
+    #: NVML cannot see it (an engine at a URL): a later report draws the limit on paper for it unasked.
+    declared: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ class GpuOptions:
     gpu_hour_cost: float | None = None
     #: The NVML module to read (None: ``pynvml``); tests give a fake one.
     nvml: ModuleType | None = None
+    #: The GPU row the user named (``--gpu``), recorded in each run's ``gpus`` (:attr:`GpuSelection.declared`).
+    declared: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_hour_cost is not None and not self.gpu_hour_cost >= 0:
