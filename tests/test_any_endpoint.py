@@ -128,6 +128,63 @@ def test_what_cannot_be_sent_is_a_usage_error(argv: list[str], said: str, tmp_pa
     assert said in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_server_refusing_fields_beyond_openais_api_is_sent_openais_alone(endpoint: str, tmp_path: Path) -> None:
+    """OpenAI's own API answers 400 "Unrecognized request argument supplied: ignore_eos" to vLLM's extensions: the
+    warm-up's first request turns them off, every request after is accepted, and the report says lengths are the
+    model's."""
+    with serving("batchbench.fixtures.protocol", "openai", "--strict", "--token-delay", "0.001", "--model",
+                 "tiny-llama", "--model-root", str(tiny_model_dir()), ready_path="/v1/models") as url:
+        done, _ = _batchbench("bench", "--engine", "openai", "--engine-url", f"openai={url}", "--endpoint", endpoint,
+                              "--concurrency", "2", "--num-requests", "6", "--input-len", "16", "--output-len", "8",
+                              "--results-dir", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (path,) = tmp_path.glob("bench-*/openai_*.json")
+    doc = results.load(path)
+    assert len(doc.records) == 6 and all(r.ok and r.completion_tokens == 8 for r in doc.records)
+    assert "the server refused min_tokens/ignore_eos" in doc.header.engine["unavailable"]
+    report = next(tmp_path.glob("bench-*/report/report.md")).read_text()
+    assert "the server refused min_tokens/ignore_eos" in report
+
+
+@pytest.mark.parametrize(("status", "said", "plain"), [
+    (400, "Unrecognized request argument supplied: ignore_eos", True),
+    (422, "min_tokens: extra fields not permitted", True),
+    (400, "prompt (16) + max_tokens (60) exceeds 64", False),  # the user's to see, not an extension's refusal
+    (500, "ignore_eos crashed the server", False),
+])
+async def test_only_a_refusal_naming_an_extension_turns_them_off(
+        status: int, said: str, plain: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server refuses every request that carries the extensions: one naming them is sent again without them
+    (and is then accepted); any other refusal is raised as it came, the request not sent again."""
+    from batchbench.adapters.base import EngineHTTPError
+    from batchbench.adapters.generic import OpenAIServerEngine
+    from batchbench.adapters.openai_compat import OpenAICompletionsEngine
+    from batchbench.core.config import ModelRef
+    from batchbench.workload.requests import Arrival, Lengths, Request, WorkloadSpec
+
+    sent: list[dict[str, object]] = []
+
+    async def server(self: OpenAIServerEngine, request: Request, sink: object) -> None:
+        sent.append(self.payload(request))
+        if "ignore_eos" in sent[-1]:
+            raise EngineHTTPError("openai", f"HTTP {status} from URL: {said}", status=status)
+
+    monkeypatch.setattr(OpenAICompletionsEngine, "stream_into", server)
+    engine = OpenAIServerEngine(model=ModelRef("m"), url="http://127.0.0.1:9")
+    (request,) = WorkloadSpec("w", 1, prompt=Lengths.fixed(4), output=Lengths.fixed(4),
+                              arrival=Arrival("closed", concurrency=1)).build().requests
+    if plain:
+        await engine.stream_into(request, None)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(EngineHTTPError, match=re.escape(said)):
+            await engine.stream_into(request, None)  # type: ignore[arg-type]
+    assert engine.plain is plain and len(sent) == (2 if plain else 1)
+    assert sent[-1].get("ignore_eos") is (None if plain else True)
+    assert sent[-1].get("stream_options") == ({"include_usage": True} if plain else
+                                              {"include_usage": True, "continuous_usage_stats": True})
+
+
 def test_a_reasoning_stream_gives_ttft_and_ttfo_apart_in_the_report_and_an_slo(tmp_path: Path) -> None:
     with serving("batchbench.fixtures.protocol", "openai", "--reasoning-tokens", "6", "--token-delay", "0.003",
                  "--model", "tiny-llama", "--model-root", str(tiny_model_dir()), ready_path="/v1/models") as url:
