@@ -10,7 +10,6 @@ above this layer knows which engine it is measuring.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -21,6 +20,7 @@ from typing import Any, ClassVar, Literal, Protocol, Self
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
 from batchbench.core.environment import cuda_visible_devices
+from batchbench.core.eventloop import cancel_and_wait
 from batchbench.core.placement import EngineCpus
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.workload.lora import Lora
@@ -134,9 +134,7 @@ async def chunks_of(stream_into: Callable[[ChunkSink], Coroutine[Any, Any, None]
         task.result()
     finally:
         if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
 
 class EngineError(Exception):

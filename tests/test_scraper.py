@@ -80,3 +80,63 @@ def test_the_prefix_cache_hit_rate_is_over_the_counters_deltas_and_none_without_
     assert prefix_cache_hit_rate([at(0, 100, 40), at(1, None, None), at(2, 300, 190)]) == 0.75
     assert prefix_cache_hit_rate([at(0, 100, 40), at(1, None, None)]) is None
     assert prefix_cache_hit_rate([at(0, 100, 40), at(1, 100, 40)]) is None
+
+
+class SlowToStop(SlowMetrics):
+    """A first scrape that hangs and takes a while to wind down when cancelled (closing its connection); the
+    scrapes after it answer at once."""
+
+    async def scrape(self) -> ServerMetrics | None:
+        self.started.append(now())
+        if len(self.started) > 1:
+            return None
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.1)
+            raise
+        return None
+
+
+async def test_a_cancel_that_lands_while_the_scraper_stops_is_not_lost() -> None:
+    """Ctrl-C or SIGTERM cancels the run while its scraper winds down: the run must still end cancelled (the bare
+    ``cancel(); suppress(CancelledError): await`` swallowed it, and the command went on measuring)."""
+    engine = SlowToStop({})
+    scraper = Scraper(cast(Engine, engine), interval_s=INTERVAL_S, timeout_s=10.0, t0=now())
+    went_on = asyncio.Event()
+
+    async def run_ending() -> None:
+        async with scraper:
+            while not engine.started:
+                await asyncio.sleep(0.01)
+        went_on.set()  # what comes after the run: never reached once cancelled
+
+    run = asyncio.create_task(run_ending())
+    while not engine.started:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # inside __aexit__, waiting for the cancelled scrape
+    run.cancel()
+    done, _ = await asyncio.wait([run], timeout=5)
+    assert done and run.cancelled() and not went_on.is_set()
+
+
+async def test_a_caller_already_unwinding_still_waits_for_the_scraper() -> None:
+    """Cleaning up after a cancellation (the runner folding its journal) stops the scraper and goes on."""
+    engine = SlowToStop({})
+    scraper = Scraper(cast(Engine, engine), interval_s=INTERVAL_S, timeout_s=10.0, t0=now())
+    cleaned = asyncio.Event()
+
+    async def cancelled_then_cleans_up() -> None:
+        await scraper.__aenter__()
+        try:
+            await asyncio.sleep(10)
+        finally:
+            await scraper.__aexit__(None, None, None)  # the in-flight scrape winds down; not a new cancel
+            cleaned.set()
+
+    task = asyncio.create_task(cancelled_then_cleans_up())
+    while not engine.started:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.wait([task], timeout=5)
+    assert task.cancelled() and cleaned.is_set()

@@ -65,4 +65,25 @@ def interrupt(exc: BaseException) -> bool:
         return False
     _interrupted_by = exc
     _main.cancel()
+    # As asyncio's Runner does on Ctrl-C: wake a loop blocked in select() with a long timeout, which a
+    # cancellation from a signal handler alone would not.
+    _main.get_loop().call_soon_threadsafe(lambda: None)
     return True
+
+
+async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has finished, without swallowing a cancellation of the caller.
+
+    Written out because the usual ``task.cancel(); with suppress(CancelledError): await task`` loses a
+    cancellation of the *caller* that lands while it waits (a Ctrl-C or SIGTERM then leaves the command
+    running). Only a cancellation that arrived during the wait is raised (``Task.cancelling`` rose): a caller
+    already unwinding from one, cleaning up, still waits for ``task`` and goes on with its cleanup.
+    """
+    current = asyncio.current_task()
+    before = current.cancelling() if current is not None else 0
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        if current is not None and current.cancelling() > before:
+            raise

@@ -509,9 +509,7 @@ class RayWorkerPool(Pool):
         await self._stop()
         for remote in self._remotes:
             if remote.task is not None and not remote.task.done():
-                remote.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await remote.task
+                await eventloop.cancel_and_wait(remote.task)
         self._remove()
 
     def _remove(self) -> None:

@@ -8,13 +8,13 @@ engine may be dying, and the request records say more about that.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
 
 from batchbench.adapters.base import Engine, EngineError
 from batchbench.core.clock import now
+from batchbench.core.eventloop import cancel_and_wait
 from batchbench.core.server_metrics import ServerMetrics
 
 
@@ -92,7 +92,5 @@ class Scraper:
 
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         await self.scrape_once()  # the state at the end of the run
