@@ -33,6 +33,7 @@ from batchbench.measures.metrics import Summary, summarize
 from batchbench.reports.model import build_run
 from batchbench.results import document as results
 from batchbench.results.document import RunDocument, RunFooter, RunHeader
+from tests.cpu_quota_marks import NOT_UNDER_A_CPU_QUOTA
 
 
 def client_notes(client: dict[str, object]) -> list[str]:
@@ -305,6 +306,7 @@ print(json.dumps(asyncio.run(idle()).to_dict()))
 SPIN_BOUNDED = "import time\nend = time.time() + 3.0\nwhile time.time() < end: pass\n"
 
 
+@NOT_UNDER_A_CPU_QUOTA
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat") or not hasattr(os, "sched_setaffinity"),
                     reason="the run-queue accounts are Linux's")
 def test_an_idle_loop_whose_cpu_others_hold_waited_and_is_contended_not_saturated() -> None:

@@ -18,6 +18,7 @@ from batchbench.core.config import ModelRef
 from batchbench.measures.machine_load import BUSY_SHARE, MachineLoad, MachineMeter
 from batchbench.reports.model import build_run
 from batchbench.results.document import RunDocument, RunFooter, RunHeader
+from tests.cpu_quota_marks import NOT_UNDER_A_CPU_QUOTA
 
 pytestmark = pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="reads /proc (Linux only)")
 
@@ -65,6 +66,7 @@ def test_the_engine_server_and_this_process_are_not_foreign() -> None:
         assert MachineMeter(frozenset())._processes()[server_pid][0] == "other"
 
 
+@NOT_UNDER_A_CPU_QUOTA
 def test_a_burner_in_the_engine_s_group_is_the_engine_s_and_one_outside_it_is_foreign() -> None:
     """A real measurement: two processes spinning for the same ~0.5 s, one in the process group passed as the
     engine's, one not. Each spins on one core at most: the engine's share is the first's, the other processes'

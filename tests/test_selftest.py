@@ -21,6 +21,7 @@ from batchbench.adapters.vllm import VLLMEngine
 from batchbench.core import eventloop
 from batchbench.core.config import ModelRef
 from batchbench.workload.requests import Arrival
+from tests.cpu_quota_marks import NOT_UNDER_A_CPU_QUOTA
 
 SETTINGS = selftest.Settings(interval_s=0.01, ttft_s=0.02, tokens=16, level_s=1.0)
 #: Far below where the client saturates (hundreds of streams here at 10 ms per token, selftest measured).
@@ -73,6 +74,7 @@ def test_a_load_the_client_carries_is_valid_and_its_itl_is_the_servers(server: s
         assert lv.chunks > 0  # bursts may be noted: on a loaded host the server, stalled too, sends chunks together
 
 
+@NOT_UNDER_A_CPU_QUOTA
 def test_a_client_past_its_limit_is_marked_invalid(server: str, tmp_path: Path) -> None:
     """The client's loop held 30 ms in every 40 (as a flood of chunks to parse would): chunks wait for it and
     come three at a time, and the run says so instead of reporting the reads as the server's ITL. Two seconds:

