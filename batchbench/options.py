@@ -271,16 +271,22 @@ def engine_options(
     return selected, options
 
 
-def with_chat_tokenizer(options: EngineOptions) -> EngineOptions:
+def with_chat_tokenizer(options: EngineOptions, served_root: str | None = None) -> EngineOptions:
     """On a chat endpoint, the options with the tokenizer that sends a token-id workload as text of the same
-    lengths: ``--model``'s (its shipped folder where it is one of ours), else the embedded model's. For the suites
-    and the main job, whose designs are token ids; bench and capacity choose theirs from ``--tokenizer`` and the
-    server's /v1/models as well (:mod:`batchbench.commands.workload_args`)."""
+    lengths: ``--model``'s (its shipped folder where it is one of ours), else the folder or hub id the server at a
+    URL loaded its model from (/v1/models' ``root``, ``served_root``), else the embedded model's. For the suites and
+    the main job, whose designs are token ids; bench and capacity choose theirs from ``--tokenizer`` as well
+    (:mod:`batchbench.commands.workload_args`). ValueError where the one chosen does not load."""
     if options.endpoint != "chat" or options.chat_tokenizer is not None:
         return options
     model = options.model
-    source = shipped_tokenizer_dir(model) if model else tiny_model_dir()
-    return dataclasses.replace(options, chat_tokenizer=tokenizer.load(str(source or model)))
+    source = (shipped_tokenizer_dir(model) or model) if model else served_root or tiny_model_dir()
+    try:
+        tok = tokenizer.load(str(source))
+    except ValueError as exc:
+        raise ValueError(f"--endpoint chat sends text, tokenised as the served model does: {exc}; give --model "
+                         "(its folder or hub id)") from None
+    return dataclasses.replace(options, chat_tokenizer=tok)
 
 
 def choose_placement(cpus: str | None, load_processes: int = 1) -> tuple[CpuPlacement | None, str | None]:

@@ -89,6 +89,18 @@ def test_run_sweeps_a_chat_only_key_protected_server(gateway: str, tmp_path: Pat
     assert not _files_holding(tmp_path, KEY) and KEY not in done.stdout + done.stderr
 
 
+def test_run_over_chat_needs_a_tokenizer_it_can_load(tmp_path: Path) -> None:
+    """At a URL whose /v1/models root is nothing batchbench can load, and without --model, the main job cannot
+    make prompts of the asked lengths: a usage error that says to give --model, before anything is measured."""
+    with serving("batchbench.fixtures.protocol", "openai", "--model", "org/unknown-model", "--model-root",
+                 str(tmp_path / "no-such-folder"), ready_path="/v1/models") as url:
+        done, took = _batchbench("run", "--engine", "openai", "--engine-url", f"openai={url}", "--endpoint", "chat",
+                                 "--results-dir", str(tmp_path / "results"), cwd=tmp_path, timeout=120)
+    assert done.returncode == EXIT_USAGE, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "--endpoint chat sends text, tokenised as the served model does" in done.stderr
+    assert "give --model" in done.stderr and took < 30
+
+
 @pytest.mark.parametrize(("key", "said"), [(None, "wants an API key"), ("sk-wrong-0000", "refused the API key")])
 def test_without_the_right_key_bench_stops_within_seconds_saying_so(gateway: str, tmp_path: Path, key: str | None,
                                                                     said: str) -> None:

@@ -21,7 +21,8 @@ of padding, where it becomes memory-bound) is judged against ``--slo``, or the
 stated default :data:`DEFAULT_SLO`.
 
 With ``--endpoint chat`` every request goes to /v1/chat/completions as messages of text of the same token
-lengths under the served model's tokenizer (``--model``'s, else the embedded model's), through its chat template.
+lengths under the served model's tokenizer (``--model``'s, else the root an engine at a URL names on /v1/models,
+else the embedded model's), through its chat template.
 
 An engine at a URL (``--engine-url``) is swept as it is configured there:
 batchbench cannot shrink its KV cache, so the sweep may not reach its
@@ -357,11 +358,11 @@ def main(args: RunArgs) -> int:
     profile = args.engine.sizes
     try:
         engines, options = args.engine.resolve()
-        options = with_chat_tokenizer(options)
         if args.engine.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
-        served_models_at_urls(engines, options)
+        served = served_models_at_urls(engines, options)
+        options = with_chat_tokenizer(options, served.root if served is not None else None)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
