@@ -181,7 +181,7 @@ def test_report_gpu_names_the_gpu_of_an_engine_at_a_url(tmp_path: Path, capsys: 
         "layouts"]["continuous"]["limit"]
     assert layout["setup"]["gpu"] == "H100 SXM" and layout["setup"]["gpu_source"] == "--gpu H100 SXM"
     capsys.readouterr()
-    for command in ("report", "run", "bench"):
+    for command in ("report", "run", "bench", "capacity"):
         with pytest.raises(SystemExit) as exit_:
             cli.main([command, *([str(results)] if command == "report" else []), "--gpu", "RTX 4090"])
         assert exit_.value.code == 2 and "no GPU named 'RTX 4090': one of H100 SXM" in capsys.readouterr().err

@@ -27,6 +27,7 @@ from typing import Any
 
 from batchbench.adapters.base import EngineError
 from batchbench.adapters.registry import EngineOptions
+from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.capacity import CapacityResult, Search
 from batchbench.commands.common import (
     EXIT_FAILURES,
@@ -59,6 +60,7 @@ from batchbench.options import (
     TelemetryArgs,
     add_endpoint_argument,
     add_engine_arguments,
+    add_gpu_argument,
     add_image_argument,
     add_telemetry_arguments,
     with_load_processes,
@@ -74,6 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_endpoint_argument(p.add_argument)
     add_image_argument(p.add_argument)
     add_telemetry_arguments(p.add_argument)
+    add_gpu_argument(p.add_argument)
     p.add_argument("--by", choices=["concurrency", "rate"], default="concurrency",
                    help="search over requests in flight (closed loop) or requests/s (open loop)")
     p.add_argument("--start", type=positive_number, default=1.0, help="first level tried (default 1)")
@@ -99,6 +102,7 @@ class CapacityArgs:
     max_level: float = 1024.0
     min_level: float | None = None
     tolerance: float = 0.1
+    gpu: Accelerator | None = None
 
     @property
     def slo(self) -> Slo:
@@ -137,7 +141,8 @@ async def _find(engines: tuple[str, ...], options: EngineOptions, batching: Batc
     load = work.load(timeout_s, args.workload.scrape_interval)
     try:
         for name in engines:
-            session, search = EngineSession(engines_here, cache, name, batching, args.telemetry.gpu()), args.search()
+            session = EngineSession(engines_here, cache, name, batching, args.telemetry.gpu(args.gpu))
+            search = args.search()
             try:
                 while (level := search.next_level()) is not None:
                     repeat = sum(len(p.outcomes) for p in search.result().points if p.level == level)
@@ -210,4 +215,4 @@ def main(args: CapacityArgs) -> int:
         return interrupted_status(stop)
     status = EXIT_OK if all(r.capacity is not None for r in found.results.values()) else EXIT_FAILURES
     return finish(run_dir, found.points, found.engine_problems, no_report=w.no_report, slo=args.slo,
-                  status=status)
+                  status=status, gpu=args.gpu)
