@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
+import signal
 import sys
 
 from batchbench.commands import bench, capacity, plan, report, run, selftest
@@ -29,6 +32,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; SIGTERM and SIGHUP finish it as Ctrl-C does (each command says what it kept), then
     exit 128 + the signal."""
+    if hasattr(signal, "SIGUSR1") and sys.__stderr__ is not None:
+        # kill -USR1 PID prints every thread's stack to stderr: where a run that will not stop is stuck. To the
+        # process's own stderr, which a caller capturing sys.stderr (pytest) leaves in place.
+        with contextlib.suppress(ValueError, OSError):
+            faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     parsed = vars(parser().parse_args(argv))
     handler = parsed.pop("handler")
     options = typed_options(parsed.pop("options"), parsed)

@@ -23,6 +23,7 @@ from batchbench.commands.common import EXIT_ENGINE, EXIT_WRITE
 from batchbench.results import document
 from batchbench.results.document import ResultsWriteError, RunDocument
 from tests.server_process import serving
+from tests.signal_state import stoppable, stuck
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ class Cli:
     def __init__(self, args: list[str]) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "batchbench", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True,
-                                     env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                                     env=os.environ | {"PYTHONUNBUFFERED": "1"}, preexec_fn=stoppable)
         self.lines: list[str] = []
         self._seen = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -64,6 +65,9 @@ class Cli:
         self.proc.send_signal(sig)
         try:
             code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            state = stuck(self.proc)
+            pytest.fail(f"no exit 30 s after {sig.name}:\n{state}\n{self.output()[-20000:]}")
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()

@@ -47,6 +47,7 @@ from tests.docker_engine import (
     new_run_id,
     remove_containers_of,
 )
+from tests.signal_state import stoppable, stuck
 
 pytestmark = pytest.mark.docker_engine
 
@@ -324,7 +325,8 @@ class Bench:
         self.measuring = threading.Event()
         self.proc = subprocess.Popen(
             bench_argv(results, "--concurrency", "4", "--num-requests", "10000", "--output-len", "64"),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"},
+            preexec_fn=stoppable)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -335,8 +337,17 @@ class Bench:
             if "vllm ready" in line:
                 self.measuring.set()
 
-    def output(self) -> str:
-        return "".join(self.lines[-30:])
+    def output(self, lines: int = 30) -> str:
+        return "".join(self.lines[-lines:])
+
+    def exit_code(self, timeout: float) -> int:
+        """Its exit status; a test failure with every thread's stack (``kill -USR1``) if it has not exited by
+        ``timeout``: where a run that would not stop was stuck."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            state = stuck(self.proc)
+            pytest.fail(f"bench had not exited {timeout:g}s after the signal:\n{state}\n{self.output(300)}")
 
     def wait_measuring(self) -> None:
         """Until the engine serves and the run's journal holds a few finished requests (more are in flight)."""
@@ -367,7 +378,7 @@ def test_a_stop_signal_mid_run_leaves_no_container(client: Any, images: None, ru
         assert container.status == "running"
         bench.proc.send_signal(sig)
         expected = 130 if sig == signal.SIGINT else 128 + sig
-        assert bench.proc.wait(timeout=60) == expected, bench.output()
+        assert bench.exit_code(timeout=60) == expected, bench.output()
     finally:
         bench.close()
     assert containers_of(client, run_id) == [], bench.output()

@@ -20,6 +20,7 @@ import pytest
 from batchbench.adapters.launch.cleanup import CleanupRegistry
 from batchbench.adapters.launch.local import LocalProcess
 from batchbench.core.placement import MAX_CPU, EngineCpus, usable_cpus
+from tests.signal_state import stoppable, stuck
 
 #: Prints its options file (if any), starts a child in its group, names it, and sleeps.
 SERVER = textwrap.dedent("""
@@ -220,9 +221,10 @@ async def test_cpus_the_os_refuses_are_logged_and_read_back(registry: CleanupReg
 
 #: A harness in miniature: starts a server with LocalProcess (the process-wide registry), then waits.
 HARNESS = textwrap.dedent("""
-    import asyncio, sys
+    import asyncio, faulthandler, signal, sys
     from pathlib import Path
     from batchbench.adapters.launch.local import LocalProcess
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is stuck, should it not stop
 
     async def main():
         launch = LocalProcess([sys.executable, "-c", sys.argv[1]], log_dir=Path(sys.argv[2]))
@@ -237,7 +239,7 @@ HARNESS = textwrap.dedent("""
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
 def test_a_signalled_parent_leaves_no_server_running(tmp_path: Path, sig: signal.Signals) -> None:
     parent = subprocess.Popen([sys.executable, "-c", HARNESS, SERVER, str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, preexec_fn=stoppable)
     server = child = None
     try:
         assert parent.stdout is not None
@@ -249,7 +251,12 @@ def test_a_signalled_parent_leaves_no_server_running(tmp_path: Path, sig: signal
         assert alive(server) and alive(child) and Path(workdir).is_dir()
 
         parent.send_signal(sig)
-        _, err = parent.communicate(timeout=20)
+        try:
+            _, err = parent.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            state = stuck(parent)
+            parent.kill()
+            pytest.fail(f"no exit 20 s after {sig.name}:\n{state}\n{parent.communicate()[1]}")
 
         if sig == signal.SIGINT:
             # Python's own behaviour: KeyboardInterrupt, and a process that dies of SIGINT.

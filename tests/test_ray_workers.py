@@ -41,6 +41,7 @@ from batchbench.measures.metrics import summarize
 from batchbench.results.document import RunDocument
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 from tests.processes import alive
+from tests.signal_state import stoppable
 
 #: Nothing listens here: a usage error must be found before anything tries to reach it.
 NOWHERE = ["--engine", "vllm", "--engine-url", "vllm=http://127.0.0.1:9"]
@@ -287,7 +288,7 @@ def test_a_signal_to_bench_leaves_nothing_of_ours_running(cluster: Any, server: 
                              "1000", "--num-requests", "8", "--concurrency", "4", "--warmup", "0", "--workers",
                              "ray:2", *address, "--results-dir", str(tmp_path), "--no-report"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                            env=os.environ | {"PYTHONUNBUFFERED": "1"}, preexec_fn=stoppable)
     try:
         deadline = time.monotonic() + 90
         while not list(tmp_path.glob("bench-*/vllm_*.jsonl")) and time.monotonic() < deadline:
