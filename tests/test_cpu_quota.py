@@ -50,6 +50,7 @@ def test_v2_reads_cpu_max_and_throttled_usec(tmp_path: Path) -> None:
     ("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}),  # no quota anywhere
     ("0::/\n", {"cpu.max": "max 100000"}),
     ("1:cpu:/x\n", {}),  # a hierarchy this process cannot read
+    ("garbage\n\n", {"cpu.max": "50000 100000"}),  # lines that name no hierarchy
 ])
 def test_no_quota_is_none(tmp_path: Path, cgroup: str, files: dict[str, str]) -> None:
     proc, root = _tree(tmp_path, cgroup, files)

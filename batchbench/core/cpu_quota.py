@@ -54,7 +54,10 @@ def _group_path(pid: int | str, proc: Path) -> tuple[int, str] | None:
         return None
     unified = None
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:  # not a hierarchy line (none such today; never worth a crash of the run)
+            continue
+        _, controllers, path = fields
         if "cpu" in controllers.split(","):
             return 1, path
         if controllers == "":
