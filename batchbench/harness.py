@@ -34,7 +34,7 @@ from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.pinning import ClientPin, pin_thread
 from batchbench.load.runner import MeasuredRun, run
 from batchbench.measures.gpu import GpuOptions
-from batchbench.workload.chat import as_chat
+from batchbench.options import sent_as
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import Workload
 
@@ -89,8 +89,7 @@ class Harness:
         self.client_pin = self._loop.call(_pin_loop_thread(options))
         self._engines = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=max_live,
                                     warm_up_timeout_s=profile.request_timeout_s)
-        #: Workloads as chat messages, by the token-id workload's hash (``sent``).
-        self._chat: dict[str, Workload] = {}
+        self._send = sent_as(options)
 
     @property
     def max_live_engines(self) -> int:
@@ -133,14 +132,8 @@ class Harness:
 
     def sent(self, workload: Workload) -> Workload:
         """The workload as the engines are sent it: on a chat endpoint (``--endpoint chat``) its requests as chat
-        messages of the same token lengths under the served model's tokenizer (:func:`as_chat`), else as it is."""
-        tok = self.options.chat_tokenizer
-        if self.options.endpoint != "chat" or tok is None:
-            return workload
-        key = workload.hash()
-        if key not in self._chat:
-            self._chat[key] = as_chat(workload, tok)
-        return self._chat[key]
+        messages of the same token lengths under the served model's tokenizer (:func:`sent_as`), else as it is."""
+        return self._send(workload)
 
     def scrape(self, engine: Engine) -> ServerMetrics | None:
         """The engine's server metrics now (None: it has none)."""

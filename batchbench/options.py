@@ -42,7 +42,9 @@ from batchbench.core.placement import (
 from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.measures.gpu import GpuOptions
 from batchbench.workload import tokenizer
+from batchbench.workload.chat import as_chat
 from batchbench.workload.profiles import PROFILES, Profile
+from batchbench.workload.requests import Workload
 
 T = TypeVar("T")
 
@@ -287,6 +289,24 @@ def with_chat_tokenizer(options: EngineOptions, served_root: str | None = None) 
         raise ValueError(f"--endpoint chat sends text, tokenised as the served model does: {exc}; give --model "
                          "(its folder or hub id)") from None
     return dataclasses.replace(options, chat_tokenizer=tok)
+
+
+def sent_as(options: EngineOptions) -> Callable[[Workload], Workload]:
+    """How a token-id workload (the main job's, a suite's) is sent: on a chat endpoint (``--endpoint chat``) as chat
+    messages of the same token lengths under :func:`with_chat_tokenizer`'s tokenizer (:func:`as_chat`, each
+    workload made once), else as it is."""
+    tok = options.chat_tokenizer
+    if options.endpoint != "chat" or tok is None:
+        return lambda workload: workload
+    made: dict[str, Workload] = {}
+
+    def as_messages(workload: Workload) -> Workload:
+        key = workload.hash()
+        if key not in made:
+            made[key] = as_chat(workload, tok)
+        return made[key]
+
+    return as_messages
 
 
 def choose_placement(cpus: str | None, load_processes: int = 1) -> tuple[CpuPlacement | None, str | None]:

@@ -103,10 +103,10 @@ from batchbench.options import (
     add_gpu_argument,
     add_image_argument,
     add_telemetry_arguments,
+    sent_as,
     with_chat_tokenizer,
 )
 from batchbench.progress import Progress
-from batchbench.workload.chat import as_chat
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import Workload
 
@@ -216,15 +216,6 @@ class Outcome:
 #: How far past its share an engine's mandatory runs may go (a machine slower than its calibration said): the later
 #: engines' shares shrink by as much; the job's own bound is kept whatever happens.
 MANDATORY_OVERRUN = 1.5
-
-
-def sent_as(options: EngineOptions) -> Callable[[Workload], Workload]:
-    """How the sweep's token-id workloads are sent: as chat messages of the same token lengths on a chat endpoint
-    (``--endpoint chat``), else as they are."""
-    tok = options.chat_tokenizer
-    if options.endpoint != "chat" or tok is None:
-        return lambda workload: workload
-    return lambda workload: as_chat(workload, tok)
 
 
 def _start_estimate(name: str, options: EngineOptions) -> float:
