@@ -28,6 +28,7 @@ from batchbench.adapters.registry import (
     make_engine,
     parse_engine_urls,
 )
+from batchbench.adapters.served import ServedModel
 from batchbench.analysis.accelerators import Accelerator, UnknownAccelerator, find_accelerator
 from batchbench.core.config import ENDPOINTS, BatchingConfig, Endpoint
 from batchbench.core.placement import (
@@ -273,21 +274,38 @@ def engine_options(
     return selected, options
 
 
-def with_chat_tokenizer(options: EngineOptions, served_root: str | None = None) -> EngineOptions:
+def served_tokenizer(model: str | None, served: ServedModel | None, why: str, *, at_url: bool,
+                     remedy: str) -> tokenizer.Tokenizer:
+    """The served model's tokenizer, the one rule of every command: the folder or hub id a server at a URL loaded
+    its model from (/v1/models' ``root``, ``served``) when that loads, said in a line; else ``--model``'s (its
+    shipped folder where it is one of ours); else, at a URL (``at_url``), a ValueError: nothing says which model it
+    serves; else the embedded model's (the tiny model's, which the 8B-shaped one shares). ``why`` says what needs
+    it and ``remedy`` what the user can give, in errors."""
+    if served is not None and served.root is not None:
+        try:
+            tok = tokenizer.load(served.root)
+        except ValueError as exc:
+            if not model:
+                raise ValueError(f"{why}: {exc} (the root /v1/models gives for {served.name}); {remedy}") from None
+        else:
+            print(f"batchbench: tokenizer {served.root} (the served model's root on /v1/models)")
+            return tok
+    if model:
+        return tokenizer.load(str(shipped_tokenizer_dir(model) or model))
+    if at_url:
+        raise ValueError(f"{why}, and the engine at a URL serves a model batchbench does not know: {remedy} so "
+                         "prompts are tokenised as it would")
+    return tokenizer.load(str(tiny_model_dir()))
+
+
+def with_chat_tokenizer(options: EngineOptions, served: ServedModel | None = None) -> EngineOptions:
     """On a chat endpoint, the options with the tokenizer that sends a token-id workload as text of the same
-    lengths: ``--model``'s (its shipped folder where it is one of ours), else the folder or hub id the server at a
-    URL loaded its model from (/v1/models' ``root``, ``served_root``), else the embedded model's. For the suites and
-    the main job, whose designs are token ids; bench and capacity choose theirs from ``--tokenizer`` as well
-    (:mod:`batchbench.commands.workload_args`). ValueError where the one chosen does not load."""
+    lengths (:func:`served_tokenizer`; where nothing names the model, the embedded model's). For the suites and the
+    main job, whose designs are token ids. ValueError where the one chosen does not load."""
     if options.endpoint != "chat" or options.chat_tokenizer is not None:
         return options
-    model = options.model
-    source = (shipped_tokenizer_dir(model) or model) if model else served_root or tiny_model_dir()
-    try:
-        tok = tokenizer.load(str(source))
-    except ValueError as exc:
-        raise ValueError(f"--endpoint chat sends text, tokenised as the served model does: {exc}; give --model "
-                         "(its folder or hub id)") from None
+    tok = served_tokenizer(options.model, served, "--endpoint chat sends text, tokenised as the served model does",
+                           at_url=False, remedy="give --model (its folder or hub id)")
     return dataclasses.replace(options, chat_tokenizer=tok)
 
 

@@ -353,7 +353,7 @@ def main(args: RunArgs) -> int:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
         served = served_models_at_urls(engines, options)
-        options = with_chat_tokenizer(options, served.root if served is not None else None)
+        options = with_chat_tokenizer(options, served)
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -20,11 +20,10 @@ from batchbench.adapters.served import ServedModel
 from batchbench.analysis.validity import samples_needed, stat_percentile
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
 from batchbench.core.config import LoadConfig
-from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.load.ray_workers import unusable
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo
-from batchbench.options import OptionGroup
+from batchbench.options import OptionGroup, served_tokenizer
 from batchbench.workload import datasets, stages, tokenizer, traces
 from batchbench.workload.chat import as_chat
 from batchbench.workload.lora import LoraSpec, TrafficSplit
@@ -520,25 +519,10 @@ def _check_turns(args: WorkloadArgs, kind: LevelKind) -> None:
 
 
 def _tokenizer(args: WorkloadArgs, served: ServedModel | None, why: str) -> tokenizer.Tokenizer:
-    """The served model's tokenizer: ``--tokenizer``; else, at a URL, the folder or hub id the server loaded its
-    model from (/v1/models' ``root``) when that loads, said in a line; else ``--model``'s; else the embedded
-    model's (the tiny model's, which the 8B-shaped one shares). ``why`` says what needs it, in errors."""
+    """The served model's tokenizer: ``--tokenizer``; else :func:`~batchbench.options.served_tokenizer`'s (the
+    served root, ``--model``'s, the embedded model's), where a model at a URL that nothing names is an error."""
     if args.tokenizer:
         return tokenizer.load(args.tokenizer)
-    if served is not None and served.root is not None:
-        try:
-            tok = tokenizer.load(served.root)
-        except ValueError as exc:
-            if not args.model:
-                raise ValueError(f"{why}: {exc} (the root /v1/models gives for {served.name}); give --tokenizer") \
-                    from None
-        else:
-            print(f"batchbench: tokenizer {served.root} (the served model's root on /v1/models)")
-            return tok
-    if args.model:
-        return tokenizer.load(str(shipped_tokenizer_dir(args.model) or args.model))
-    if args.engine_url:
-        raise ValueError(f"{why}, and the engine at a URL serves a model batchbench does not know: give "
-                         "--tokenizer (or --model) so prompts are tokenised as it would")
-    return tokenizer.load(str(tiny_model_dir()))
+    return served_tokenizer(args.model, served, why, at_url=bool(args.engine_url),
+                            remedy="give --tokenizer (or --model)")
 
