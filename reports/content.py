@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from batchbench.analysis.findings import Findings
+from batchbench.core import codec
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.metrics import ttft_by_bucket
 from batchbench.reports import answer, answer_plots, fmt, plots
@@ -78,12 +79,12 @@ def _partial_text(run: ReportedRun) -> str:
 def _workload_order(item: tuple[tuple[str, str], list[ReportedRun]]) -> tuple[str, str, float, str]:
     """Workloads by name, then arrival kind, then load (concurrency or rate), so a sweep reads in order."""
     (name, digest), members = item
-    spec = members[0].workload.get("spec")
-    arrival = spec.get("arrival") if isinstance(spec, dict) else None
-    arrival = arrival if isinstance(arrival, dict) else {}
-    kind = str(arrival.get("kind") or "")
-    load = fmt.num(arrival.get("concurrency" if kind in ("closed", "waves") else "rate"))
-    return (name, kind, load if load is not None else 0.0, digest)
+    spec = members[0].workload.spec
+    if spec is None:
+        return (name, "", 0.0, digest)
+    arrival = spec.arrival
+    load = arrival.concurrency if arrival.kind in ("closed", "waves") else arrival.rate
+    return (name, arrival.kind, fmt.num(load) or 0.0, digest)
 
 
 def group_by_workload(runs: list[ReportedRun]) -> list[tuple[tuple[str, str], list[ReportedRun]]]:
@@ -103,16 +104,15 @@ def _column_names(runs: list[ReportedRun]) -> list[str]:
 
 def arrival_text(run: ReportedRun) -> str:
     """How the workload released its requests ("closed, concurrency 8"), or "" when not recorded."""
-    spec = run.workload.get("spec")
-    arrival = spec.get("arrival") if isinstance(spec, dict) else None
-    if not isinstance(arrival, dict):
+    spec = run.workload.spec
+    if spec is None:
         return ""
-    kind = arrival.get("kind")
-    if kind in ("closed", "waves"):
-        return f"{kind}, concurrency {arrival.get('concurrency')}"
-    if kind in ("poisson", "gamma"):
-        return f"{kind} at {arrival.get('rate')} req/s"
-    return str(kind or "")
+    arrival = spec.arrival
+    if arrival.kind in ("closed", "waves"):
+        return f"{arrival.kind}, concurrency {arrival.concurrency}"
+    if arrival.kind in ("poisson", "gamma"):
+        return f"{arrival.kind} at {arrival.rate} req/s"
+    return arrival.kind
 
 
 def workload_title(name: str, digest: str, run: ReportedRun) -> str:
@@ -124,14 +124,13 @@ def workload_title(name: str, digest: str, run: ReportedRun) -> str:
 def _workload_intro(name: str, digest: str, runs: list[ReportedRun]) -> str:
     wl = runs[0].workload
     parts = [f"Workload {name}, hash {digest or 'n/a'}"]
-    if wl.get("num_requests") is not None:
-        parts.append(f"{wl['num_requests']} requests")
+    if wl.num_requests is not None:
+        parts.append(f"{wl.num_requests} requests")
     if arrival := arrival_text(runs[0]):
         parts.append(f"arrivals: {arrival}")
-    for key, label in (("prompt_tokens", "prompt"), ("output_tokens", "output")):
-        stats = wl.get(key)
-        if isinstance(stats, dict):
-            parts.append(f"{label} tokens {stats.get('min')}..{stats.get('max')}")
+    for counts, label in ((wl.prompt_tokens, "prompt"), (wl.output_tokens, "output")):
+        if counts is not None:
+            parts.append(f"{label} tokens {counts.min}..{counts.max}")
     return "; ".join(parts) + "."
 
 
@@ -447,9 +446,8 @@ def environment_section(runs: list[ReportedRun]) -> Section:
         sec.blocks.append(sub)
     rows = []
     for r in sorted(runs, key=lambda r: (r.engine, r.batching_label, r.run_id)):
-        d = r.engine_description
-        extra = {k: v for k, v in d.items() if k not in ("engine", "batching")}
-        rows.append([Cell(r.run_id), Cell(r.engine), Cell(_compact(r.batching)), Cell(_compact(extra))])
+        extra = {k: v for k, v in codec.encode(r.engine_description).items() if k not in ("engine", "batching")}
+        rows.append([Cell(r.run_id), Cell(r.engine), Cell(_compact(codec.encode(r.batching))), Cell(_compact(extra))])
     sec.blocks.append(Section("Engines", level=3, blocks=[Table(["Run", "Engine", "Batching", "Details"], rows)]))
     return sec
 

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from batchbench.core.config import BatchingConfig
+from batchbench.core import codec
+from batchbench.core.config import BatchingConfig, EngineDescription
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.gpu import Energy
 from batchbench.measures.guardrails import Guardrails
@@ -27,6 +28,7 @@ from batchbench.measures.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.measures.slices import Slice
 from batchbench.reports.fmt import num
 from batchbench.results.document import Placement, RunDocument
+from batchbench.workload.requests import WorkloadSummary
 
 #: Batch-size bucket edges for TTFT: buckets 1, 2-3, 4-7, 8-15, 16+.
 BUCKET_EDGES = (1, 2, 4, 8, 16)
@@ -107,11 +109,12 @@ class ReportedRun:
     source: str
     run_id: str
     engine: str
-    batching: dict[str, Any]
+    batching: BatchingConfig | None
     batching_label: str
     workload_name: str
     workload_hash: str
-    workload: dict[str, Any]
+    workload: WorkloadSummary
+    #: The labels the run was given (those not null), as the report shows them.
     labels: dict[str, Any]
     status: str
     error: str | None
@@ -123,7 +126,7 @@ class ReportedRun:
     server: ServerStats
     samples: list[ServerMetrics]
     engine_report: dict[str, Any]
-    engine_description: dict[str, Any]
+    engine_description: EngineDescription
     environment: dict[str, Any]
     ttft_buckets: dict[str, dict[str, Any] | None] | None
     #: TTFTs of ok requests, for the CDF plot (None when the records could not be read).
@@ -200,7 +203,7 @@ class ReportedRun:
             "run_id": self.run_id,
             "engine": self.engine,
             "serving": self.serving(),
-            "batching": self.batching,
+            "batching": codec.encode(self.batching),
             "batching_label": self.batching_label,
             "workload": {"name": self.workload_name, "hash": self.workload_hash},
             "labels": self.labels,
@@ -228,31 +231,30 @@ class ReportedRun:
 _ADDRESS_FLAGS = frozenset({"--host", "--port", "--hostname"})
 
 
-def serving_identity(description: dict[str, Any]) -> dict[str, Any]:
+def serving_identity(description: EngineDescription) -> dict[str, Any]:
     """The model, server arguments, engine version and (at a URL) endpoint of an engine's description.
 
     A 202 tok/s server and a 1,100 tok/s one once merged into one "median of 5" because none of this
     was compared; a launched server's address is left out (it is a fresh port each start).
     """
-    model = description.get("model")
-    args = description.get("server_args")
+    args = description.server_args
     kept: list[str] | None = None
-    if isinstance(args, list):
+    if args is not None:
         kept, skip = [], False
-        for arg in map(str, args):
+        for arg in args:
             if skip:
                 skip = False
             elif arg in _ADDRESS_FLAGS:
                 skip = True
             else:
                 kept.append(arg)
-    mode = description.get("mode")
+    mode = description.mode
     return {
-        "model": model.get("path") if isinstance(model, dict) else model,
+        "model": description.model.path if description.model is not None else None,
         "mode": mode,
-        "url": description.get("url") if mode == "url" else None,
+        "url": description.url if mode == "url" else None,
         "server_args": kept,
-        "version": description.get("version"),
+        "version": description.details.get("version"),
     }
 
 
@@ -264,15 +266,6 @@ def metric_of(summary: Summary | None, path: tuple[str, ...]) -> float | None:
     return num(node)
 
 
-def batching_label(batching: dict[str, Any]) -> str:
-    """The harness's own label for a batching config, so report keys match result file names."""
-    try:
-        return BatchingConfig(**batching).label()
-    except (TypeError, ValueError):
-        # A config this version does not know (newer field, odd value): a readable, stable stand-in.
-        mode = str(batching.get("mode", "unknown"))
-        rest = "-".join(f"{k}{v}" for k, v in sorted(batching.items()) if k != "mode" and v is not None)
-        return f"{mode}-{rest}" if rest else mode
 
 
 def build_run(source: str, doc: RunDocument) -> ReportedRun:
@@ -297,7 +290,7 @@ def build_run(source: str, doc: RunDocument) -> ReportedRun:
                     summary_source = "derived"
                     notes.append("no stored summary (run cut short): summarised from the journal's records "
                                  "with batchbench.measures.metrics.summarize over the observed duration")
-    if (unavailable := header.engine.get("unavailable")) is not None:
+    if (unavailable := header.engine.details.get("unavailable")) is not None:
         notes.append(f"not measurable on engine {header.engine_name!r}: {unavailable}")
     if footer is not None and footer.client is not None:
         notes += footer.client.warnings()
@@ -314,11 +307,11 @@ def build_run(source: str, doc: RunDocument) -> ReportedRun:
         run_id=header.run_id or source,
         engine=header.engine_name,
         batching=header.batching,
-        batching_label=batching_label(header.batching),
+        batching_label=header.batching_label,
         workload_name=header.workload_name,
         workload_hash=header.workload_hash,
         workload=header.workload,
-        labels=header.labels,
+        labels=header.labels.given(),
         status=doc.status,
         error=footer.error if footer is not None and footer.error else None,
         started_at=header.started_at or None,

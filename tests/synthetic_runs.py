@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchbench.core.config import EngineDescription
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.client_load import ClientLoad
@@ -18,7 +19,8 @@ from batchbench.measures.guardrails import server_summary
 from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import summarize
 from batchbench.measures.slices import time_slices
-from batchbench.results.document import RunDocument, RunFooter, RunHeader
+from batchbench.results.document import RunDocument, RunFooter, RunHeader, RunLabels
+from batchbench.workload.requests import Arrival, WorkloadSpec, WorkloadSummary
 
 
 @dataclass
@@ -91,11 +93,11 @@ def document(spec: RunSpec) -> RunDocument:
     arrival = spec.arrival or ("waves" if spec.layout in ("static-waves", "padded-mixed", "homogeneous") else "closed")
     header = RunHeader(
         run_id=f"{spec.engine}-{spec.layout}-c{spec.concurrency}-r{spec.repeat}",
-        engine={"engine": spec.engine, "batching": spec.batching},
-        workload={"name": "synthetic", "hash": "0" * 64,
-                  "spec": {"arrival": {"kind": arrival, "concurrency": spec.concurrency}}},
-        labels={"suite": "main", "layout": spec.layout, "concurrency": spec.concurrency, "repeat": spec.repeat,
-                "warmed_up": True, **spec.labels},
+        engine=EngineDescription.of({"engine": spec.engine, "batching": spec.batching}),
+        workload=WorkloadSummary(name="synthetic", hash="0" * 64, spec=WorkloadSpec(
+            "synthetic", len(records), arrival=Arrival(arrival, concurrency=spec.concurrency))),  # type: ignore[arg-type]
+        labels=RunLabels.of({"suite": "main", "layout": spec.layout, "concurrency": spec.concurrency,
+                             "repeat": spec.repeat, "warmed_up": True, **spec.labels}),
     )
     footer = None if spec.status == "partial" else RunFooter(
         status=spec.status, duration_s=duration, summary=summarize(records, duration_s=duration),

@@ -54,9 +54,9 @@ def test_bench_measures_a_chat_only_key_protected_server_and_the_key_is_nowhere(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = (tmp_path / "results").glob("bench-*")
     docs = [results.load(p) for p in sorted(run_dir.glob("openai_*.json"))]
-    assert sorted(d.header.labels["concurrency"] for d in docs) == [1, 4]
+    assert sorted(d.header.labels.concurrency for d in docs) == [1, 4]
     for doc in docs:
-        assert doc.header.engine["endpoint"] == "chat" and doc.header.engine["auth"]["api_key"] == "***"
+        assert doc.header.engine.details["endpoint"] == "chat" and doc.header.engine.details["auth"]["api_key"] == "***"
         assert len(doc.records) == 20
         for r in doc.records:  # every record with TTFT, ITL and the engine's own token counts
             assert r.ok and r.ttft_s is not None and itl_samples(r) and r.usage_from is None
@@ -80,9 +80,9 @@ def test_run_sweeps_a_chat_only_key_protected_server(gateway: str, tmp_path: Pat
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run_dir,) = (tmp_path / "results").glob("run-*")
     docs = [results.load(p) for p in sorted(run_dir.glob("openai_*.json"))]
-    assert {d.header.labels["concurrency"] for d in docs} >= {1, 2}
+    assert {d.header.labels.concurrency for d in docs} >= {1, 2}
     for doc in docs:
-        assert doc.header.engine["endpoint"] == "chat"
+        assert doc.header.engine.details["endpoint"] == "chat"
         assert doc.records and all(r.ok and r.prompt_tokens is not None and r.prompt_tokens - r.prompt_len == 4
                                    for r in doc.records)
     assert (run_dir / "report" / "report.html").is_file()
@@ -154,7 +154,7 @@ def test_a_server_refusing_fields_beyond_openais_api_is_sent_openais_alone(endpo
     (path,) = tmp_path.glob("bench-*/openai_*.json")
     doc = results.load(path)
     assert len(doc.records) == 6 and all(r.ok and r.completion_tokens == 8 for r in doc.records)
-    assert "the server refused min_tokens/ignore_eos" in doc.header.engine["unavailable"]
+    assert "the server refused min_tokens/ignore_eos" in doc.header.engine.details["unavailable"]
     report = next(tmp_path.glob("bench-*/report/report.md")).read_text()
     assert "the server refused min_tokens/ignore_eos" in report
 

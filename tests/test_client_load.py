@@ -17,6 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchbench.analysis import validity
+from batchbench.core import codec
+from batchbench.core.config import BatchingConfig, EngineDescription
 from batchbench.core.records import RequestRecord
 from batchbench.measures.client_load import (
     BURST_FRACTION,
@@ -33,12 +35,14 @@ from batchbench.measures.metrics import Summary, summarize
 from batchbench.reports.model import build_run
 from batchbench.results import document as results
 from batchbench.results.document import RunDocument, RunFooter, RunHeader
+from batchbench.workload.requests import WorkloadSummary
 from tests.cpu_quota_marks import NOT_UNDER_A_CPU_QUOTA
 
 
 def client_notes(client: dict[str, object]) -> list[str]:
     """What the report says about a document whose footer has this ``client`` section."""
-    header = RunHeader(run_id="r", engine={"engine": "e", "batching": {}}, workload={"name": "w", "hash": ""})
+    header = RunHeader(run_id="r", engine=EngineDescription(engine="e", batching=BatchingConfig()),
+        workload=WorkloadSummary(name="w", hash=""))
     raw = RunDocument(header=header, footer=RunFooter(status="complete")).to_dict() | {"client": client}
     return build_run("r.json", RunDocument.from_dict(raw)).notes
 
@@ -89,16 +93,16 @@ async def test_an_engine_computing_in_another_thread_is_not_client_load() -> Non
 
 def test_warnings_and_the_document() -> None:
     quiet = ClientLoad(0.1, 10.0, 0.01)
-    assert quiet.warnings() == [] and client_notes(quiet.to_dict()) == []
+    assert quiet.warnings() == [] and client_notes(codec.encode(quiet)) == []
     busy = ClientLoad(9.5, 10.0, 0.95)
     symptom, account = busy.warnings()
     assert "busy 95%" in symptom and "limited the load" in symptom and account == "its loop was busy 95% of the run"
-    doc = busy.to_dict()
+    doc = codec.encode(busy)
     assert doc["saturated"] and not doc["contended"]
-    assert ClientLoad.from_dict(doc) == busy and client_notes(doc) == busy.warnings()
+    assert codec.decode(ClientLoad, doc) == busy and client_notes(doc) == busy.warnings()
     assert ClientLoad(8.0, 10.0, BUSY_LIMIT).saturated
-    with pytest.raises(ValueError, match="not a client-load document"):
-        ClientLoad.from_dict({"cpu_s": 1.0})
+    with pytest.raises(ValueError, match="'wall_s' is missing"):
+        codec.decode(ClientLoad, {"cpu_s": 1.0})
     assert client_notes({"cpu_s": "x", "wall_s": 1, "busy_fraction": 0})[0].startswith("client load unreadable")
 
 
@@ -120,7 +124,7 @@ async def test_every_results_document_says_how_busy_the_client_was(tmp_path: Pat
         await server.stop_async()
     doc = results.load(result.path)
     assert doc.footer is not None and doc.footer.client == result.client
-    assert doc.to_dict()["client"] == result.client.to_dict()
+    assert doc.to_dict()["client"] == codec.encode(result.client)
     assert 0 < result.client.wall_s <= result.duration_s + 0.05 and result.client.cpu_s > 0
 
 
@@ -232,12 +236,12 @@ def test_bursts_are_the_clients_only_when_its_loop_was_late() -> None:
     calm = ClientLoad(0.1, 1.0, 0.1, **lagging, chunk_gaps=100, burst_gaps=int(100 * MAX_BURST_SHARE))
     assert calm.symptoms() == calm.notes() == []
     for load in (client, server, calm):
-        assert ClientLoad.from_dict(load.to_dict()) == load
+        assert codec.decode(ClientLoad, codec.encode(load)) == load
 
 
 def test_documents_from_before_the_probe_still_read() -> None:
     old = {"cpu_s": 0.1, "wall_s": 1.0, "busy_fraction": 0.1, "saturated": False, "busy_limit": BUSY_LIMIT}
-    load = ClientLoad.from_dict(old)
+    load = codec.decode(ClientLoad, old)
     assert load.loop_lag_samples is None and load.burst_share is None and load.judged_lag is None
     assert load.loop_wait_s is None and load.own_lag is None
     assert client_notes(old) == []
@@ -275,7 +279,8 @@ def test_a_late_loop_is_its_own_cause_when_busy_or_late_without_its_waits() -> N
     assert [s.own for s in ClientLoad(0.1, 1.0, 0.1, **mild, **bursty, loop_wait_s=0.1, own_lag_p50_s=0.0001,
                                       own_lag_p90_s=0.0004, own_lag_p99_s=0.001).symptoms()] == [False]
     for load in (busy, own, waiting):
-        assert ClientLoad.from_dict(load.to_dict()) == load and load.to_dict()["contended"] is load.contended
+        written = codec.encode(load)
+        assert codec.decode(ClientLoad, written) == load and written["contended"] is load.contended
 
 
 def test_workers_keep_the_late_loop_s_account_with_its_lag() -> None:
@@ -293,6 +298,7 @@ def test_workers_keep_the_late_loop_s_account_with_its_lag() -> None:
 #: priority, idle for 0.8 s while other processes spin on that CPU; prints its client load.
 IDLE_LOOP = """
 import asyncio, json, os, sys
+from batchbench.core import codec
 from batchbench.measures.client_load import ClientMeter
 os.sched_setaffinity(0, {int(sys.argv[1])})
 os.nice(19)
@@ -300,7 +306,7 @@ async def idle():
     with ClientMeter(probe_interval_s=0.02) as meter:
         await asyncio.sleep(0.8)
     return meter.result()
-print(json.dumps(asyncio.run(idle()).to_dict()))
+print(json.dumps(codec.encode(asyncio.run(idle()))))
 """
 #: A process spinning for at most 3 s (killed as soon as the measurement ends, about 1 s after it starts).
 SPIN_BOUNDED = "import time\nend = time.time() + 3.0\nwhile time.time() < end: pass\n"
@@ -346,4 +352,4 @@ def _idle_loop_behind_spinners(cpu: int, spinners: int) -> ClientLoad:
         for proc in procs:
             proc.kill()
             proc.wait()
-    return ClientLoad.from_dict(json.loads(out))
+    return codec.decode(ClientLoad, json.loads(out))

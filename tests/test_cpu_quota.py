@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from batchbench.analysis.validity import load_reasons
+from batchbench.core import codec
 from batchbench.core.cpu_quota import CpuQuota, cpu_quota
 from batchbench.measures.client_load import ClientLoad
 
@@ -71,7 +72,7 @@ def test_a_run_its_quota_throttled_names_the_quota_as_the_cause() -> None:
     assert reason.kind == "machine contention"
     assert ("but its CPU quota: a CPU quota of 0.5 CPUs (cgroup v1 /kubepods/pod1) throttled it 31% of the run"
             in reason.text)
-    assert ClientLoad.from_dict(_contended(cpu_quota=quota, quota_throttled_s=0.62).to_dict()).throttled
+    assert codec.decode(ClientLoad, codec.encode(_contended(cpu_quota=quota, quota_throttled_s=0.62))).throttled
 
 
 @pytest.mark.parametrize("throttled_s", [None, 0.0, 0.03])  # not measured, never, 1.5% of the run

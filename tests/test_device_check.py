@@ -39,7 +39,7 @@ def test_the_reduced_device_check_runs_end_to_end_and_writes_under_out(tmp_path:
     (run_dir,) = (out / "run").glob("run-*")
     assert (run_dir / "report" / "report.md").is_file()
     found = discover(run_dir)
-    layouts = {doc.header.labels["layout"] for _, doc in found.documents}
+    layouts = {doc.header.labels.layout for _, doc in found.documents}
     assert {"continuous", "static-waves", "padded-mixed", "homogeneous"} <= layouts
     for _, doc in found.documents:
         assert doc.header.engine_name == "hf-static" and doc.header.gpus is not None

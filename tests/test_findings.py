@@ -13,10 +13,12 @@ import pytest
 from batchbench.analysis.findings import findings_from_documents, points_from_documents
 from batchbench.analysis.repeats import Estimate
 from batchbench.analysis.theory import continuous_idle_fraction, waves_idle_fraction
+from batchbench.core.config import ModelDescription
 from batchbench.fixtures import tiny_model_dir
 from batchbench.measures.metrics import meets_slos
 from batchbench.measures.slo import Slo
-from batchbench.results.document import discover
+from batchbench.results.document import RunLabels, discover
+from batchbench.workload.requests import TokenCounts
 from tests.synthetic_runs import RunSpec, document, sweep
 
 SLO = Slo.parse("ttft_p99=200ms")
@@ -41,9 +43,12 @@ def test_the_memory_bound_finding_carries_the_planners_arithmetic_from_the_model
     sequence of 255 tokens held in 256, and 66 blocks // 8 blocks = 8 sequences; without a config, no plan."""
     docs = sweep(fit=8)
     for doc in docs:
-        doc.header.engine["model"] = {"path": str(tiny_model_dir())}
-        doc.header.workload.update(prompt_tokens={"max": 192}, output_tokens={"max": 64})
-        doc.header.labels.update(kv_capacity_tokens=2112, design={"block_size": 32})
+        h = doc.header
+        doc.header = dataclasses.replace(
+            h, engine=dataclasses.replace(h.engine, model=ModelDescription(path=str(tiny_model_dir()))),
+            workload=dataclasses.replace(h.workload, prompt_tokens=TokenCounts(192, 192, 192),
+                                         output_tokens=TokenCounts(64, 64, 64)),
+            labels=dataclasses.replace(h.labels, kv_capacity_tokens=2112, design={"block_size": 32}))
     found = findings_from_documents(docs)
     plan = layout(found).memory_bound.kv_plan
     assert (plan.kv_bytes_per_token, plan.sequence_tokens, plan.fit, plan.memory_bound_from) == (1024, 256, 8, 9)
@@ -51,7 +56,8 @@ def test_the_memory_bound_finding_carries_the_planners_arithmetic_from_the_model
     assert decisions(found).answers(None)["memory"] == (
         "batch 16 (KV 95% full); the plan fits 8 sequences of 256 tokens in 2,112 tokens: as predicted")
     for doc in docs:
-        doc.header.engine["model"] = {"path": "a-hub-model-id"}
+        doc.header = dataclasses.replace(doc.header, engine=dataclasses.replace(
+            doc.header.engine, model=ModelDescription(path="a-hub-model-id")))
     assert layout(findings_from_documents(docs)).memory_bound.kv_plan is None
 
 
@@ -237,7 +243,8 @@ def test_a_point_says_whether_it_reached_its_precision_target() -> None:
     def labelled(repeats: int, target: float) -> list[Any]:
         docs = sweep(levels=(4, 8), repeats=repeats)
         for doc in docs:
-            doc.header.labels["precision"] = target
+            doc.header = dataclasses.replace(doc.header, labels=dataclasses.replace(doc.header.labels,
+                                                                                     precision=target))
         return docs
 
     f = layout(findings_from_documents(labelled(3, 0.05)))
@@ -364,7 +371,7 @@ def test_padding_cost_predicted_and_measured() -> None:
     assert answer.endswith("95% of its prompt slots are padding (the engine reports 94%): it pays for the padded "
                            "slots")
     # An engine that packs its batches pays no more than the real tokens: the same pair, the latency unmoved.
-    packed = [d for d in docs if d.header.labels["layout"] == "homogeneous"] + [
+    packed = [d for d in docs if d.header.labels.layout == "homogeneous"] + [
         document(RunSpec(layout="padded-mixed", concurrency=32, repeat=r, requests=32, prompts=[long] + [short] * 31,
                          ttft=0.1 * (1 + 0.01 * r), wave=1)) for r in range(3)]
     assert decisions(findings_from_documents(packed)).answers(None)["padding"].endswith(
@@ -397,7 +404,7 @@ def test_findings_from_a_run_folder_name_what_they_skipped(tmp_path: Path) -> No
     for doc in docs:
         (tmp_path / f"{doc.header.run_id}.json").write_text(doc.to_json(), encoding="utf-8")
     odd = document(RunSpec(arrival="poisson"))
-    odd.header.labels.clear()
+    odd.header = dataclasses.replace(odd.header, labels=RunLabels())
     (tmp_path / "open-loop.json").write_text(odd.to_json(), encoding="utf-8")
     found = findings_from_documents(discover(tmp_path).documents, slo=SLO)
     assert found.engines.keys() == {"alpha"}

@@ -159,7 +159,7 @@ def test_findings_give_tokens_per_joule_along_the_curve_and_say_why_there_are_no
     from tests.synthetic_runs import sweep
 
     # Throughput min(c, 8) x 100 tok/s at a power of 300 W + 25 W per busy slot: the most tokens per joule at the fit.
-    docs = [_with_energy(d, 300 + 25 * min(d.header.labels["concurrency"], 8), 2.0) for d in sweep(repeats=2)]
+    docs = [_with_energy(d, 300 + 25 * min(d.header.labels.concurrency or 0, 8), 2.0) for d in sweep(repeats=2)]
     found = findings_from_documents(docs)
     point = found.engines["alpha"].layouts["continuous"].point(8)
     assert point is not None and point.figure("tokens_per_joule").value == pytest.approx(808 / 500)  # repeats: +0, +2%

@@ -118,7 +118,7 @@ def test_bench_runs_it_and_records_the_cache(tmp_path: Path, capsys: pytest.Capt
     (doc,) = tmp_path.glob("bench-*/hf-continuous_*.json")
     result = RunDocument.load(doc)
     assert len(result.records) == 20 and all(r.ok and r.output_tokens == 8 for r in result.records)
-    assert result.header.engine["batching"]["mode"] == "continuous"
+    assert result.header.batching is not None and result.header.batching.mode == "continuous"
     assert result.footer.engine_report["requests_finished"] == 20
 
 

@@ -35,7 +35,7 @@ import pytest
 from batchbench import selftest
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.core import eventloop
-from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.core.config import EngineDescription, LoadConfig, ModelRef
 from batchbench.core.records import RequestRecord
 from batchbench.harness import LoopThread
 from batchbench.load import loadgen, runner
@@ -79,7 +79,7 @@ def test_client_cost_per_chunk(fake_server: str, benchmark: Any, concurrency: in
 
     async def once() -> list[RequestRecord]:
         writer = JournalWriter(tmp_path / f"round-{len(rounds)}.json")
-        writer.begin(RunHeader(run_id="bench", engine={"engine": "vllm", "batching": {}},
+        writer.begin(RunHeader(run_id="bench", engine=EngineDescription(engine="vllm"),
                                workload=workload.describe()))
         async with VLLMEngine(model=ModelRef("fake-model"), url=fake_server) as engine:
             cpu, wall = time.process_time(), time.perf_counter()

@@ -14,10 +14,12 @@ import pytest
 
 from batchbench.adapters.router import RoutedEngine
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.core.config import ModelRef
+from batchbench.core import codec
+from batchbench.core.config import BatchingConfig, EngineDescription, ModelRef
 from batchbench.measures.machine_load import BUSY_SHARE, MachineLoad, MachineMeter
 from batchbench.reports.model import build_run
 from batchbench.results.document import RunDocument, RunFooter, RunHeader
+from batchbench.workload.requests import WorkloadSummary
 from tests.cpu_quota_marks import NOT_UNDER_A_CPU_QUOTA
 
 pytestmark = pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="reads /proc (Linux only)")
@@ -26,7 +28,8 @@ pytestmark = pytest.mark.skipif(not os.path.isfile("/proc/stat"), reason="reads 
 
 def machine_notes(machine: dict[str, object]) -> list[str]:
     """What the report says about a document whose footer has this ``machine`` section."""
-    header = RunHeader(run_id="r", engine={"engine": "e", "batching": {}}, workload={"name": "w", "hash": ""})
+    header = RunHeader(run_id="r", engine=EngineDescription(engine="e", batching=BatchingConfig()),
+        workload=WorkloadSummary(name="w", hash=""))
     raw = RunDocument(header=header, footer=RunFooter(status="complete")).to_dict() | {"machine": machine}
     return build_run("r.json", RunDocument.from_dict(raw)).notes
 
@@ -135,31 +138,31 @@ def test_a_routed_layout_owns_every_pool_s_server() -> None:
 
 @pytest.mark.parametrize(("share", "disturbed"), [(0.0, False), (BUSY_SHARE, False), (0.26, True), (1.0, True)])
 def test_the_report_notes_a_disturbed_run(share: float, disturbed: bool) -> None:
-    doc = MachineLoad(share).to_dict()
+    doc = codec.encode(MachineLoad(share))
     assert doc["disturbed"] is disturbed
-    assert MachineLoad.from_dict(doc) == MachineLoad(share)
+    assert codec.decode(MachineLoad, doc) == MachineLoad(share)
     notes = machine_notes(doc)
     assert (len(notes) == 1 and f"{share:.0%} of the machine's CPU" in notes[0]) if disturbed else notes == []
 
 
 def test_a_malformed_machine_section_is_a_note_not_a_crash() -> None:
     assert machine_notes({"foreign_share": "lots"}) == [
-        "machine load unreadable (not a machine-load document: foreign_share is 'lots')"]
+        "machine load unreadable ('machine.foreign_share' is 'lots', not a number)"]
 
 
 def test_old_machine_sections_read_with_only_their_foreign_share() -> None:
     old = {"foreign_share": 0.3, "disturbed": True, "busy_share": BUSY_SHARE}
-    load = MachineLoad.from_dict(old)
+    load = codec.decode(MachineLoad, old)
     assert load == MachineLoad(0.3) and load.disturbed and load.holders() == "who held it was not measured"
     assert machine_notes(old) == load.warnings()
     full = MachineLoad(0.02, engine_share=0.45, client_share=0.05, other_share=0.02, steal_share=0.0, cpus=2,
                        engine_placement="server processes", client_cpus=[1], client_cpus_busy=0.9,
                        client_cpus_foreign=0.7)
-    assert MachineLoad.from_dict(full.to_dict()) == full
+    assert codec.decode(MachineLoad, codec.encode(full)) == full
     for bad in ({"foreign_share": 0.1, "cpus": 1.5}, {"foreign_share": 0.1, "engine_placement": "elsewhere"},
                 {"foreign_share": 0.1, "client_cpus": [0, "1"]}, {"foreign_share": 0.1, "engine_share": True}):
-        with pytest.raises(ValueError, match="not a machine-load document"):
-            MachineLoad.from_dict(bad)
+        with pytest.raises(ValueError, match=r"is .*, not "):
+            codec.decode(MachineLoad, bad)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning to a subset needs two CPUs")

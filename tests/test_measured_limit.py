@@ -14,11 +14,14 @@ from batchbench.analysis.accelerators import find_accelerator
 from batchbench.analysis.bounds import limits
 from batchbench.analysis.findings import findings_from_documents
 from batchbench.analysis.run_bounds import run_limit
+from batchbench.core import codec
+from batchbench.core.config import EngineDescription
 from batchbench.fixtures import tiny_model_dir
 from batchbench.measures.gpu import GpuDevice, GpuOptions, GpuSelection
 from batchbench.reports.build import build_report
 from batchbench.reports.headline import BoundMark, HeadlinePoint, headline_svg
 from batchbench.results.document import RunDocument, load
+from batchbench.workload.requests import TokenCounts
 from tests.fake_nvml import FakeGpu, fake_nvml
 from tests.synthetic_runs import sweep
 
@@ -96,11 +99,11 @@ def _on_gpu(doc: RunDocument, name: str, **engine: object) -> RunDocument:
     """A synthetic run as if the tiny model had run on the GPU NVML calls ``name``, ``engine`` added to its
     description; its workload 16 + 10 tokens a request."""
     h = doc.header
-    workload = dict(h.workload, num_requests=240, prompt_tokens={"total": 240 * 16, "min": 16, "max": 16},
-                    output_tokens={"total": 2400, "min": 10, "max": 10})
+    workload = dataclasses.replace(h.workload, num_requests=240, prompt_tokens=TokenCounts(240 * 16, 16, 16),
+                                   output_tokens=TokenCounts(2400, 10, 10))
     header = dataclasses.replace(
         h, gpus=GpuSelection([GpuDevice(0, name, "GPU-1")], "every visible GPU"), workload=workload,
-        engine=dict(h.engine, model={"path": "tiny-llama"}, **engine))
+        engine=EngineDescription.of(codec.encode(h.engine) | {"model": {"path": "tiny-llama"}, **engine}))
     return dataclasses.replace(doc, header=header)
 
 

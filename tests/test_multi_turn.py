@@ -155,7 +155,7 @@ async def test_sessions_and_ttft_by_turn_land_in_the_results_document(fake: VLLM
     assert doc.footer is not None and doc.footer.summary is not None
     by_turn = doc.footer.summary.ttft_by_turn
     assert by_turn is not None and sorted(by_turn) == ["1", "2", "3"] and by_turn["1"] is not None
-    assert doc.header.workload["spec"]["turns"] == 3
+    assert doc.header.workload.spec is not None and doc.header.workload.spec.turns == 3
 
 
 NOWHERE = ["--engine", "vllm", "--engine-url", "vllm=http://127.0.0.1:9"]

@@ -129,8 +129,9 @@ def _scrapes(spec: RunSpec, doc: RunDocument, seed: int) -> RunDocument:
     samples = [ServerMetrics(t=k * 0.25, kv_usage=min(1.0, fill * (0.6 + 0.4 * rng.random())),
                              running=float(rng.randint(1, min(spec.concurrency, 8))),
                              waiting=float(rng.randint(0, max(0, spec.concurrency - 8)))) for k in range(n)]
-    workload = {**doc.header.workload, "name": "padding" if spec.layout in ("padded-mixed", "homogeneous") else
-                "regimes", "hash": f"{spec.engine}-{spec.layout}-{spec.concurrency}".ljust(64, "0")}
+    workload = dataclasses.replace(
+        doc.header.workload, name="padding" if spec.layout in ("padded-mixed", "homogeneous") else "regimes",
+        hash=f"{spec.engine}-{spec.layout}-{spec.concurrency}".ljust(64, "0"))
     return dataclasses.replace(doc, header=dataclasses.replace(doc.header, workload=workload), server_metrics=samples,
                                footer=dataclasses.replace(doc.footer, guardrails=server_summary(samples)))
 

@@ -7,6 +7,7 @@ an answer with an interval and the runs left out have a cause.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -17,7 +18,7 @@ from batchbench.analysis.findings import QUESTIONS
 from batchbench.cli import main
 from batchbench.measures.slo import Slo
 from batchbench.reports.build import build_report
-from batchbench.results.document import RunDocument
+from batchbench.results.document import RunDocument, RunLabels
 from tests.synthetic_runs import RunSpec, document, sweep
 from tests.test_reports import column, md_table_after, noise_and_regression, write_run
 
@@ -111,7 +112,7 @@ def test_html_links_resolve_and_the_answer_precedes_every_figure(cited_runs: Pat
 def test_without_an_engine_there_is_nothing_to_decide(tmp_path: Path) -> None:
     results = tmp_path / "results"
     odd = document(RunSpec(arrival="poisson"))
-    odd.header.labels.clear()
+    odd.header = dataclasses.replace(odd.header, labels=RunLabels())
     results.mkdir()
     (results / "open-loop.json").write_text(odd.to_json(), encoding="utf-8")
     build_report(results, tmp_path / "out", plots=True, warn=lambda m: None)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from batchbench.analysis.repeats import Estimate
 from batchbench.cli import main
-from batchbench.core.config import BatchingConfig, LoadConfig
+from batchbench.core.config import BatchingConfig, EngineDescription, LoadConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.guardrails import server_summary
@@ -32,8 +32,8 @@ from batchbench.measures.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.reports.build import build, build_report
 from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
-from batchbench.results.document import JournalWriter, RunDocument, RunFooter, RunHeader, ScrapeStats
-from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
+from batchbench.results.document import JournalWriter, RunDocument, RunFooter, RunHeader, RunLabels, ScrapeStats
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec, WorkloadSummary
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"hostname": "bench-01", "platform": "Linux-6.8-x86_64", "python": "3.11.9", "cpu": "Test CPU",
@@ -106,8 +106,9 @@ def write_run(folder: Path, *, engine: str = "vllm", batching: BatchingConfig | 
     writer = JournalWriter(folder / f"{name}.json")
     writer.begin(RunHeader(
         run_id=name, started_at="2025-01-01T00:00:00+0000",
-        engine={"engine": engine, "batching": batching.to_dict(), "versions": {engine: "1.0"}},
-        workload=workload.describe(), load=LoadConfig(request_timeout_s=60), environment=ENV, labels=labels,
+        engine=EngineDescription(engine=engine, batching=batching, details={"versions": {engine: "1.0"}}),
+        workload=workload.describe(), load=LoadConfig(request_timeout_s=60), environment=ENV,
+        labels=RunLabels.of(labels),
     ))
     records = make_records(workload, ttft=ttft, tpot=tpot, concurrency=concurrency, failed=failed)
     samples = make_samples(peak_kv=peak_kv, preempt_step=preempt_step)
@@ -133,7 +134,8 @@ def write_run(folder: Path, *, engine: str = "vllm", batching: BatchingConfig | 
 
 def read_summary(summary: dict[str, Any]) -> Summary:
     """A summary given as its JSON form (so a test can set any stored figure), read as the document reads it."""
-    header = RunHeader(run_id="x", engine={"engine": "x", "batching": {}}, workload={"name": "x", "hash": ""})
+    header = RunHeader(run_id="x", engine=EngineDescription(engine="x", batching=BatchingConfig()),
+        workload=WorkloadSummary(name="x", hash=""))
     raw = RunDocument(header=header, footer=RunFooter(status="complete")).to_dict() | {"summary": summary}
     footer = RunDocument.from_dict(raw).footer
     assert footer is not None and footer.summary is not None

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchbench.core.config import LoadConfig
+from batchbench.core.config import BatchingConfig, EngineDescription, LoadConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.client_load import ClientLoad
@@ -36,9 +36,11 @@ from batchbench.results.document import (
     RunDocument,
     RunFooter,
     RunHeader,
+    RunLabels,
     ScrapeStats,
     load,
 )
+from batchbench.workload.requests import Arrival, WorkloadSpec, WorkloadSummary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,8 +78,8 @@ server_samples = st.builds(
     kv_capacity_tokens=maybe_float, preemptions=maybe_float, rejections=maybe_float,
 )
 
-HEADER = RunHeader(run_id="r1", engine={"engine": "stub", "batching": {}}, workload={"name": "w", "hash": "h"},
-                   labels={"k": "v"})
+HEADER = RunHeader(run_id="r1", engine=EngineDescription(engine="stub", batching=BatchingConfig()),
+                   workload=WorkloadSummary(name="w", hash="h"), labels=RunLabels.of({"k": "v"}))
 
 
 def make_record(i: int) -> RequestRecord:
@@ -128,7 +130,7 @@ def test_journal_holds_every_record_handed_over_before_a_crash(recs: list[Reques
             assert doc.read_version == SCHEMA_VERSION
             assert doc.to_dict()["schema"] == SCHEMA and doc.to_dict()["schema_version"] == SCHEMA_VERSION
             assert doc.header == HEADER
-            assert doc.header.run_id == "r1" and doc.header.labels == {"k": "v"}
+            assert doc.header.run_id == "r1" and doc.header.labels.given() == {"k": "v"}
             assert doc.records == recs
             assert doc.server_metrics == samples
 
@@ -329,12 +331,14 @@ def test_load_rejects_a_journal_without_header(tmp_path: Path) -> None:
 CHILD = """
 import os, signal, sys, time
 from pathlib import Path
+from batchbench.core.config import EngineDescription
 from batchbench.results.document import JournalWriter, RunHeader
+from batchbench.workload.requests import WorkloadSummary
 from batchbench.core.records import RequestRecord
 
 writer = JournalWriter(Path(sys.argv[1]))
-writer.begin(RunHeader(run_id="crashed", engine={"engine": "stub", "batching": {}},
-                       workload={"name": "w", "hash": "h"}))
+writer.begin(RunHeader(run_id="crashed", engine=EngineDescription(engine="stub"),
+                       workload=WorkloadSummary(name="w", hash="h")))
 for i in range(5):
     writer.record(RequestRecord(f"req-{i}", prompt_len=10 + i, max_tokens=20, scheduled_s=0.1 * i,
                                 sent_s=0.1 * i + 0.01, done_s=1.0 + i, chunk_times=[0.5 + i, 0.75 + i],
@@ -372,6 +376,7 @@ json_scalars = st.none() | st.booleans() | ints | floats | short_text
 json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
                            | st.dictionaries(short_text, inner, max_size=3), max_leaves=8)
 json_objects = st.dictionaries(short_text, json_values, max_size=4)
+free_objects = st.dictionaries(short_text.map(lambda k: f"x-{k}"), json_values, max_size=4)
 maybe_int = st.none() | ints
 distributions = st.none() | st.builds(Distribution, count=ints, mean=floats, min=floats, p50=floats, p90=floats,
                                       p99=floats, max=floats)
@@ -390,17 +395,23 @@ guardrails = st.builds(
 )
 headers = st.builds(
     RunHeader, run_id=short_text, started_at=maybe_text,
-    engine=st.builds(lambda name, batching, more: {**more, "engine": name, "batching": batching},
-                     st.text(min_size=1, max_size=10), json_objects, json_objects),
-    workload=st.builds(lambda name, digest, more: {**more, "name": name, "hash": digest},
-                       short_text, short_text, json_objects),
+    # Free-form keys beside the typed ones: prefixed, as a free key named like a typed one is not written twice.
+    engine=st.builds(EngineDescription, engine=st.text(min_size=1, max_size=10),
+                     batching=st.none() | st.builds(BatchingConfig, max_batch_size=st.none() | st.integers(1, 64)),
+                     mode=st.none() | st.sampled_from(["url", "LocalLaunch"]), url=maybe_text,
+                     server_args=st.none() | st.lists(short_text, max_size=3), details=free_objects),
+    workload=st.builds(WorkloadSummary, name=short_text, hash=short_text, num_requests=st.none() | st.integers(1, 99),
+                       spec=st.none() | st.builds(WorkloadSpec, name=short_text, num_requests=st.integers(1, 99),
+                                                  arrival=st.builds(Arrival, kind=st.just("closed"),
+                                                                    concurrency=st.integers(1, 64)))),
     load=st.builds(LoadConfig, request_timeout_s=st.floats(min_value=1e-3, max_value=1e6),
                    max_in_flight=st.integers(1, 2**31),
                    send_until_s=st.none() | st.floats(min_value=1e-3, max_value=1e6),
                    scrape_interval_s=st.none() | st.floats(min_value=1e-3, max_value=1e3), workers=st.integers(1, 64)),
     slo=st.none() | st.builds(lambda limit: Slo.parse(f"ttft_p99={limit}ms,tpot_p50={limit / 10}ms"),
                               st.floats(min_value=1, max_value=1e5)),
-    environment=json_objects, labels=json_objects,
+    environment=json_objects,
+    labels=st.builds(RunLabels, suite=maybe_text, concurrency=st.none() | st.integers(1, 64), others=free_objects),
     placement=st.none() | st.builds(
         Placement, source=st.sampled_from([None, "default", "--cpus"]), applied=st.booleans(),
         engine=st.sampled_from(["local process", "container", "at a URL", "in process", "not known"]),
@@ -607,8 +618,8 @@ def test_the_stored_guardrails_are_read_not_recomputed(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("section", "message"), [
-    ("client", "client load unreadable (not a client-load document: could not convert string to float: 'x')"),
-    ("machine", "machine load unreadable (not a machine-load document: foreign_share is 'lots')"),
+    ("client", "client load unreadable ('client.cpu_s' is 'x', not a number)"),
+    ("machine", "machine load unreadable ('machine.foreign_share' is 'lots', not a number)"),
 ])
 def test_an_unreadable_load_section_is_a_problem_not_a_crash(section: str, message: str) -> None:
     raw = RunDocument(header=HEADER, footer=RunFooter(status="complete")).to_dict()
@@ -620,7 +631,7 @@ def test_an_unreadable_load_section_is_a_problem_not_a_crash(section: str, messa
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda d: d.pop("engine"), r"'engine' is missing"),
-    (lambda d: d["engine"].pop("engine"), r"'engine.engine' \(the engine name\) is missing"),
+    (lambda d: d["engine"].pop("engine"), r"'engine.engine' is missing"),
     (lambda d: d["workload"].pop("name"), r"'workload.name' is missing"),
     (lambda d: d["records"][0].update(sent_s="soon"), r"'records\[0\].sent_s' is 'soon', not a number"),
     (lambda d: d["summary"].update(ok=1.5), r"'summary.ok' is 1.5, not an integer"),

@@ -212,4 +212,4 @@ async def test_a_run_through_the_router_is_recorded_like_one_engine(
                                     "pools": {"interactive": {"served": 6}, "batch": {"served": 4}}}
     assert result.samples and all(s.running == 4 and s.waiting == 2 for s in result.samples)
     doc = results.load(result.path)
-    assert [p["name"] for p in doc.header.engine["pools"]] == ["interactive", "batch"]
+    assert [p["name"] for p in doc.header.engine.details["pools"]] == ["interactive", "batch"]

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchbench.core.config import EngineDescription
 from batchbench.reports.model import serving_identity
 from batchbench.reports.series import group_series
 
 
 def described(*, model: str = "org/m", mode: str = "LocalProcess", url: str = "http://127.0.0.1:40001",
-              args: tuple[str, ...] = ("--max-num-seqs", "8"), version: str | None = "0.32.0") -> dict[str, Any]:
-    return {"engine": "vllm", "model": {"path": model, "dummy_weights": False}, "mode": mode, "url": url,
-            "server_args": ["--model", model, "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], *args],
-            "version": version}
+              args: tuple[str, ...] = ("--max-num-seqs", "8"), version: str | None = "0.32.0") -> EngineDescription:
+    return EngineDescription.of({
+        "engine": "vllm", "model": {"path": model, "dummy_weights": False}, "mode": mode, "url": url,
+        "server_args": ["--model", model, "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], *args],
+        "version": version})
 
 
-def row(run_id: str, description: dict[str, Any], repeat: int = 0) -> dict[str, Any]:
+def row(run_id: str, description: EngineDescription, repeat: int = 0) -> dict[str, Any]:
     return {"run_id": run_id, "engine": "vllm", "serving": serving_identity(description),
             "batching_label": "continuous",
             "workload": {"name": "chat", "hash": "abc"}, "labels": {"layout": "continuous", "repeat": repeat},

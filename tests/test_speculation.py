@@ -209,7 +209,7 @@ def test_an_invalid_pair_is_shown_but_never_decides_the_crossover() -> None:
     docs = [_run(b, tpot, spec, 0) for b, pair in {1: (2e-3, 1e-3), 4: (1e-3, 2e-3)}.items()
             for spec, tpot in zip((False, True), pair)]
     busy = [dataclasses.replace(d, footer=dataclasses.replace(d.footer, machine=MachineLoad(0.9)))  # type: ignore[arg-type]
-            if d.header.labels["concurrency"] == 4 else d for d in docs]
+            if d.header.labels.concurrency == 4 else d for d in docs]
     found = findings_from_documents(busy, suite="speculative_decoding")
     (sp,) = found.speculation
     assert [a.valid for a in sp.at] == [True, False] and sp.crossover is None

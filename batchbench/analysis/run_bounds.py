@@ -27,6 +27,7 @@ from batchbench.analysis.accelerators import (
 from batchbench.analysis.bounds import Limits, limits
 from batchbench.analysis.theory import DTYPE_BYTES
 from batchbench.results.document import RunDocument
+from batchbench.workload.requests import TokenCounts
 
 __all__ = ["RunLimit", "Setup", "run_limit"]
 
@@ -102,7 +103,7 @@ def _device_names(doc: RunDocument) -> tuple[list[str], str | None]:
     if names:
         return names, None
     why = selection.unavailable if selection is not None and selection.unavailable else "no GPU in its environment"
-    at_url = doc.header.engine.get("mode") == "url"
+    at_url = doc.header.engine.mode == "url"
     return [], (f"no GPU row: the run names no GPU ({why}); the engine is at a URL: --gpu NAME gives its GPU"
                 if at_url else f"no GPU row: the engine ran on this host's CPU ({why})")
 
@@ -126,14 +127,10 @@ def _gpu(doc: RunDocument, given: Accelerator | None) -> tuple[Accelerator | Non
     return row, f"NVML: {names[0]}"
 
 
-def _mean_tokens(workload: Mapping[str, Any], key: str) -> int | None:
-    """The workload's mean ``prompt_tokens`` or ``output_tokens`` per request, rounded down (a shorter context
-    is a faster step, so the bound stays a bound)."""
-    stats, n = workload.get(key), workload.get("num_requests")
-    total = stats.get("total") if isinstance(stats, dict) else None
-    if not isinstance(total, int) or not isinstance(n, int) or n < 1:
-        return None
-    return total // n
+def _mean_tokens(counts: TokenCounts | None, n: int | None) -> int | None:
+    """A workload's mean prompt or output tokens per request, rounded down (a shorter context is a faster step, so
+    the bound stays a bound)."""
+    return counts.total // n if counts is not None and n else None
 
 
 def run_limit(doc: RunDocument, config: Mapping[str, Any] | None, *,
@@ -144,15 +141,14 @@ def run_limit(doc: RunDocument, config: Mapping[str, Any] | None, *,
     row, source = _gpu(doc, gpu)
     if row is None:
         return None, source
-    model = doc.header.engine.get("model")
-    path = model.get("path") if isinstance(model, dict) else None
-    if config is None or not isinstance(path, str):
+    engine, workload = doc.header.engine, doc.header.workload
+    path = engine.model.path if engine.model is not None else None
+    if config is None or path is None:
         return None, "the served model's config.json is not readable here"
-    prompt, output = (_mean_tokens(doc.header.workload, k) for k in ("prompt_tokens", "output_tokens"))
+    prompt, output = (_mean_tokens(c, workload.num_requests) for c in (workload.prompt_tokens, workload.output_tokens))
     if prompt is None or output is None:
         return None, "the workload's description has no token counts"
-    argv = doc.header.engine.get("server_args")
-    argv = [str(a) for a in argv] if isinstance(argv, list) else []
+    argv = engine.server_args or []
     tp_text = _flag(argv, TP_FLAGS)
     tp = int(tp_text) if tp_text is not None and tp_text.isdigit() and int(tp_text) > 0 else 1
     weights = _dtype(_flag(argv, DTYPE_FLAGS)) or _dtype(config.get("torch_dtype")) or "bf16"

@@ -357,10 +357,8 @@ def _warm_up(warmed_up: bool | None) -> WarmUp:
 
 def arrival_kind(doc: RunDocument) -> str | None:
     """The run's arrival kind, as its workload describes itself (None: not recorded)."""
-    spec = doc.header.workload.get("spec")
-    arrival = spec.get("arrival") if isinstance(spec, dict) else None
-    kind = arrival.get("kind") if isinstance(arrival, dict) else None
-    return kind if isinstance(kind, str) else None
+    spec = doc.header.workload.spec
+    return spec.arrival.kind if spec is not None else None
 
 
 def document_summary(doc: RunDocument) -> Summary | None:
@@ -386,7 +384,7 @@ def check_run(
     """Judge one results document (:func:`check` with its parts). ``summary``: one already computed for it
     (e.g. under another SLO); else the document's (:func:`document_summary`)."""
     footer = doc.footer
-    label = doc.header.labels.get(WARM_UP_LABEL)
+    label = doc.header.labels.warmed_up
     found = check(
         summary if summary is not None else document_summary(doc),
         status=doc.status,

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from batchbench.core import codec
+
 BatchingMode = Literal["static", "continuous"]
 #: Speculative decoding methods batchbench can ask for by an engine-neutral name. Only those that need no draft
 #: model: ``ngram`` proposes the tokens that followed the latest n-gram's earlier occurrence in the prompt or
@@ -314,3 +316,43 @@ class LoadConfig:
             raise ValueError(f"workers must be >= 1, not {self.workers}")
         if self.ray_address is not None and self.worker_pool != "ray":
             raise ValueError("a Ray address is for workers on Ray (--workers ray:N)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDescription:
+    """The served model as a run's results record it: where it came from, and whatever else the engine says."""
+
+    path: str | None = field(default=None, metadata=field_doc(
+        "a local folder or a Hugging Face id; the served root at a URL; null: not known"))
+    dummy_weights: bool | None = field(default=None, metadata=field_doc(
+        "seeded random weights of the architecture (nothing downloaded); null: not known"))
+    details: dict[str, Any] = field(default_factory=dict, metadata={"rest": True})
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineDescription:
+    """The engine as its adapter describes itself (Engine.describe), as a run's results record it: the keys every
+    reader uses typed, then whatever else the adapter says (its version, launch, limits), flat beside them."""
+
+    engine: str = field(metadata=field_doc("the engine's name", schema={"minLength": 1}))
+    batching: BatchingConfig | None = field(default=None, metadata=field_doc(
+        "the batching config it ran under; null: one this version cannot read (noted as a problem)",
+        unreadable="engine batching"))
+    model: ModelDescription | None = field(default=None, metadata=field_doc(
+        "the model it served; null: an engine that does not say"))
+    mode: str | None = field(default=None, metadata=field_doc(
+        "how batchbench reached it: 'url' (a server the user runs), else the launcher's type (LocalLaunch, "
+        "DockerLaunch); null: it serves inside batchbench's process"))
+    url: str | None = field(default=None, metadata=field_doc("the server's base URL; null: none"))
+    server_args: list[str] | None = field(default=None, metadata=field_doc(
+        "the server's command-line arguments as launched; null: not launched by batchbench, or no server"))
+    details: dict[str, Any] = field(default_factory=dict, metadata={"rest": True})
+
+    def __post_init__(self) -> None:
+        if not self.engine:
+            raise ValueError("the engine has no name")
+
+    @classmethod
+    def of(cls, described: dict[str, Any]) -> EngineDescription:
+        """What an adapter's ``describe()`` says, typed (a key of the wrong type is a ValueError)."""
+        return codec.decode(cls, codec.encode(described), "engine")

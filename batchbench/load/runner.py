@@ -22,7 +22,7 @@ from typing import Any
 from batchbench.adapters.base import Engine
 from batchbench.core import environment
 from batchbench.core.clock import now
-from batchbench.core.config import SCRAPE_INTERVAL_S, LoadConfig
+from batchbench.core.config import SCRAPE_INTERVAL_S, EngineDescription, LoadConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.load import pinning
@@ -42,6 +42,7 @@ from batchbench.results.document import (
     ResultsWriteError,
     RunFooter,
     RunHeader,
+    RunLabels,
     ScrapeStats,
     WorkerReport,
 )
@@ -199,9 +200,10 @@ async def run(
     gpu_meter = gpu.meter(*engine.gpu_devices(), interval_s=interval_s, on_sample=journal.gpu_sample)
     try:
         journal.writer.begin(RunHeader(
-            run_id=path.stem, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), engine=engine.describe(),
+            run_id=path.stem, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            engine=EngineDescription.of(engine.describe()),
             workload=workload.describe(), load=load, slo=slo, environment=environment.capture(),
-            labels=labels or {}, cache_reset=cache_reset,
+            labels=RunLabels.of(labels), cache_reset=cache_reset,
             placement=pinning.placement_record(engine, client_pin, pool.pinned if pool is not None else ()),
             gpus=(dataclasses.replace(gpu_meter.selection, declared=gpu.declared) if gpu.declared is not None
                   else gpu_meter.selection),

@@ -56,9 +56,9 @@ import itertools
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from batchbench.core.clock import now
 from batchbench.core.cpu_quota import CpuQuota, cpu_quota
@@ -268,25 +268,14 @@ class ClientLoad:
                    own_lag_p90_s=latest.own_lag_p90_s, own_lag_p99_s=latest.own_lag_p99_s,
                    cpu_quota=latest.cpu_quota, quota_throttled_s=latest.quota_throttled_s)
 
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> ClientLoad:
-        """The inverse of :meth:`to_dict` (derived keys ignored; the loop-lag, burst and run-queue figures
-        optional, as documents written before them lack them); ValueError on a malformed document."""
-        optional = {"loop_lag_p50_s": float, "loop_lag_p90_s": float, "loop_lag_p99_s": float,
-                    "loop_lag_max_s": float, "loop_lag_samples": int, "chunk_gaps": int, "burst_gaps": int,
-                    "loop_wait_s": float, "own_lag_p50_s": float, "own_lag_p90_s": float, "own_lag_p99_s": float,
-                    "cpu_quota": str, "quota_throttled_s": float}
-        try:
-            fields: dict[str, Any] = {name: float(doc[name]) for name in ("cpu_s", "wall_s", "busy_fraction")}
-            fields |= {name: None if doc.get(name) is None else kind(doc[name]) for name, kind in optional.items()}
-            load = cls(**fields)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a client-load document: {exc}") from exc
-        return load
+    #: Written with the figures for a reader of the document, ignored when read back: the verdicts and the limits
+    #: they were judged by.
+    JSON_DERIVED: ClassVar[dict[str, type]] = {"saturated": bool, "contended": bool, "busy_limit": float,
+                                               "max_loop_lag_s": float, "max_burst_share": float}
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"saturated": self.saturated, "contended": self.contended, "busy_limit": BUSY_LIMIT,
-                               "max_loop_lag_s": MAX_LOOP_LAG_S, "max_burst_share": MAX_BURST_SHARE}
+    def json_derived(self) -> dict[str, Any]:
+        return {"saturated": self.saturated, "contended": self.contended, "busy_limit": BUSY_LIMIT,
+                "max_loop_lag_s": MAX_LOOP_LAG_S, "max_burst_share": MAX_BURST_SHARE}
 
 
 def _ms(seconds: float | None) -> str:

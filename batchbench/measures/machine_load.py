@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from batchbench.adapters.base import Engine
 
@@ -119,34 +119,11 @@ class MachineLoad:
                      "load generator's")
         return text
 
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> MachineLoad:
-        """The inverse of :meth:`to_dict` (derived keys ignored; all but the foreign share optional, as documents
-        written before them lack them); ValueError on a malformed document."""
-        if not isinstance(doc, dict):
-            raise ValueError(f"not a machine-load document: {doc!r}")
-        shares = {name: _number(doc, name) for name in ("foreign_share", "engine_share", "client_share",
-                                                        "other_share", "steal_share", "client_cpus_busy",
-                                                        "client_cpus_foreign")}
-        cpus, placement, pinned = doc.get("cpus"), doc.get("engine_placement"), doc.get("client_cpus")
-        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int)):
-            raise ValueError(f"not a machine-load document: cpus is {cpus!r}")
-        if placement is not None and placement not in ("server processes", "in process", "not ours"):
-            raise ValueError(f"not a machine-load document: engine_placement is {placement!r}")
-        if pinned is not None and not (isinstance(pinned, list) and all(
-                isinstance(c, int) and not isinstance(c, bool) for c in pinned)):
-            raise ValueError(f"not a machine-load document: client_cpus is {pinned!r}")
-        return cls(**shares, cpus=cpus, engine_placement=placement, client_cpus=pinned)
+    #: Written with the figures for a reader of the document, ignored when read back: the verdict and its limit.
+    JSON_DERIVED: ClassVar[dict[str, type]] = {"disturbed": bool, "busy_share": float}
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"disturbed": self.disturbed, "busy_share": BUSY_SHARE}
-
-
-def _number(doc: dict[str, Any], name: str) -> float | None:
-    value = doc.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise ValueError(f"not a machine-load document: {name} is {value!r}")
-    return None if value is None else float(value)
+    def json_derived(self) -> dict[str, Any]:
+        return {"disturbed": self.disturbed, "busy_share": BUSY_SHARE}
 
 
 def _core(share: float, cpus: int) -> str:

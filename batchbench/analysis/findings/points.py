@@ -109,8 +109,8 @@ class Measurement:
     on_cpu: bool | None = None
     engine_report: Mapping[str, Any] = field(default_factory=dict, repr=False)
     records: tuple[RequestRecord, ...] = field(default=(), repr=False)
-    #: The engine's batching configuration (``BatchingConfig.to_dict()``) and its speculation counters' growth.
-    batching: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: The engine's batching configuration (None: unreadable) and its speculation counters' growth.
+    batching: BatchingConfig | None = field(default=None, repr=False)
     speculation: SpeculationCounters | None = None
     #: The run's bound on paper (:mod:`batchbench.analysis.run_bounds`), or why it has none.
     limit: RunLimit | None = None
@@ -287,23 +287,13 @@ def _turns(runs: Sequence[Measurement]) -> tuple[TurnTtft, ...]:
 # --------------------------------------------------------------------------- reading documents
 
 
-def _label_int(labels: Mapping[str, Any], key: str) -> int | None:
-    value = labels.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _label_share(labels: Mapping[str, Any], key: str) -> float | None:
-    value = labels.get(key)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
-
-
 def _model_config(doc: RunDocument) -> dict[str, Any] | None:
     """The served model's config.json: from the folder the run names where it is readable here, else a shipped
     model's by the folder's name (a run measured elsewhere names its own checkout); None for neither (a model at a
     URL, a hub id)."""
-    model = doc.header.engine.get("model")
-    path = model.get("path") if isinstance(model, dict) else None
-    if not isinstance(path, str) or not path:
+    model = doc.header.engine.model
+    path = model.path if model is not None else None
+    if not path:
         return None
     for folder in (Path(path), shipped_model_dir(Path(path).name)):
         try:
@@ -318,11 +308,10 @@ def _kv_plan(doc: RunDocument, config: Mapping[str, Any] | None, capacity: int |
     """The planner (:func:`batchbench.analysis.planner.fit_in_capacity`) on the run's own figures: the served model's
     config, the cache's capacity and block size from the sweep's labels, and the workload's longest prompt and
     output; None when any is missing (a model at a URL, a run without a KV design)."""
-    design = doc.header.labels.get("design")
-    block = design.get("block_size") if isinstance(design, dict) else None
-    prompt, output = (doc.header.workload.get(k, {}).get("max") for k in ("prompt_tokens", "output_tokens"))
-    if not (capacity and config is not None and isinstance(block, int) and isinstance(prompt, int)
-            and isinstance(output, int)):
+    design, workload = doc.header.labels.design, doc.header.workload
+    block = design.get("block_size") if design is not None else None
+    prompt, output = (c.max if c is not None else None for c in (workload.prompt_tokens, workload.output_tokens))
+    if not (capacity and config is not None and isinstance(block, int) and prompt and output):
         return None
     try:
         return fit_in_capacity(config, capacity, block_size=block, prompt_len=prompt, output_len=output,
@@ -342,35 +331,24 @@ def _scale(config: Mapping[str, Any] | None) -> ModelScale | None:
 def _on_cpu(doc: RunDocument) -> bool | None:
     """Whether the engine ran on this host's CPU: launched here (not at a URL) on a host without a GPU. None for
     an engine at a URL, whose hardware batchbench cannot see."""
-    if doc.header.engine.get("mode") == "url":
+    if doc.header.engine.mode == "url":
         return None
     return not doc.header.environment.get("gpus")
 
 
 def _layout_and_concurrency(doc: RunDocument) -> tuple[str, int] | None:
     """From the run's labels; else from its arrival (closed loop: continuous, waves: static-waves)."""
-    labels = doc.header.labels
-    spec = doc.header.workload.get("spec")
-    arrival = spec.get("arrival") if isinstance(spec, dict) else None
-    arrival = arrival if isinstance(arrival, dict) else {}
-    layout = labels.get("layout")
-    if not isinstance(layout, str):
-        layout = {"closed": "continuous", "waves": "static-waves"}.get(str(arrival.get("kind")))
-    concurrency = _label_int(labels, "concurrency")
-    if concurrency is None and isinstance(arrival.get("concurrency"), int):
-        concurrency = arrival["concurrency"]
+    labels, spec = doc.header.labels, doc.header.workload.spec
+    arrival = spec.arrival if spec is not None else None
+    layout = labels.layout
+    if layout is None and arrival is not None:
+        layout = {"closed": "continuous", "waves": "static-waves"}.get(arrival.kind)
+    concurrency = labels.concurrency
+    if concurrency is None and arrival is not None:
+        concurrency = arrival.concurrency
     if layout is None or concurrency is None or concurrency < 1:
         return None
     return layout, concurrency
-
-
-def batching_label(batching: Mapping[str, Any]) -> str:
-    """A batching config's label (``BatchingConfig.label``), or a stable stand-in for one this version does not
-    know."""
-    try:
-        return BatchingConfig(**batching).label()
-    except (TypeError, ValueError):
-        return json.dumps(dict(batching), sort_keys=True, default=str)
 
 
 def _engine_keys(docs: Sequence[RunDocument]) -> list[str]:
@@ -378,8 +356,8 @@ def _engine_keys(docs: Sequence[RunDocument]) -> list[str]:
     (their curves are different engines' curves)."""
     configs: dict[str, set[str]] = {}
     for doc in docs:
-        configs.setdefault(doc.header.engine_name, set()).add(batching_label(doc.header.batching))
-    return [name if len(configs[name]) == 1 else f"{name} [{batching_label(doc.header.batching)}]"
+        configs.setdefault(doc.header.engine_name, set()).add(doc.header.batching_label)
+    return [name if len(configs[name]) == 1 else f"{name} [{doc.header.batching_label}]"
             for doc in docs for name in [doc.header.engine_name]]
 
 
@@ -403,16 +381,16 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
     limit, no_limit = run_limit(doc, config, gpu=gpu)
     return Measurement(
         run_id=doc.header.run_id or source or "?", source=source, engine=engine, layout=layout,
-        concurrency=concurrency, repeat=_label_int(labels, "repeat"), summary=summary, duration_s=duration,
+        concurrency=concurrency, repeat=labels.repeat, summary=summary, duration_s=duration,
         verdict=slo.check(summary) if slo is not None and summary is not None else None,
         validity=check_run(doc, slo=slo, summary=summary),
         kv_usage_peak=guard.kv_usage_peak, preemptions=guard.preemptions, waiting_peak=guard.waiting_peak,
-        kv_fit=_label_int(labels, "kv_fit"), kv_capacity_tokens=_label_int(labels, "kv_capacity_tokens"),
-        kv_plan=_kv_plan(doc, config, _label_int(labels, "kv_capacity_tokens")),
+        kv_fit=labels.kv_fit, kv_capacity_tokens=labels.kv_capacity_tokens,
+        kv_plan=_kv_plan(doc, config, labels.kv_capacity_tokens),
         model=_scale(config), on_cpu=_on_cpu(doc),
-        precision_target=_label_share(labels, PRECISION_LABEL),
+        precision_target=labels.precision if labels.precision and labels.precision > 0 else None,
         engine_report=footer.engine_report if footer is not None else {}, records=tuple(doc.records),
-        batching=dict(doc.header.batching), speculation=SpeculationCounters.over(doc.server_metrics),
+        batching=doc.header.batching, speculation=SpeculationCounters.over(doc.server_metrics),
         limit=limit, no_limit=no_limit,
     )
 
@@ -435,7 +413,7 @@ def points_from_documents(
     in place of the one its NVML named (:func:`batchbench.analysis.run_bounds.run_limit`).
     """
     pairs: list[tuple[str | None, RunDocument]] = [(d[0], d[1]) if isinstance(d, tuple) else (None, d) for d in docs]
-    pairs = [(src, doc) for src, doc in pairs if suite is None or doc.header.labels.get("suite") == suite]
+    pairs = [(src, doc) for src, doc in pairs if suite is None or doc.header.labels.suite == suite]
     grouped: dict[tuple[str, str, int], list[Measurement]] = {}
     for (source, doc), engine in zip(pairs, _engine_keys([doc for _, doc in pairs])):
         found = _layout_and_concurrency(doc)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,12 +69,8 @@ class Speculation:
                 "crossover": self.crossover, "largest_measured": self.largest_measured}
 
 
-def _without_speculation(batching: Mapping[str, Any]) -> BatchingConfig | None:
-    try:
-        config = BatchingConfig(**batching)
-    except (TypeError, ValueError):
-        return None
-    return dataclasses.replace(config, speculative_method=None, speculative_tokens=None)
+def _without_speculation(batching: BatchingConfig) -> BatchingConfig:
+    return dataclasses.replace(batching, speculative_method=None, speculative_tokens=None)
 
 
 def speculation(points: Sequence[Point]) -> list[Speculation]:
@@ -87,13 +83,13 @@ def speculation(points: Sequence[Point]) -> list[Speculation]:
     found: list[Speculation] = []
     for (key, layout), with_points in curves.items():
         batching = with_points[0].used[0].batching
-        config = _without_speculation(batching)
-        if config is None or batching.get("speculative_method") is None:
+        if batching is None or batching.speculative_method is None:
             continue
+        config = _without_speculation(batching)
         name = key.split(" [", 1)[0]
         partner = next(((k, ps) for (k, lay), ps in curves.items() if lay == layout and k != key
-                        and k.split(" [", 1)[0] == name and ps[0].used[0].batching.get("speculative_method") is None
-                        and _without_speculation(ps[0].used[0].batching) == config), None)
+                        and k.split(" [", 1)[0] == name and (other := ps[0].used[0].batching) is not None
+                        and other.speculative_method is None and _without_speculation(other) == config), None)
         if partner is None:
             continue
         without = {p.concurrency: p for p in partner[1]}
@@ -112,8 +108,8 @@ def speculation(points: Sequence[Point]) -> list[Speculation]:
         if not at:
             continue
         speedups = {a.concurrency: a.speedup.value for a in at if a.speedup is not None and a.valid}
-        draft = BatchingConfig(**batching).draft_tokens or 0
-        found.append(Speculation(name, layout, key, partner[0], str(batching["speculative_method"]), draft,
+        draft = batching.draft_tokens or 0
+        found.append(Speculation(name, layout, key, partner[0], batching.speculative_method, draft,
                                  tuple(at), crossover(speedups)))
     return found
 
