@@ -30,8 +30,9 @@ SeriesKey = tuple[str, str, str, str, str]
 
 
 def series_labels(row: dict[str, Any]) -> dict[str, Any]:
-    """A run's labels without the repeat number: what its series is labelled with."""
-    return {k: v for k, v in (row.get("labels") or {}).items() if k != REPEAT_LABEL}
+    """A run's labels without the repeat number: what its series is labelled with. A null label is no label (a
+    report.json of an earlier batchbench lists labels never given as null)."""
+    return {k: v for k, v in (row.get("labels") or {}).items() if k != REPEAT_LABEL and v is not None}
 
 
 def series_key(row: dict[str, Any]) -> SeriesKey:
