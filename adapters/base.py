@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, Self
 
+from batchbench.core import codec
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
 from batchbench.core.environment import cuda_visible_devices
@@ -383,7 +384,7 @@ class Engine(ABC):
 
     def describe(self) -> dict[str, Any]:
         """Engine name, version and effective configuration, for the results."""
-        return {"engine": self.name, "batching": self.batching.to_dict()}
+        return {"engine": self.name, "batching": codec.encode(self.batching)}
 
     def url_twin(self) -> Engine:
         """This engine's client side for another process: an adapter at the running server's URL that starts

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import Chunk, ChunkSink, Engine, EngineError
+from batchbench.core import codec
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, BatchingMode, Capabilities
 from batchbench.core.placement import EngineCpus
@@ -202,7 +203,7 @@ class RoutedEngine(Engine):
     def describe(self) -> dict[str, Any]:
         return {
             "engine": self.name,
-            "batching": self.batching.to_dict(),
+            "batching": codec.encode(self.batching),
             "default_route": self.default,
             "pools": [
                 {"name": self.pool_name(keys), "routes": list(keys), "engine": engine.describe()}

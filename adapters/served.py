@@ -34,6 +34,7 @@ from batchbench.adapters.base import (
 from batchbench.adapters.http import HttpClient, check_url, get_json, get_text, make_client
 from batchbench.adapters.launch import Launch
 from batchbench.adapters.prometheus import Samples
+from batchbench.core import codec
 from batchbench.core.clock import now
 from batchbench.core.config import ENDPOINTS, BatchingConfig, Endpoint, ModelRef
 from batchbench.core.environment import cuda_visible_devices
@@ -325,7 +326,7 @@ class ServedEngine(Engine):
     def describe(self) -> dict[str, Any]:
         return {
             "engine": self.name,
-            "batching": self.batching.to_dict(),
+            "batching": codec.encode(self.batching),
             "model": {"path": self.model.path, "dummy_weights": self.model.dummy_weights},
             "mode": "url" if self.url is not None else type(self.launch).__name__,
             "url": self.base_url,

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.launch.cleanup import REGISTRY as LAUNCHED
 from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, LoadConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
@@ -178,7 +179,7 @@ class Harness:
             "workload_hash": workload.hash(),
             "results": str(result.path),
             "labels": labels,
-            "summary": result.summary.to_dict(),
+            "summary": codec.encode(result.summary),
         })
         return result
 

@@ -88,7 +88,7 @@ def speculation_table(found: Speculation) -> Table:
         median = p.speedup.value if p.speedup is not None else None
         rows.append([Cell(f"c={p.concurrency}" + ("" if p.valid else " (invalid, not used)"),
                           "" if p.valid else "warn"),
-                     Cell(interval(p.tpot_without, fmt.ms)), Cell(interval(p.tpot_with, fmt.ms)),
+                     Cell(interval(p.tpot_p50_without_s, fmt.ms)), Cell(interval(p.tpot_p50_with_s, fmt.ms)),
                      Cell(_ratio(p.speedup), "bad" if median is not None and median <= 1 else ""),
                      Cell(fmt.pct(p.acceptance_rate)),
                      Cell(fmt.NA if p.tokens_per_step is None else f"{p.tokens_per_step:.2f}")])

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.analysis.repeats import Estimate
+from batchbench.core import codec
 from batchbench.reports.fmt import num
 from batchbench.reports.model import KEY_METRICS, METRICS_BY_KEY, canonical
 from batchbench.reports.series import group_series
@@ -162,7 +163,7 @@ def _estimate(spread: dict[str, Any] | None) -> Estimate | None:
     if not isinstance(spread, dict) or "value" not in spread:
         return None
     try:
-        return Estimate.from_dict(spread)
+        return codec.decode(Estimate, spread)
     except ValueError:
         return None
 

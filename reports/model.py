@@ -301,7 +301,7 @@ def build_run(source: str, doc: RunDocument) -> ReportedRun:
     sized = [r for r in records if r.in_flight_at_send >= BUCKET_EDGES[0]]
     if sized:
         buckets = ttft_by_bucket(sized, lambda r: r.in_flight_at_send, BUCKET_EDGES)
-        ttft_buckets = {label: (d.to_dict() if d is not None else None) for label, d in buckets.items()}
+        ttft_buckets = codec.encode(buckets)
     return ReportedRun(
         source=source,
         run_id=header.run_id or source,

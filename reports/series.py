@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchbench.analysis.repeats import Estimate
+from batchbench.core import codec
 from batchbench.reports.fmt import num
 from batchbench.reports.model import KEY_METRICS, canonical
 
@@ -74,7 +75,7 @@ class Series:
             "status": "complete" if statuses == ["complete"] else "/".join(statuses),
             "started_at": max(str(row.get("started_at") or "") for row in self.rows),
             "metrics": {key: s.value if s is not None else None for key, s in spreads.items()},
-            "spread": {key: s.to_dict() if s is not None else None for key, s in spreads.items()},
+            "spread": codec.encode(spreads),
         }
 
 

@@ -71,7 +71,7 @@ from batchbench.analysis.regimes import (
     point_from_run,
 )
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, median
-from batchbench.core import environment
+from batchbench.core import codec, environment
 from batchbench.core.config import KVLayout
 from batchbench.harness import Harness
 from batchbench.load.sweep import SweepDesign, sweep_design
@@ -351,8 +351,7 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
     generation = sweep.generation_s(knee)
     benchmark.extra_info["generation_s"] = generation
     spikes = spike_ratios(sweep, knee)
-    benchmark.extra_info["ttft_p99_over_bound"] = {str(c): None if r is None else r.to_dict()
-                                                   for c, r in spikes.items()}
+    benchmark.extra_info["ttft_p99_over_bound"] = codec.encode(spikes)
     assert spikes, f"{engine_name}: no point at twice the knee ({knee}) to see the TTFT spike at\n{table}"
     checks = IntervalChecks()
     for c, ratio in spikes.items():

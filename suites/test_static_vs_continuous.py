@@ -35,7 +35,7 @@ from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import get_spec
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paired
 from batchbench.analysis.theory import continuous_idle_fraction, waves_idle_fraction
-from batchbench.core import environment
+from batchbench.core import codec, environment
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
 from batchbench.load.runner import MeasuredRun
@@ -142,9 +142,9 @@ def test_static_waves_vs_continuous(
         return "n/a" if found is None else found.format(lambda v: f"x{v:.2f}")
 
     benchmark.extra_info.update({
-        "throughput_ratio_continuous_over_static": None if ratio is None else ratio.to_dict(),
-        "occupancy_ratio": None if occupancy is None else occupancy.to_dict(),
-        "step_cost_ratio": None if step_cost is None else step_cost.to_dict(),
+        "throughput_ratio_continuous_over_static": codec.encode(ratio),
+        "occupancy_ratio": codec.encode(occupancy),
+        "step_cost_ratio": codec.encode(step_cost),
         "ideal_ratio": ideal, "threshold": threshold, "wave_idle_fraction": idle_waves,
         "continuous_idle_fraction": idle_continuous,
         "static_mean_decoding": [r.summary.mean_decoding for r in static],

@@ -18,6 +18,7 @@ from batchbench.analysis.theory import (
     padding_fraction,
     waves_idle_fraction,
 )
+from batchbench.core import codec
 from batchbench.core.records import RequestRecord
 from batchbench.measures.metrics import (
     Distribution,
@@ -173,7 +174,7 @@ def test_distribution_of() -> None:
     assert d.p50 == pytest.approx(50.5)
     assert d.p90 == pytest.approx(90.1)
     assert d.p99 == pytest.approx(99.01)
-    assert set(d.to_dict()) == {"count", "mean", "min", "p50", "p90", "p99", "max"}
+    assert set(codec.encode(d)) == {"count", "mean", "min", "p50", "p90", "p99", "max"}
 
 
 @given(samples)
@@ -485,11 +486,11 @@ def test_summarize_goodput_with_slos() -> None:
 
 
 def test_summarize_to_dict_is_json() -> None:
-    doc = summarize(_run(), duration_s=4.0, ttft_slo_s=0.2).to_dict()
+    doc = codec.encode(summarize(_run(), duration_s=4.0, ttft_slo_s=0.2))
     assert json.loads(json.dumps(doc)) == doc
     assert doc["ttft"]["count"] == 3
     assert doc["failures"] == {"http": 1, "rejected": 1}
-    empty = summarize([], duration_s=1.0).to_dict()
+    empty = codec.encode(summarize([], duration_s=1.0))
     assert json.loads(json.dumps(empty)) == empty
     assert empty["ttft"] is None and empty["rejection_rate"] is None and empty["request_throughput"] == 0.0
 

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, median, precise, t_quantile
+from batchbench.core import codec
 from batchbench.measures.machine_load import BUSY_SHARE, MachineLoad
 
 QUIET, BUSY = MachineLoad(0.01), MachineLoad(BUSY_SHARE + 0.1)
@@ -40,9 +41,9 @@ def test_an_estimate_is_the_mean_with_its_t_interval() -> None:
     assert found.low == 0.0  # mean - half is below 0, where a mean of values >= 0 cannot go
     signed = Estimate.of([-3.0, 1.0, 10.0])
     assert signed is not None and signed.low == pytest.approx(8 / 3 - 4.3027 * signed.sd / math.sqrt(3))
-    assert found.to_dict() == {"value": found.value, "low": found.low, "high": found.high, "n": 3, "method": "t",
+    assert codec.encode(found) == {"value": found.value, "low": found.low, "high": found.high, "n": 3, "method": "t",
                                "sd": found.sd, "confidence": 0.95}
-    assert Estimate.from_dict(found.to_dict()) == found
+    assert codec.decode(Estimate, codec.encode(found)) == found
     one = Estimate.of([5.0])
     assert one == Estimate(5.0, None, None, 1) and one.relative_half_width is None and not one.precise(1.0)
     assert one.format(str) == "5.0 (n=1)" and one.describe() == "n=1, no interval"

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from batchbench.analysis.repeats import Estimate
 from batchbench.cli import main
+from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, EngineDescription, LoadConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
@@ -122,7 +123,7 @@ def write_run(folder: Path, *, engine: str = "vllm", batching: BatchingConfig | 
             fh.write('{"type":"record","request_id":"torn')  # the write the kill cut short
         return writer.journal_path
     duration = max(r.done_s or 0.0 for r in records)
-    summary = summarize(records, duration_s=duration).to_dict()
+    summary = codec.encode(summarize(records, duration_s=duration))
     for key, value in (stored or {}).items():
         _deep_set(summary, key, value)
     writer.finish(RunFooter(status="complete", error=None, finished_at="2025-01-01T00:01:00+0000",
@@ -395,7 +396,7 @@ def test_repeats_are_summarised_as_the_mean_and_its_interval(tmp_path: Path) -> 
     assert vllm["Output tok/s"] == f"1001.0 [{tok.low:.1f}–{tok.high:.1f}]"
     series = {s["engine"]: s for s in json.loads((tmp_path / "out" / "report.json").read_text())["series"]}
     assert series["vllm"]["metrics"]["ttft_p99"] == pytest.approx(ttft.value)
-    assert Estimate.from_dict(series["vllm"]["spread"]["ttft_p99"]) == ttft
+    assert codec.decode(Estimate, series["vllm"]["spread"]["ttft_p99"]) == ttft
     assert series["tgi"]["repeats"] == 1
 
 

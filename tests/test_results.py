@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, EngineDescription, LoadConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
@@ -119,7 +120,7 @@ def test_journal_holds_every_record_handed_over_before_a_crash(recs: list[Reques
             finally:
                 writer.close()
         entries = journal_entries(writer.journal_path)
-        assert entries[1:] == ([{"type": "sample", **s.to_dict()} for s in samples]
+        assert entries[1:] == ([{"type": "sample", **codec.encode(s)} for s in samples]
                                + [{"type": "record", **rec.to_dict()} for rec in recs])
         # The crash left no final document, yet loading it folds the journal into a partial document with
         # everything.
@@ -212,8 +213,8 @@ def test_finish_writes_document_removes_journal_and_round_trips(recs: list[Reque
         assert all("type" not in r for r in on_disk["records"])
         back = doc.records
         assert back == recs
-        assert [RequestRecord.from_dict(r.to_dict()) for r in back] == recs
-        assert on_disk["server_metrics"] == [s.to_dict() for s in samples]
+        assert [codec.decode(RequestRecord, r.to_dict()) for r in back] == recs
+        assert on_disk["server_metrics"] == [codec.encode(s) for s in samples]
         assert doc.server_metrics == samples
 
 
@@ -267,7 +268,7 @@ def test_fold_without_footer_is_partial_and_with_footer_takes_its_status(tmp_pat
         {"type": "header", "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": "x",
          "engine": {"engine": "stub", "batching": {}}, "workload": {"name": "w", "hash": "h"}},
         {"type": "record", **make_record(0).to_dict()},
-        {"type": "sample", **ServerMetrics(t=0.5, running=2.0).to_dict()},
+        {"type": "sample", **codec.encode(ServerMetrics(t=0.5, running=2.0))},
     ]
     journal.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     doc = load(journal)
@@ -518,15 +519,15 @@ V1_DOCUMENT: dict[str, Any] = {
     # Written by batchbench before version 2: fold()'s key order; no guardrails, client or machine in the
     # footer, no mean_decoding in the summary, no scrape_interval_s in the load settings.
     "records": [make_record(0).to_dict(), make_record(1).to_dict()],
-    "server_metrics": [ServerMetrics(t=0.0, kv_usage=0.5, preemptions=3.0).to_dict(),
-                       ServerMetrics(t=0.5, kv_usage=0.9, preemptions=5.0).to_dict()],
+    "server_metrics": [codec.encode(ServerMetrics(t=0.0, kv_usage=0.5, preemptions=3.0)),
+                       codec.encode(ServerMetrics(t=0.5, kv_usage=0.9, preemptions=5.0))],
     "status": "complete", "schema": SCHEMA, "schema_version": 1, "run_id": "old",
     "started_at": "2025-01-01T00:00:00+0000", "engine": {"engine": "vllm", "batching": {"mode": "continuous"}},
     "workload": {"name": "chat", "hash": "abc"}, "load": {"request_timeout_s": 60, "max_in_flight": 8},
     "slo": {"ttft_s": None, "tpot_s": None}, "environment": {"python": "3.11"}, "labels": {},
     "error": None, "finished_at": "2025-01-01T00:01:00+0000", "duration_s": 2.0, "engine_report": {},
     "scrape": {"failures": 0, "last_error": None},
-    "summary": {k: v for k, v in summarize([make_record(0), make_record(1)], duration_s=2.0).to_dict().items()
+    "summary": {k: v for k, v in codec.encode(summarize([make_record(0), make_record(1)], duration_s=2.0)).items()
                 if k != "mean_decoding"},
 }
 
@@ -571,14 +572,14 @@ def test_a_version_3_document_reads_its_lora_names_under_their_old_keys(tmp_path
     recs = [dataclasses.replace(make_record(i), lora=name) for i, name in enumerate(["a", "b", "a"])]
     summary = summarize(recs, duration_s=2.0)
     assert summary.loras is not None and summary.lora_fairness is not None
-    old = {k: v for k, v in summary.to_dict().items() if k not in ("loras", "lora_fairness")}
-    old.update(adapters=summary.to_dict()["loras"], adapter_fairness=summary.lora_fairness)
+    old = {k: v for k, v in codec.encode(summary).items() if k not in ("loras", "lora_fairness")}
+    old.update(adapters=codec.encode(summary)["loras"], adapter_fairness=summary.lora_fairness)
     old_records = []
     for r in recs:
         d = r.to_dict()
         d["adapter"] = d.pop("lora")
         old_records.append(d)
-    samples = [{**ServerMetrics(t=0.0).to_dict(), "lora_adapters_active": ["a", "b"]}]
+    samples = [{**codec.encode(ServerMetrics(t=0.0)), "lora_adapters_active": ["a", "b"]}]
     samples[0].pop("loras_active")
     path = tmp_path / "v3.json"
     path.write_text(json.dumps({**V1_DOCUMENT, "schema_version": 3, "records": old_records, "summary": old,

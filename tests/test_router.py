@@ -12,6 +12,7 @@ import pytest
 
 from batchbench.adapters.base import Chunk, Engine, EngineRejected, Usage
 from batchbench.adapters.router import RoutedEngine, UnroutableRequest
+from batchbench.core import codec
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, LoadConfig
 from batchbench.core.server_metrics import ServerMetrics
@@ -61,7 +62,7 @@ class FakeEngine(Engine):
         return self.metrics
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "label": self.label, "batching": self.batching.to_dict()}
+        return {"engine": self.name, "label": self.label, "batching": codec.encode(self.batching)}
 
     async def begin_run(self) -> None:
         self.runs_begun += 1

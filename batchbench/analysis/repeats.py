@@ -38,7 +38,7 @@ import statistics
 import time
 from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from batchbench.measures.machine_load import MachineLoad
 
@@ -204,21 +204,11 @@ class Estimate:
             return f"{fmt(self.value)} (n={self.n})"
         return f"{fmt(self.value)} [{fmt(self.low)}–{fmt(self.high)}]"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "low": self.low, "high": self.high, "n": self.n, "method": self.method,
-                "sd": self.sd, "confidence": CONFIDENCE}
+    #: Written with the estimate for a reader of report.json, ignored when read back.
+    JSON_DERIVED: ClassVar[dict[str, type]] = {"confidence": float}
 
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> Estimate:
-        """The inverse of :meth:`to_dict`; ValueError on a malformed one."""
-        try:
-            low, high, sd = (None if doc.get(k) is None else float(doc[k]) for k in ("low", "high", "sd"))
-            method = doc.get("method", "t")
-            if method not in ("t", *_RATIOS):
-                raise ValueError(f"unknown method {method!r}")
-            return cls(float(doc["value"]), low, high, int(doc["n"]), method, sd)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not an estimate: {doc!r:.200}") from exc
+    def json_derived(self) -> dict[str, Any]:
+        return {"confidence": CONFIDENCE}
 
 
 def median(values: Sequence[float]) -> float:

@@ -12,12 +12,12 @@ X | None, Literal, list[X], tuple[X, ...], dict[str, X], dict[int, X] (keys writ
 What a type can say, besides its hints:
 
 - field metadata (:func:`batchbench.core.config.field_doc`): ``doc`` and ``schema`` for the JSON Schema;
-  ``was``, the field's name in older documents (read under it when the new one is absent); ``rest``, on one
-  ``dict[str, Any]`` field: the keys no other field names, written flat beside them (a free-form
-  description that keeps a few typed keys); ``unreadable``, a label: a value that cannot be read is noted
-  in ``problems`` under it and read as None, rather than failing the whole document; ``reader``, a function
-  that reads the field's object itself (an older layout); ``lenient``: a value of another type reads as None
-  (a free-form label batchbench reads only where it has the type it gives it).
+  ``json``, its key where that is not its name (a Python keyword); ``was``, the field's name in older documents
+  (read under it when the new one is absent); ``rest``, on one ``dict[str, Any]`` field: the keys no other field
+  names, written flat beside them (a free-form description that keeps a few typed keys); ``unreadable``, a label:
+  a value that cannot be read is noted in ``problems`` under it and read as None, rather than failing the whole
+  document; ``reader``, a function that reads the field's object itself (an older layout); ``lenient``: a value
+  of another type reads as None (a free-form label batchbench reads only where it has the type it gives it).
 - ``json_derived(self) -> dict``: keys computed from the fields (a verdict, a threshold), written after them
   and ignored when read; ``JSON_DERIVED``, their types, for the schema.
 - ``to_dict(self)``: a type whose layout is not its fields (objectives by name) writes itself; its fields'
@@ -61,6 +61,11 @@ def _nullable(tp: Any) -> bool:
     return tp is Any or (_is_union(tp) and type(None) in typing.get_args(tp))
 
 
+def _key(f: dataclasses.Field[Any]) -> str:
+    """The field's key in JSON: its name, or the one its metadata gives (a keyword such as ``with``)."""
+    return str(f.metadata.get("json", f.name))
+
+
 def _rest(cls: type) -> str | None:
     """The name of the field that holds the keys no other field names, if the type has one."""
     return next((f.name for f in dataclasses.fields(cls) if f.metadata.get("rest")), None)
@@ -87,7 +92,7 @@ def encode_fields(obj: Any) -> dict[str, Any]:
     """A dataclass's fields by name (a ``rest`` field's keys flat among them), then its derived keys."""
     cls = type(obj)
     rest = _rest(cls)
-    doc = {f.name: encode(getattr(obj, f.name)) for f, _ in fields_of(cls) if f.name != rest}
+    doc = {_key(f): encode(getattr(obj, f.name)) for f, _ in fields_of(cls) if f.name != rest}
     if rest is not None:
         doc |= {k: encode(v) for k, v in getattr(obj, rest).items() if k not in doc}
     derived = getattr(obj, "json_derived", None)
@@ -159,7 +164,8 @@ def _decode_dataclass(cls: type, value: Any, where: str, problems: list[str]) ->
         if f.name == rest:
             continue
         # A field renamed since an older version is read under its old name too (``metadata["was"]``).
-        name = f.metadata["was"] if f.name not in value and f.metadata.get("was") in value else f.name
+        key_now = _key(f)
+        name = f.metadata["was"] if key_now not in value and f.metadata.get("was") in value else key_now
         named.add(name)
         key = f"{where}.{name}" if where else name
         if name not in value:
@@ -249,7 +255,7 @@ def object_schema(cls: type, defs: dict[str, Any],
     to say), derived keys read-only, other keys refused unless the type keeps a ``rest`` field."""
     fields = list(fields_of(cls) if fields is None else fields)
     rest = _rest(cls)
-    props = {f.name: field_schema(f, hint, defs) for f, hint in fields if f.name != rest}
+    props = {_key(f): field_schema(f, hint, defs) for f, hint in fields if f.name != rest}
     for name, tp in getattr(cls, "JSON_DERIVED", {}).items():
         props[name] = type_schema(tp, defs) | {"description": "derived (ignored when read)", "readOnly": True}
     schema: dict[str, Any] = {"type": "object"}

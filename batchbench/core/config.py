@@ -8,7 +8,7 @@ load generator obeys them, the results document records them and the analysis re
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -180,9 +180,6 @@ class BatchingConfig:
         if self.speculative_method is not None:
             parts.append(f"spec{self.speculative_method}{self.draft_tokens}")
         return "-".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -104,9 +104,5 @@ class RequestRecord:
         doc["chunk_times"], doc["chunk_tokens"] = list(self.chunk_times), list(self.chunk_tokens)
         return doc
 
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> RequestRecord:
-        return cls(**doc)
-
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))

@@ -7,8 +7,7 @@ above the adapters knows which engine's names they were.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +46,6 @@ class ServerMetrics:
     spec_drafts: float | None = None
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def prefix_cache_hit_rate(samples: Sequence[ServerMetrics]) -> float | None:

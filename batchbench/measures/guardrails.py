@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from batchbench.core.server_metrics import ServerMetrics
 
@@ -62,9 +61,6 @@ class Guardrails:
     @property
     def danger_zone(self) -> bool:
         return self.kv_danger_samples > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def server_summary(samples: Sequence[ServerMetrics]) -> Guardrails:

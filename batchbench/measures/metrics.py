@@ -21,8 +21,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from batchbench.core.records import RequestRecord
 from batchbench.measures.gpu import Energy
@@ -103,9 +102,6 @@ class Distribution:
             max=max(data),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 # --------------------------------------------------------------------------- per-request
 
@@ -173,10 +169,6 @@ def meets_slos(record: RequestRecord, ttft_slo_s: float | None, tpot_slo_s: floa
 # --------------------------------------------------------------------------- run summary
 
 
-def _dist_dict(d: Distribution | None) -> dict[str, Any] | None:
-    return None if d is None else d.to_dict()
-
-
 @dataclass(frozen=True)
 class SteadyState:
     """A closed loop's steady state: from its first completion (the opening burst, every client's first prompt
@@ -201,11 +193,6 @@ class SteadyState:
     @property
     def duration_s(self) -> float:
         return self.end_s - self.start_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"start_s": self.start_s, "end_s": self.end_s, "output_token_throughput": self.output_token_throughput,
-                "requests": self.requests, "ttft": _dist_dict(self.ttft), "tpot": _dist_dict(self.tpot),
-                "itl": _dist_dict(self.itl), "e2e": _dist_dict(self.e2e), "ttfo": _dist_dict(self.ttfo)}
 
 
 def steady_state(records: Sequence[RequestRecord]) -> SteadyState | None:
@@ -298,44 +285,6 @@ class Summary:
     #: where the engine counted none.
     prompt_tokens_sent: Distribution | None = None
     prompt_tokens_engine: Distribution | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict: numbers, strings, None and nested dicts only."""
-        return {
-            "duration_s": self.duration_s,
-            "requests": self.requests,
-            "ok": self.ok,
-            "failed": self.failed,
-            "failures": dict(self.failures),
-            "rejected": self.rejected,
-            "rejection_rate": self.rejection_rate,
-            "ttft": _dist_dict(self.ttft),
-            "tpot": _dist_dict(self.tpot),
-            "itl": _dist_dict(self.itl),
-            "e2e": _dist_dict(self.e2e),
-            "e2e_from_schedule": _dist_dict(self.e2e_from_schedule),
-            "schedule_lag": _dist_dict(self.schedule_lag),
-            "request_throughput": self.request_throughput,
-            "output_token_throughput": self.output_token_throughput,
-            "total_token_throughput": self.total_token_throughput,
-            "ttft_slo_s": self.ttft_slo_s,
-            "tpot_slo_s": self.tpot_slo_s,
-            "good": self.good,
-            "goodput": self.goodput,
-            "goodput_fraction": self.goodput_fraction,
-            "mean_decoding": self.mean_decoding,
-            "itl_per_chunk": _dist_dict(self.itl_per_chunk),
-            "ttft_by_turn": None if self.ttft_by_turn is None else
-            {turn: _dist_dict(d) for turn, d in self.ttft_by_turn.items()},
-            "loras": None if self.loras is None else {k: v.to_dict() for k, v in self.loras.items()},
-            "lora_fairness": self.lora_fairness,
-            "energy": None if self.energy is None else asdict(self.energy),
-            "steady": None if self.steady is None else self.steady.to_dict(),
-            "ttfo": _dist_dict(self.ttfo),
-            "reasoning_tokens": _dist_dict(self.reasoning_tokens),
-            "prompt_tokens_sent": _dist_dict(self.prompt_tokens_sent),
-            "prompt_tokens_engine": _dist_dict(self.prompt_tokens_engine),
-        }
 
 
 def _present(values: Iterable[float | None]) -> list[float]:
@@ -439,9 +388,6 @@ class LoraSummary:
     #: users see, queueing included. With a fixed traffic split every adapter's tokens over the run are set by
     #: the split, so throughput cannot show an adapter held back; how long its requests took does.
     request_speed: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def by_lora(records: Sequence[RequestRecord], duration_s: float) -> dict[str, LoraSummary] | None:

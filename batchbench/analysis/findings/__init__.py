@@ -67,6 +67,7 @@ from batchbench.analysis.findings.points import (
 from batchbench.analysis.findings.slo import LatencyPool, MaxGoodput, SloAt, latency_pool, max_goodput, slo_at
 from batchbench.analysis.findings.speculation import Speculation
 from batchbench.analysis.repeats import CONFIDENCE
+from batchbench.core import codec
 from batchbench.measures import parity
 from batchbench.measures.parity import Parity
 from batchbench.measures.slo import Slo
@@ -118,15 +119,15 @@ class LayoutFindings:
         return [p for p in self.points if p.valid]
 
     def to_dict(self) -> dict[str, Any]:
-        def d(x: Any) -> Any:
-            return None if x is None else x.to_dict()
-
+        """Each point with its SLO and limit beside it (they are kept apart here, by concurrency), then the
+        findings over the curve."""
         shares = self.limit.points if self.limit is not None else {}
-        return {"points": [p.to_dict() | {"slo": d(self.slo_points.get(p.concurrency)),
-                                          "limit": d(shares.get(p.concurrency))} for p in self.points],
-                "sweet_spot": d(self.sweet_spot), "memory_bound": d(self.memory_bound),
-                "most_throughput": d(self.most_throughput), "max_goodput": d(self.max_goodput),
-                "latency_pool": d(self.latency_pool), "no_curve": self.no_curve, "limit": d(self.limit)}
+        return {"points": [codec.encode(p) | codec.encode({"slo": self.slo_points.get(p.concurrency),
+                                                           "limit": shares.get(p.concurrency)})
+                           for p in self.points],
+                **codec.encode({"sweet_spot": self.sweet_spot, "memory_bound": self.memory_bound,
+                                "most_throughput": self.most_throughput, "max_goodput": self.max_goodput,
+                                "latency_pool": self.latency_pool, "no_curve": self.no_curve, "limit": self.limit})}
 
 
 @dataclass(frozen=True)
@@ -170,23 +171,18 @@ class Findings:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "slo": None if self.slo is None else self.slo.to_dict(),
+            "slo": codec.encode(self.slo),
             "questions": dict(QUESTIONS),
             "decisions": [d.to_dict(self.slo) for d in self.decisions],
             "answer": list(self.answer),
             "details": list(self.details),
             "engines": {name: {"layouts": {layout: f.to_dict() for layout, f in e.layouts.items()},
-                               "continuous_over_static": None if e.continuous_over_static is None
-                               else e.continuous_over_static.to_dict(),
-                               "padding_cost": None if e.padding_cost is None else e.padding_cost.to_dict()}
+                               **codec.encode({"continuous_over_static": e.continuous_over_static,
+                                               "padding_cost": e.padding_cost})}
                         for name, e in self.engines.items()},
-            "comparisons": [c.to_dict() for c in self.comparisons],
-            "runs": self.runs,
-            "invalid_runs": [r.to_dict() for r in self.invalid_runs],
+            **codec.encode({"comparisons": self.comparisons, "runs": self.runs, "invalid_runs": self.invalid_runs}),
             "invalid_by_kind": invalid.by_kind(self.invalid_runs),
-            "skipped": list(self.skipped),
-            "parity": {engine: p.to_dict() for engine, p in self.parity.items()},
-            "speculation": [sp.to_dict() for sp in self.speculation],
+            **codec.encode({"skipped": self.skipped, "parity": self.parity, "speculation": self.speculation}),
             "intervals": f"the mean of a point's valid repeats with its {CONFIDENCE:.0%} Student-t interval; ratios: "
                          f"the ratio of the means, {CONFIDENCE:.0%} interval by the delta method on the log scale, "
                          "paired pass by pass where both were measured side by side (Welch's degrees of freedom "

@@ -41,12 +41,8 @@ class Occupancy:
         """Whether the data cannot tell the two layouts apart (no interval: it cannot either)."""
         return self.ratio.differs_from_one is not True
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ratio": self.ratio.to_dict(), "within_noise": self.within_noise,
-                "mean_decoding": self.mean_decoding, "ideal_mean_decoding": self.ideal_mean_decoding,
-                "static_mean_decoding": self.static_mean_decoding,
-                "ideal_static_mean_decoding": self.ideal_static_mean_decoding, "tpot_p50_s": self.tpot_p50_s,
-                "static_tpot_p50_s": self.static_tpot_p50_s, "evidence": list(self.evidence)}
+    def json_derived(self) -> dict[str, Any]:
+        return {"within_noise": self.within_noise}
 
 
 @dataclass(frozen=True)
@@ -59,9 +55,8 @@ class ContinuousOverStatic:
     def headline(self) -> Occupancy:
         return self.at[self.concurrency]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"at": {str(c): o.to_dict() for c, o in sorted(self.at.items())}, "concurrency": self.concurrency,
-                "headline": self.headline.to_dict()}
+    def json_derived(self) -> dict[str, Any]:
+        return {"headline": self.headline}
 
 
 def _ideal_decoding(run: Measurement) -> tuple[float, float] | None:

@@ -103,9 +103,8 @@ class Comparison:
             text = f"{layout}, {self.a} gives {ratio_text(self.ratio)} the {what} of {self.b}, {where} (n=1)"
         return f"{text}; {self.caveat}." if self.caveat else f"{text}."
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "layout": self.layout, "a": self.a, "b": self.b, "ratio": self.ratio.to_dict(),
-                "at_a": self.at_a, "at_b": self.at_b, "verdict": self.verdict, "caveat": self.caveat}
+    def json_derived(self) -> dict[str, Any]:
+        return {"verdict": self.verdict}
 
 
 def comparisons(engines: Mapping[str, Mapping[str, LayoutFindings]],

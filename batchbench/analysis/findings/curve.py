@@ -29,10 +29,6 @@ def classify(points: Sequence[Point]) -> tuple[RegimeReport | None, str | None]:
     return classify_regimes(swept), None
 
 
-def _ivd(found: Estimate | None) -> dict[str, Any] | None:
-    return None if found is None else found.to_dict()
-
-
 @dataclass(frozen=True)
 class SweetSpot:
     concurrency: int
@@ -45,11 +41,8 @@ class SweetSpot:
     peak_concurrency: int | None = None
     share_of_peak: Estimate | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "output_tok_s": _ivd(self.output_tok_s),
-                "ttft_p99_s": _ivd(self.ttft_p99_s), "evidence": list(self.evidence), "end_of_sweep": self.end_of_sweep,
-                "peak_concurrency": self.peak_concurrency, "share_of_peak": _ivd(self.share_of_peak),
-                "definition": f"the smallest batch size whose throughput is at least {PEAK_SHARE:.0%} of the most "
+    def json_derived(self) -> dict[str, Any]:
+        return {"definition": f"the smallest batch size whose throughput is at least {PEAK_SHARE:.0%} of the most "
                               "measured"}
 
 
@@ -72,10 +65,6 @@ class MostThroughput:
     #: Every valid concurrency whose throughput cannot be told apart from the best's, the best included.
     within_noise: tuple[int, ...]
     evidence: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "output_tok_s": self.output_tok_s.to_dict(),
-                "within_noise": list(self.within_noise), "evidence": list(self.evidence)}
 
 
 def most_throughput(points: Sequence[PointFindings]) -> MostThroughput | None:

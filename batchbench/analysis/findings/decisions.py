@@ -21,6 +21,7 @@ from batchbench.analysis.findings.slo import LatencyPool
 from batchbench.analysis.findings.text import estimate, ms
 from batchbench.analysis.findings.text import ratio as ratio_text
 from batchbench.analysis.regimes import PEAK_SHARE
+from batchbench.core import codec
 from batchbench.measures.slo import Slo
 
 #: The questions, in the order the answer gives them (their keys in report.json).
@@ -94,14 +95,12 @@ class EngineDecisions:
         return text
 
     def to_dict(self, slo: Slo | None) -> dict[str, Any]:
-        def d(x: Any) -> Any:
-            return None if x is None else x.to_dict()
-
         return {"engine": self.engine, "layout": self.layout, "answers": self.answers(slo),
-                "throughput": d(self.throughput), "sweet_spot": d(self.sweet_spot),
-                "latency_pool": d(self.latency_pool), "continuous_over_static": d(self.continuous_over_static),
-                "padding_cost": d(self.padding_cost), "memory_bound": d(self.memory_bound),
-                "imprecise": list(self.imprecise), "precision_target": self.precision_target}
+                **codec.encode({"throughput": self.throughput, "sweet_spot": self.sweet_spot,
+                                "latency_pool": self.latency_pool,
+                                "continuous_over_static": self.continuous_over_static,
+                                "padding_cost": self.padding_cost, "memory_bound": self.memory_bound,
+                                "imprecise": self.imprecise, "precision_target": self.precision_target})}
 
 
 def precision_sentence(decisions: list[EngineDecisions]) -> str | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from batchbench.analysis.findings.points import Point
 from batchbench.analysis.validity import REASON_KINDS, ReasonKind
@@ -26,10 +25,6 @@ class InvalidRun:
     #: The kind of its first reason (:data:`batchbench.analysis.validity.REASON_KINDS`: "machine contention", ...).
     kind: ReasonKind
     reasons: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "layout": self.layout, "concurrency": self.concurrency, "run_id": self.run_id,
-                "kind": self.kind, "reasons": list(self.reasons)}
 
 
 def invalid_runs(points: Sequence[Point]) -> tuple[InvalidRun, ...]:

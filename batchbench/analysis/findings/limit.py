@@ -18,6 +18,7 @@ from batchbench.analysis.bound_share import BoundShare, share_of_bound
 from batchbench.analysis.bounds import BoundPoint
 from batchbench.analysis.findings.points import Point, PointFindings
 from batchbench.analysis.run_bounds import RunLimit, Setup
+from batchbench.core import codec
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class AgainstLimit:
                 f"{shares or 'no valid point to set beside it'} (the arithmetic: {self.setup.command()}).")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"setup": None if self.setup is None else self.setup.to_dict(), "no_limit": self.no_limit}
+        return {"setup": codec.encode(self.setup), "no_limit": self.no_limit}
 
 
 def _point_share(point: Point, found: PointFindings) -> PointShare | None:

@@ -48,13 +48,8 @@ class MemoryBound:
             return None
         return self.memory_bound_from == self.predicted_onset
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "regime": self.regime, "kv_usage_peak": self.kv_usage_peak,
-                "kv_fit_predicted": self.kv_fit_predicted, "predicted_onset": self.predicted_onset,
-                "kv_plan": None if self.kv_plan is None else self.kv_plan.to_dict(),
-                "memory_bound_from": self.memory_bound_from, "memory_kv_usage_peak": self.memory_kv_usage_peak,
-                "memory_preemptions": self.memory_preemptions, "kv_usage_before": self.kv_usage_before,
-                "matches_prediction": self.matches_prediction, "evidence": list(self.evidence)}
+    def json_derived(self) -> dict[str, Any]:
+        return {"matches_prediction": self.matches_prediction}
 
 
 def _most_common(values: Iterable[Any]) -> Any:

@@ -45,13 +45,8 @@ class PaddingAt:
             return None
         return self.latency_ratio.low > self.real_token_ratio
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"padded_fraction_predicted": self.padded_fraction_predicted,
-                "latency_ratio": None if self.latency_ratio is None else self.latency_ratio.to_dict(),
-                "ttft_ratio": None if self.ttft_ratio is None else self.ttft_ratio.to_dict(),
-                "real_token_ratio": self.real_token_ratio, "padded_token_ratio": self.padded_token_ratio,
-                "measured_pad_fraction": self.measured_pad_fraction, "pays_for_padding": self.pays_for_padding,
-                "evidence": list(self.evidence)}
+    def json_derived(self) -> dict[str, Any]:
+        return {"pays_for_padding": self.pays_for_padding}
 
 
 @dataclass(frozen=True)
@@ -64,9 +59,8 @@ class PaddingCost:
     def headline(self) -> PaddingAt:
         return self.at[self.concurrency]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "headline": self.headline.to_dict(),
-                "at": {str(c): p.to_dict() for c, p in sorted(self.at.items())}}
+    def json_derived(self) -> dict[str, Any]:
+        return {"headline": self.headline}
 
 
 def _padded_share(run: Measurement) -> tuple[float, int, int] | None:

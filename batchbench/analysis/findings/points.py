@@ -23,6 +23,7 @@ from batchbench.analysis.regimes import Regime, SweepPoint
 from batchbench.analysis.repeats import Estimate
 from batchbench.analysis.run_bounds import RunLimit, run_limit
 from batchbench.analysis.validity import Validity, check_run, document_summary
+from batchbench.core import codec
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
 from batchbench.fixtures import shipped_model_dir
@@ -239,7 +240,7 @@ class PointFindings:
     def to_dict(self) -> dict[str, Any]:
         return {
             "concurrency": self.concurrency,
-            **{key: None if (e := self.figures.get(key)) is None else e.to_dict() for key in FIGURES},
+            **{key: codec.encode(self.figures.get(key)) for key in FIGURES},
             "regime": self.regime,
             "valid": self.valid, "invalid_reasons": list(self.invalid_reasons),
             "kv_usage_peak": self.kv_usage_peak, "preemptions": self.preemptions, "waiting_peak": self.waiting_peak,

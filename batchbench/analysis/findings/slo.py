@@ -20,6 +20,7 @@ from typing import Any, Literal
 from batchbench.analysis.findings.points import Point, PointFindings
 from batchbench.analysis.findings.text import ms, ms_estimate
 from batchbench.analysis.repeats import Estimate
+from batchbench.core import codec
 from batchbench.measures.slo import Objective, Slo
 
 Judgement = Literal["meets", "fails", "near the limit", "unknown"]
@@ -47,7 +48,7 @@ class ObjectiveAt:
 
     def to_dict(self) -> dict[str, Any]:
         return {"objective": self.objective.name, "limit_s": self.objective.limit_s,
-                "value": None if self.value is None else self.value.to_dict(), "judgement": self.judgement}
+                "value": codec.encode(self.value), "judgement": self.judgement}
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,8 @@ class SloAt:
         """The objectives that do not clearly hold, with their values."""
         return tuple(f"{o.text()} ({o.judgement})" for o in self.objectives if o.judgement != "meets")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency, "judgement": self.judgement,
-                "objectives": [o.to_dict() for o in self.objectives]}
+    def json_derived(self) -> dict[str, Any]:
+        return {"judgement": self.judgement}
 
 
 def slo_at(point: Point, slo: Slo) -> SloAt:
@@ -100,13 +100,6 @@ class MaxGoodput:
     #: The first valid point above it that does not meet the SLO, with what it missed.
     first_failing: SloAt | None
     evidence: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"concurrency": self.concurrency,
-                "goodput_req_s": None if self.goodput_req_s is None else self.goodput_req_s.to_dict(),
-                "output_tok_s": None if self.output_tok_s is None else self.output_tok_s.to_dict(),
-                "first_failing": None if self.first_failing is None else self.first_failing.to_dict(),
-                "evidence": list(self.evidence)}
 
 
 def max_goodput(points: Sequence[PointFindings], slos: dict[int, SloAt]) -> MaxGoodput | None:
@@ -133,11 +126,6 @@ class LatencyPool:
     at: SloAt | None
     #: The first point that does not clearly meet them (None: every valid point does).
     stopped_at: SloAt | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"objectives": list(self.objectives), "concurrency": self.concurrency,
-                "at": None if self.at is None else self.at.to_dict(),
-                "stopped_at": None if self.stopped_at is None else self.stopped_at.to_dict()}
 
 
 def latency_pool(points: Sequence[PointFindings], slos: dict[int, SloAt]) -> LatencyPool | None:

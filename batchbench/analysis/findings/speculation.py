@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from batchbench.analysis.findings.points import PADDING_LAYOUTS, Point
@@ -25,8 +25,8 @@ class SpeculationAt:
     """One batch size measured with and without speculation."""
 
     concurrency: int
-    tpot_without: Estimate | None
-    tpot_with: Estimate | None
+    tpot_p50_without_s: Estimate | None
+    tpot_p50_with_s: Estimate | None
     #: TPOT without over TPOT with (> 1: speculation pays).
     speedup: Estimate | None
     #: Accepted over drafted tokens, and tokens per drafted step, by the engine's counters (median of the runs).
@@ -34,14 +34,6 @@ class SpeculationAt:
     tokens_per_step: float | None
     #: Both points valid (:mod:`batchbench.analysis.validity`); an invalid pair is shown but not used for the crossover.
     valid: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        def d(e: Estimate | None) -> dict[str, Any] | None:
-            return None if e is None else e.to_dict()
-
-        return {"concurrency": self.concurrency, "tpot_p50_without_s": d(self.tpot_without),
-                "tpot_p50_with_s": d(self.tpot_with), "speedup": d(self.speedup),
-                "acceptance_rate": self.acceptance_rate, "tokens_per_step": self.tokens_per_step, "valid": self.valid}
 
 
 @dataclass(frozen=True)
@@ -51,11 +43,11 @@ class Speculation:
     engine: str
     layout: str
     #: The two curves' engine keys, as the layouts' findings name them.
-    with_key: str
-    without_key: str
+    with_key: str = field(metadata={"json": "with"})
+    without_key: str = field(metadata={"json": "without"})
     method: str
     draft_tokens: int
-    at: tuple[SpeculationAt, ...]
+    at: tuple[SpeculationAt, ...] = field(metadata={"json": "points"})
     #: The first valid batch size at which the speedup is <= 1; None: speculation paid at every valid one.
     crossover: int | None
 
@@ -63,10 +55,8 @@ class Speculation:
     def largest_measured(self) -> int | None:
         return max((a.concurrency for a in self.at if a.valid), default=None)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "layout": self.layout, "with": self.with_key, "without": self.without_key,
-                "method": self.method, "draft_tokens": self.draft_tokens, "points": [a.to_dict() for a in self.at],
-                "crossover": self.crossover, "largest_measured": self.largest_measured}
+    def json_derived(self) -> dict[str, Any]:
+        return {"largest_measured": self.largest_measured}
 
 
 def _without_speculation(batching: BatchingConfig) -> BatchingConfig:
