@@ -21,7 +21,9 @@ from batchbench.reports.model import KEY_METRICS, METRICS_BY_KEY, canonical
 from batchbench.reports.series import group_series
 
 REPORT_SCHEMA = "batchbench.report"
-REPORT_SCHEMA_VERSION = 1
+#: 2: a run's ``server`` figures under the results document's names (kv_usage_peak, waiting_peak, running_peak,
+#: kv_danger_samples), all of them, as batchbench.measures.guardrails.Guardrails has them.
+REPORT_SCHEMA_VERSION = 2
 DEFAULT_THRESHOLD_PCT = 10.0
 
 MatchKey = tuple[str, str, str]

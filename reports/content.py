@@ -59,8 +59,8 @@ def _danger_lines(runs: list[ReportedRun]) -> list[str]:
         if not danger:
             continue
         first = danger[0]
-        peak = max(r.server.peak_kv_usage or 0.0 for r in danger)
-        samples = sum(r.server.danger_samples or 0 for r in danger), sum(r.server.kv_samples or 0 for r in danger)
+        peak = max(r.server.kv_usage_peak or 0.0 for r in danger)
+        samples = sum(r.server.kv_danger_samples for r in danger), sum(r.server.kv_samples for r in danger)
         runs_text = f"{len(danger)} of {len(members)} runs" if len(members) > 1 else "its run"
         found.append(f"⚠ {display_name(first.engine, first.batching_label, series_labels(first.to_row()))} "
                      f"({first.workload_name}) entered the KV danger zone in {runs_text}: peak KV usage "
@@ -170,14 +170,14 @@ def metrics_table(runs: list[ReportedRun]) -> Table:
     rows.append([Cell("Mean requests decoding")] + [Cell(fmt.number(r.mean_decoding())) for r in runs])
     rows += energy_rows(runs)
     rows.append([Cell("Peak KV usage")] + [
-        Cell(f"⚠ {fmt.pct(r.server.peak_kv_usage)} (danger zone)", "bad") if r.server.danger_zone
-        else Cell(fmt.pct(r.server.peak_kv_usage)) for r in runs])
+        Cell(f"⚠ {fmt.pct(r.server.kv_usage_peak)} (danger zone)", "bad") if r.server.danger_zone
+        else Cell(fmt.pct(r.server.kv_usage_peak)) for r in runs])
     if any(r.server.kv_capacity_tokens is not None for r in runs):
         rows.append([Cell("KV capacity (tokens)")] + [Cell(fmt.count(r.server.kv_capacity_tokens)) for r in runs])
     rows.append([Cell("Preemptions (during run)")] + [
         Cell(fmt.count(r.server.preemptions), "bad" if (r.server.preemptions or 0) > 0 else "") for r in runs])
-    rows.append([Cell("Max waiting")] + [Cell(fmt.count(r.server.max_waiting)) for r in runs])
-    rows.append([Cell("Max running")] + [Cell(fmt.count(r.server.max_running)) for r in runs])
+    rows.append([Cell("Max waiting")] + [Cell(fmt.count(r.server.waiting_peak)) for r in runs])
+    rows.append([Cell("Max running")] + [Cell(fmt.count(r.server.running_peak)) for r in runs])
     rows.append([Cell("Duration (s)")] + [Cell(fmt.number(r.duration_s)) for r in runs])
     return Table(["Metric", *cols], rows)
 

@@ -81,8 +81,8 @@ def runs_csv(inputs: Inputs) -> str:
     header = [*_identity_header(label_keys), "status", "summary_source", "started_at", "requests", "ok", "failed",
               "failures", *(metric_column(spec) for spec in KEY_METRICS), "ttfo_p50_s", "ttfo_p99_s",
               "reasoning_tokens_mean", "prompt_tokens_sent_mean", "prompt_tokens_engine_mean", "prompt_pad_fraction",
-              "decode_idle_fraction", "mean_decoding", "peak_kv_usage", "kv_danger_zone", "kv_capacity_tokens",
-              "preemptions", "rejections", "max_waiting", "max_running", "duration_s"]
+              "decode_idle_fraction", "mean_decoding", "kv_usage_peak", "kv_danger_zone", "kv_capacity_tokens",
+              "preemptions", "rejections", "waiting_peak", "running_peak", "duration_s"]
 
     def row(run: ReportedRun) -> dict[str, Any]:
         s, server = run.summary, run.server
@@ -96,10 +96,10 @@ def runs_csv(inputs: Inputs) -> str:
             "prompt_tokens_sent_mean": s.prompt_tokens_sent.mean if s and s.prompt_tokens_sent else None,
             "prompt_tokens_engine_mean": s.prompt_tokens_engine.mean if s and s.prompt_tokens_engine else None,
             "prompt_pad_fraction": run.pad_fraction(), "decode_idle_fraction": run.decode_idle_fraction(),
-            "mean_decoding": run.mean_decoding(), "peak_kv_usage": server.peak_kv_usage,
+            "mean_decoding": run.mean_decoding(), "kv_usage_peak": server.kv_usage_peak,
             "kv_danger_zone": server.danger_zone, "kv_capacity_tokens": server.kv_capacity_tokens,
-            "preemptions": server.preemptions, "rejections": server.rejections, "max_waiting": server.max_waiting,
-            "max_running": server.max_running, "duration_s": run.duration_s,
+            "preemptions": server.preemptions, "rejections": server.rejections, "waiting_peak": server.waiting_peak,
+            "running_peak": server.running_peak, "duration_s": run.duration_s,
         }
 
     return _write(header, (row(run) for run, _ in _ordered(inputs)))

@@ -65,44 +65,6 @@ assert all(m.path[0] in Summary.__dataclass_fields__ for m in KEY_METRICS)
 
 
 @dataclass
-class ServerStats:
-    """What the engine's own metrics said during the run (all None when it exposes none)."""
-
-    samples: int = 0
-    peak_kv_usage: float | None = None
-    #: Samples at or above :data:`KV_DANGER`, of those that carried kv_usage.
-    danger_samples: int = 0
-    kv_samples: int = 0
-    kv_capacity_tokens: float | None = None
-    #: Counter increases during this run (counters are cumulative since engine start).
-    preemptions: float | None = None
-    rejections: float | None = None
-    max_waiting: float | None = None
-    max_running: float | None = None
-
-    @property
-    def danger_zone(self) -> bool:
-        return self.danger_samples > 0
-
-    @classmethod
-    def of(cls, g: Guardrails) -> ServerStats:
-        """The report's names for the harness's guardrails (the names report.json has always used)."""
-        return cls(
-            samples=g.samples, peak_kv_usage=g.kv_usage_peak, danger_samples=g.kv_danger_samples,
-            kv_samples=g.kv_samples, kv_capacity_tokens=g.kv_capacity_tokens, preemptions=g.preemptions,
-            rejections=g.rejections, max_waiting=g.waiting_peak, max_running=g.running_peak,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "samples": self.samples, "peak_kv_usage": self.peak_kv_usage, "danger_zone": self.danger_zone,
-            "danger_samples": self.danger_samples, "kv_samples": self.kv_samples,
-            "kv_capacity_tokens": self.kv_capacity_tokens, "preemptions": self.preemptions,
-            "rejections": self.rejections, "max_waiting": self.max_waiting, "max_running": self.max_running,
-        }
-
-
-@dataclass
 class ReportedRun:
     """One results document, reduced to what the report shows."""
 
@@ -123,7 +85,8 @@ class ReportedRun:
     #: The harness's summary; for a cut-short journal, ``summarize`` over its records.
     summary: Summary | None
     summary_source: Literal["document", "derived", "none"]
-    server: ServerStats
+    #: What the engine's own metrics said during the run (batchbench.measures.guardrails).
+    server: Guardrails
     samples: list[ServerMetrics]
     engine_report: dict[str, Any]
     engine_description: EngineDescription
@@ -221,7 +184,7 @@ class ReportedRun:
             "decode_idle_fraction": self.decode_idle_fraction(),
             "mean_decoding": self.mean_decoding(),
             "energy": None if (e := self.energy()) is None else dataclasses.asdict(e),
-            "server": self.server.to_dict(),
+            "server": codec.encode(self.server) | {"danger_zone": self.server.danger_zone},
             "ttft_by_bucket": self.ttft_buckets,
             "notes": self.notes,
         }
@@ -318,7 +281,7 @@ def build_run(source: str, doc: RunDocument) -> ReportedRun:
         duration_s=num(duration),
         summary=summary,
         summary_source=summary_source,
-        server=ServerStats.of(doc.guardrails()),
+        server=doc.guardrails(),
         samples=doc.server_metrics,
         engine_report=footer.engine_report if footer is not None else {},
         engine_description=header.engine,

@@ -45,7 +45,7 @@ def test_report_csv_has_a_row_per_run_with_the_tables_figures_unrounded(two_engi
     assert (hf["requests"], hf["ok"], hf["failed"]) == ("24", "21", "3")
     assert json.loads(hf["failures"]) == {"rejected": 3} and vllm["failures"] == ""
     assert hf["prompt_pad_fraction"] == "0.4321" and vllm["prompt_pad_fraction"] == ""  # n/a is an empty cell
-    assert float(vllm["peak_kv_usage"]) == 0.6 and hf["peak_kv_usage"] == ""
+    assert float(vllm["kv_usage_peak"]) == 0.6 and hf["kv_usage_peak"] == ""
     assert vllm["preemptions"] == "19.0" and vllm["status"] == "complete" and vllm["kv_danger_zone"] == "False"
 
 

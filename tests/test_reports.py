@@ -273,7 +273,7 @@ def test_danger_zone_flag_exactly_when_a_sample_reaches_085(tmp_path: Path, peak
     assert peak_row == (f"⚠ {peak * 100:.1f}% (danger zone)" if flagged else f"{peak * 100:.1f}%")
     rows = {r["engine"]: r for r in json.loads((tmp_path / "out" / "report.json").read_text())["runs"]}
     assert rows["vllm"]["server"]["danger_zone"] is flagged
-    assert rows["vllm"]["server"]["peak_kv_usage"] == pytest.approx(peak)
+    assert rows["vllm"]["server"]["kv_usage_peak"] == pytest.approx(peak)
     assert rows["tgi"]["server"]["danger_zone"] is False
 
 
@@ -603,12 +603,12 @@ def test_guardrails_are_the_stored_ones_and_computed_only_for_a_partial_run(tmp_
     write_run(results, engine="tgi", peak_kv=0.9, finish=False)  # journal only: no stored guardrails
     build_quiet(results, tmp_path / "out")
     rows = {r["engine"]: r for r in json.loads((tmp_path / "out" / "report.json").read_text())["runs"]}
-    assert rows["vllm"]["server"]["peak_kv_usage"] == 0.95 and rows["vllm"]["server"]["danger_zone"] is True
-    assert rows["vllm"]["server"]["max_waiting"] == 42.0  # the samples say 3: the stored figure wins
+    assert rows["vllm"]["server"]["kv_usage_peak"] == 0.95 and rows["vllm"]["server"]["danger_zone"] is True
+    assert rows["vllm"]["server"]["waiting_peak"] == 42.0  # the samples say 3: the stored figure wins
     expected = server_summary(make_samples(peak_kv=0.9))
     assert rows["tgi"]["status"] == "partial"
-    assert rows["tgi"]["server"]["peak_kv_usage"] == pytest.approx(expected.kv_usage_peak)
-    assert rows["tgi"]["server"]["danger_zone"] is True and rows["tgi"]["server"]["max_waiting"] == 3
+    assert rows["tgi"]["server"]["kv_usage_peak"] == pytest.approx(expected.kv_usage_peak)
+    assert rows["tgi"]["server"]["danger_zone"] is True and rows["tgi"]["server"]["waiting_peak"] == 3
 
 
 def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(tmp_path: Path,
