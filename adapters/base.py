@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, Self
@@ -385,6 +385,12 @@ class Engine(ABC):
     def describe(self) -> dict[str, Any]:
         """Engine name, version and effective configuration, for the results."""
         return {"engine": self.name, "batching": codec.encode(self.batching)}
+
+    def launch_key(self) -> Hashable:
+        """What decides the server this engine would start: two engines with one key start the same server, so
+        the engine cache (:mod:`batchbench.load.engines`) starts it once for both. By default the name and the
+        batching config; an engine whose configs can differ without changing what it starts says so."""
+        return (self.name, self.batching)
 
     def url_twin(self) -> Engine:
         """This engine's client side for another process: an adapter at the running server's URL that starts

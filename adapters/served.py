@@ -15,7 +15,7 @@ import asyncio
 import copy
 import os
 from abc import abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +184,16 @@ class ServedEngine(Engine):
     def server_files(self, batching: BatchingConfig) -> dict[str, str]:
         """Files the engine's server reads at start (e.g. an options YAML), path → content."""
         return {}
+
+    def launch_key(self) -> Hashable:
+        """The server's own arguments, environment and files at a stand-in address (the port is a fresh one each
+        start): batching configs that differ only where the server is told nothing (``None`` and the defaults
+        spelled out) start the same server. At a URL nothing is started: the name, URL and config, as before."""
+        if self.launch is None:
+            return (self.name, self.url, self.batching)
+        argv = (*self.server_args(self.batching, host="HOST", port=0), *self.extra_args)
+        return (self.name, type(self.launch).__name__, argv, tuple(sorted(self.server_env(self.batching).items())),
+                tuple(sorted(self.server_files(self.batching).items())))
 
     @abstractmethod
     def normalize(self, samples: Samples) -> ServerMetrics:

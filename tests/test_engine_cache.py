@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from typing import ClassVar
 
 import pytest
@@ -61,6 +61,41 @@ async def test_engines_are_shared_warmed_and_evicted_oldest_first() -> None:
     assert b.events == ["start", "stop"] and a.events == ["start"]
     await cache.close()
     assert all(e.events[-1] == "stop" for e in made) and len(made) == 3
+
+
+class LabelOnly(Fake):
+    """A server told only the batch size: configs that differ elsewhere start the same one."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(prefix_caching=True)
+
+    def launch_key(self) -> Hashable:
+        return (self.name, self.batching.max_batch_size)
+
+
+async def test_configs_that_start_the_same_server_share_one_start_and_keep_their_own_config() -> None:
+    made: list[Fake] = []
+
+    def factory(name: str, batching: BatchingConfig | None) -> Engine:
+        made.append(LabelOnly(batching))
+        return made[-1]
+
+    cache = EngineCache(factory, max_live=2)
+    default = await cache.get("fake")
+    spelled = BatchingConfig(prefix_caching=False)
+    shared = await cache.get("fake", spelled)
+    assert [e.events for e in made] == [["start"], []]  # one server started, the second config's never was
+    assert shared is not default and shared.batching == spelled and default.batching == BatchingConfig()
+    assert shared.describe()["batching"]["prefix_caching"] is False  # its results say what it asked for
+    assert await cache.get("fake", spelled) is shared and cache.is_live("fake", spelled)
+    await cache.get("fake", BatchingConfig(max_batch_size=4))
+    await cache.get("fake", BatchingConfig(max_batch_size=8))  # evicts the shared server (least recently used)
+    assert made[0].events == ["start", "stop"] and not cache.is_live("fake") and not cache.is_live("fake", spelled)
+    again = await cache.get("fake", spelled)  # started anew, as its own
+    assert again.batching == spelled and again.events == ["start"]
+    await cache.release("fake")  # the same server, asked for by the other config
+    assert again.events == ["start", "stop"]
+    await cache.close()
+    assert all(e.events in ([], ["start", "stop"]) for e in made)
 
 
 async def test_a_failed_start_is_remembered_and_unrunnable_engines_are_skippable() -> None:

