@@ -16,6 +16,7 @@ import pytest
 
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import get_spec
+from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, LoadConfig
 from batchbench.harness import Harness
 from batchbench.measures.guardrails import KV_DANGER
@@ -46,7 +47,7 @@ def test_guardrail_metrics_are_exposed(harness: Harness, start_engine: Callable[
         "ttft_by_bucket": {k: (None if d is None else {"p50": d.p50, "p99": d.p99}) for k, d in buckets.items()},
         "output_tokens_per_s_per_accelerator": result.summary.output_token_throughput / gpus,
         "rejection_rate": result.summary.rejection_rate,
-        "guardrails": guard.to_dict(),
+        "guardrails": codec.encode(guard),
     })
 
     assert result.summary.ok == len(workload.requests)

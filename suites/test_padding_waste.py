@@ -25,6 +25,7 @@ from batchbench.adapters.registry import get_spec
 from batchbench.analysis.main_job import padding_pair
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paired
 from batchbench.analysis.theory import padding_fraction
+from batchbench.core import codec
 from batchbench.harness import Harness
 from batchbench.load.runner import MeasuredRun
 from batchbench.pytest_plugin import IntervalChecks
@@ -93,7 +94,7 @@ def test_padding_cost(harness: Harness, start_engine: Callable[..., Engine], eng
     mixed = series["padded-mixed"].runs[-1]
     benchmark.extra_info.update({
         "analytic_pad_fraction": analytic, "padded_token_ratio": padded_ratio, "real_token_ratio": real_ratio,
-        "latency_cost_ratio_mixed_over_homogeneous": None if cost is None else cost.to_dict(),
+        "latency_cost_ratio_mixed_over_homogeneous": codec.encode(cost),
         "mixed_ttft_p50": mixed.summary.ttft.p50,
         "homogeneous_ttft_p50": series["homogeneous"].runs[-1].summary.ttft.p50,
     })

@@ -36,6 +36,7 @@ import pytest
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import engine_class
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paired
+from batchbench.core import codec
 from batchbench.core.config import BatchingConfig
 from batchbench.core.server_metrics import ServerMetrics, prefix_cache_hit_rate
 from batchbench.harness import Harness
@@ -118,7 +119,7 @@ def test_prefix_caching_serves_shared_prefixes_from_the_cache(
     predicted = predicted_hit_rate(wl)
     benchmark.extra_info.update({"hit_rates": {str(k): v for k, v in rates.items()}, "predicted_hit_rate": predicted,
                                  "ttft_p50": {str(k): v for k, v in ttft.items()},
-                                 "ttft_ratio": None if ratio is None else ratio.to_dict()})
+                                 "ttft_ratio": codec.encode(ratio)})
     shown = "n/a" if ratio is None else ratio.format(lambda v: f"x{v:.2f}")
     print(f"\n{engine_name}: hit rate on {rates[True]} (predicted {predicted:.3f}), off {rates[False]}; "
           f"TTFT p50 cached over uncached {shown}")

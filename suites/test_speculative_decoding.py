@@ -44,7 +44,7 @@ from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import engine_class
 from batchbench.analysis.findings import findings_from_documents
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paired
-from batchbench.core import environment
+from batchbench.core import codec, environment
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
 from batchbench.load.runner import MeasuredRun
@@ -168,7 +168,7 @@ def test_speculation_against_batch_size(
               f"{off.itl_per_chunk.p50 * 1e3:10.2f} / {on.itl_per_chunk.p50 * 1e3:6.2f}  "  # type: ignore[union-attr]
               f"{c.acceptance_rate if c else float('nan'):10.3f}  {c.tokens_per_step if c else float('nan'):11.2f}  "
               f"{tokens_per_chunk(runs[(b, True)][0]):12.2f}")
-    benchmark.extra_info.update({"speculation": found.to_dict()})
+    benchmark.extra_info.update({"speculation": codec.encode(found)})
 
     if all(c is None for cs in counters.values() for c in cs):
         pytest.skip(f"engine {engine_name!r} exposes no speculation counters: the acceptance rate cannot be checked")

@@ -99,6 +99,7 @@ import pytest
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import engine_class, specs
 from batchbench.analysis.repeats import RepeatProtocol, Repeats, paired
+from batchbench.core import codec
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
 from batchbench.harness import Harness
@@ -364,7 +365,7 @@ def test_token_budget_vs_sequence_cap(
         checks.failed += found.failed
         checks.undecided += found.undecided
         ratio = paired(capped, baseline, lambda r: run_metrics(r)["short_ttft_p99"])
-        benchmark.extra_info[f"ttft_p99_ratio_chunked_lpt_over_{name}"] = None if ratio is None else ratio.to_dict()
+        benchmark.extra_info[f"ttft_p99_ratio_chunked_lpt_over_{name}"] = codec.encode(ratio)
     checks.finish(table(results))
 
 
