@@ -245,6 +245,9 @@ class Engine(ABC):
     kv_reserved_blocks: ClassVar[int] = 0
     #: The largest LoRA rank the engine serves when BatchingConfig.max_lora_rank is unset (None: no limit known).
     default_max_lora_rank: ClassVar[int | None] = None
+    #: How long the server keeps a CPU busy after its last request, waiting for the next one (seconds): another
+    #: engine's run started sooner shares a CPU with it. 0: it goes quiet at once.
+    idle_spin_s: ClassVar[float] = 0.0
 
     def __init__(self, batching: BatchingConfig | None = None, *, startup_timeout: float = 300.0) -> None:
         self.batching = batching or BatchingConfig()

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+import time
+from collections.abc import Callable, Coroutine, Hashable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,6 +92,8 @@ class Harness:
         self._engines = EngineCache(lambda name, batching: make_engine(name, batching, options), max_live=max_live,
                                     warm_up_timeout_s=profile.request_timeout_s)
         self._send = sent_as(options)
+        #: When each started server (by launch key) goes quiet after its last run: another's run waits for it.
+        self._quiet_at: dict[Hashable, float] = {}
 
     @property
     def max_live_engines(self) -> int:
@@ -102,7 +105,11 @@ class Harness:
 
         Raises :class:`EngineCannotRunHere` when this environment cannot run it.
         """
-        return self._loop.call(self._engines.get(name, batching))
+        started = not self._engines.is_live(name, batching)
+        engine = self._loop.call(self._engines.get(name, batching))
+        if started:  # its warm-up just ran: it spins as after a run
+            self._quiet_at[engine.launch_key()] = time.monotonic() + engine.idle_spin_s
+        return engine
 
     def release(self, name: str, batching: BatchingConfig | None = None) -> None:
         """Stop a shared engine now (e.g. after a test that pushed it past its limits)."""
@@ -142,7 +149,21 @@ class Harness:
 
     def replay(self, engine: Engine, workload: Workload, load: LoadConfig | None = None) -> list[RequestRecord]:
         """Run ``workload`` on ``engine`` without recording it (e.g. to warm an engine up on it)."""
-        return self._loop.call(LoadGenerator(engine, self.sent(workload), config=load).run())
+        with self._alone(engine):
+            return self._loop.call(LoadGenerator(engine, self.sent(workload), config=load).run())
+
+    @contextmanager
+    def _alone(self, engine: Engine) -> Iterator[None]:
+        """Run on ``engine`` once every other engine run here has gone quiet (:attr:`Engine.idle_spin_s`): a suite
+        that alternates two live engines would otherwise measure each beside the other's idle spin."""
+        key = engine.launch_key()
+        wait = max((t for k, t in self._quiet_at.items() if k != key), default=0.0) - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        try:
+            yield
+        finally:
+            self._quiet_at[key] = time.monotonic() + engine.idle_spin_s
 
     def measure(
         self,
@@ -170,8 +191,10 @@ class Harness:
                                       labels=labels, **{"gpu": self.gpu, **run_options}))
 
         if benchmark is None:
-            return once()
-        result: MeasuredRun = benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
+            with self._alone(engine):
+                return once()
+        with self._alone(engine):
+            result: MeasuredRun = benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
         benchmark.extra_info.update({
             "engine": engine.name,
             "batching": engine.batching.label(),
