@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +123,6 @@ class Report:
     poisson: Level | None
     #: The highest valid closed-loop concurrency before the levels stayed invalid (None: none was valid).
     saturation: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _ms(seconds: float | None) -> float | None:

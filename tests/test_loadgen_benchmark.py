@@ -34,7 +34,7 @@ import pytest
 
 from batchbench import selftest
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.core import eventloop
+from batchbench.core import codec, eventloop
 from batchbench.core.config import EngineDescription, LoadConfig, ModelRef
 from batchbench.core.records import RequestRecord
 from batchbench.harness import LoopThread
@@ -119,7 +119,7 @@ def test_selftest_ramp(benchmark: Any) -> None:
     report = benchmark.pedantic(lambda: selftest.selftest(settings), rounds=1, iterations=1)
     print("\n" + report.placement, selftest.HEADER, *map(selftest.line, report.levels), selftest.conclusion(report),
           sep="\n")
-    benchmark.extra_info.update(report.to_dict())
+    benchmark.extra_info.update(codec.encode(report))
     assert [lv.load for lv in report.levels][:2] == [1, 8] and all(lv.chunks > 0 for lv in report.levels)
 
 

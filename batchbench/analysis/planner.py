@@ -290,9 +290,6 @@ class CapacityFit:
     #: The first concurrency at which the sequences no longer all fit: fit + 1.
     memory_bound_from: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def fit_in_capacity(config: Mapping[str, Any], capacity_tokens: int, *, block_size: int, prompt_len: int,
                     output_len: int, kv_dtype: str = "bf16") -> CapacityFit:

@@ -62,9 +62,6 @@ class Setup:
                 f"{self.weight_dtype} --kv-dtype {self.kv_dtype} --memory-fraction 1 --prompt-len {self.prompt_len} "
                 f"--output-len {self.output_len}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
 
 @dataclass(frozen=True)
 class RunLimit:

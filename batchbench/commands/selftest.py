@@ -29,6 +29,7 @@ from batchbench.commands.common import (
     positive_int,
     positive_seconds,
 )
+from batchbench.core import codec
 from batchbench.fixtures.protocol import fast
 
 
@@ -98,7 +99,7 @@ def main(args: SelftestArgs) -> int:
         print(f"batchbench selftest: {interrupted_by(stop)} (the server is stopped)", file=sys.stderr)
         return interrupted_status(stop)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        print(json.dumps(codec.encode(report), indent=1))
     else:
         print(selftest.conclusion(report))
     return EXIT_OK if report.saturation is not None else EXIT_FAILURES
