@@ -166,16 +166,9 @@ class RunLabels:
         """Labels given as a mapping (a suite's), typed."""
         return codec.decode(cls, codec.encode(labels or {}), "labels")
 
-    def get(self, key: str) -> Any:
-        """A label by name, typed or not (None: absent)."""
-        return getattr(self, key) if key in _LABEL_FIELDS else self.others.get(key)
-
     def given(self) -> dict[str, Any]:
         """The labels the run was given (null ones left out), typed ones first."""
         return {k: v for k, v in codec.encode(self).items() if v is not None}
-
-
-_LABEL_FIELDS = frozenset(f.name for f in dataclasses.fields(RunLabels)) - {"others"}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,8 +37,6 @@ from batchbench.results.document import RunDocument
 LAYOUTS = ("continuous", "static-waves", "padded-mixed", "homogeneous")
 #: Layouts that are single batches compared with each other, not curves over concurrency.
 PADDING_LAYOUTS = ("padded-mixed", "homogeneous")
-#: The run label that carries the precision the repeats were run to (``batchbench run --precision``).
-PRECISION_LABEL = "precision"
 
 
 def _dist(name: str, stat: str) -> Callable[[Summary], float | None]:
