@@ -190,10 +190,9 @@ class Harness:
             return self._loop.call(run(engine, workload, results_dir=self.results_dir, tag=tag, load=load,
                                       labels=labels, **{"gpu": self.gpu, **run_options}))
 
-        if benchmark is None:
-            with self._alone(engine):
-                return once()
         with self._alone(engine):
+            if benchmark is None:
+                return once()
             result: MeasuredRun = benchmark.pedantic(once, rounds=1, iterations=1, warmup_rounds=0)
         benchmark.extra_info.update({
             "engine": engine.name,

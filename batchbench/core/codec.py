@@ -30,7 +30,6 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Iterable
 from functools import cache
 from typing import Any, Literal
 
@@ -249,13 +248,11 @@ def field_schema(f: dataclasses.Field[Any], hint: Any, defs: dict[str, Any]) -> 
     return schema
 
 
-def object_schema(cls: type, defs: dict[str, Any],
-                  fields: Iterable[tuple[dataclasses.Field[Any], Any]] | None = None) -> dict[str, Any]:
+def object_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
     """A dataclass's object schema: every field required (writers write every key, null where there is nothing
     to say), derived keys read-only, other keys refused unless the type keeps a ``rest`` field."""
-    fields = list(fields_of(cls) if fields is None else fields)
     rest = _rest(cls)
-    props = {_key(f): field_schema(f, hint, defs) for f, hint in fields if f.name != rest}
+    props = {_key(f): field_schema(f, hint, defs) for f, hint in fields_of(cls) if f.name != rest}
     for name, tp in getattr(cls, "JSON_DERIVED", {}).items():
         props[name] = type_schema(tp, defs) | {"description": "derived (ignored when read)", "readOnly": True}
     schema: dict[str, Any] = {"type": "object"}
