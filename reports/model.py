@@ -71,10 +71,6 @@ class ReportedRun:
     source: str
     run_id: str
     engine: str
-    batching: BatchingConfig | None
-    batching_label: str
-    workload_name: str
-    workload_hash: str
     workload: WorkloadSummary
     #: The labels the run was given (those not null), as the report shows them.
     labels: dict[str, Any]
@@ -105,6 +101,22 @@ class ReportedRun:
     @property
     def partial(self) -> bool:
         return self.status != "complete"
+
+    @property
+    def batching(self) -> BatchingConfig | None:
+        return self.engine_description.batching
+
+    @property
+    def batching_label(self) -> str:
+        return self.engine_description.batching_label
+
+    @property
+    def workload_name(self) -> str:
+        return self.workload.name
+
+    @property
+    def workload_hash(self) -> str:
+        return self.workload.hash
 
     @property
     def workload_key(self) -> tuple[str, str]:
@@ -269,10 +281,6 @@ def build_run(source: str, doc: RunDocument) -> ReportedRun:
         source=source,
         run_id=header.run_id or source,
         engine=header.engine_name,
-        batching=header.batching,
-        batching_label=header.batching_label,
-        workload_name=header.workload_name,
-        workload_hash=header.workload_hash,
         workload=header.workload,
         labels=header.labels.given(),
         status=doc.status,

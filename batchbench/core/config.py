@@ -349,6 +349,11 @@ class EngineDescription:
         if not self.engine:
             raise ValueError("the engine has no name")
 
+    @property
+    def batching_label(self) -> str:
+        """The batching config's label (BatchingConfig.label), as result file names and report keys carry it."""
+        return self.batching.label() if self.batching is not None else "unreadable batching"
+
     @classmethod
     def of(cls, described: dict[str, Any]) -> EngineDescription:
         """What an adapter's ``describe()`` says, typed (a key of the wrong type is a ValueError)."""

@@ -210,7 +210,7 @@ class RunHeader:
     @property
     def batching_label(self) -> str:
         """The batching config's label (BatchingConfig.label), as result file names and report keys carry it."""
-        return self.engine.batching.label() if self.engine.batching is not None else "unreadable batching"
+        return self.engine.batching_label
 
     @property
     def workload_name(self) -> str:
