@@ -14,7 +14,7 @@ from batchbench.adapters.base import Chunk, Engine, EngineCannotRunHere, EngineE
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities
 from batchbench.load import engines
-from batchbench.load.engines import WARM_UP, EngineCache, WarmUpHung, warm_up, warm_up_ceiling
+from batchbench.load.engines import WARM_UP, EngineCache, EngineFactory, WarmUpHung, warm_up, warm_up_ceiling
 from batchbench.workload.requests import Request
 
 
@@ -44,13 +44,19 @@ class Fake(Engine):
         yield Chunk(now(), 0, Usage(request.prompt_len, request.max_tokens))
 
 
-async def test_engines_are_shared_warmed_and_evicted_oldest_first() -> None:
+def recorded(kind: type[Fake]) -> tuple[list[Fake], EngineFactory]:
+    """A factory of ``kind`` engines, and the list of every engine it made."""
     made: list[Fake] = []
 
     def factory(name: str, batching: BatchingConfig | None) -> Engine:
-        made.append(Fake(batching))
+        made.append(kind(batching))
         return made[-1]
 
+    return made, factory
+
+
+async def test_engines_are_shared_warmed_and_evicted_oldest_first() -> None:
+    made, factory = recorded(Fake)
     cache = EngineCache(factory, max_live=2)
     a = await cache.get("fake", BatchingConfig(max_batch_size=1))
     assert await cache.get("fake", BatchingConfig(max_batch_size=1)) is a
@@ -73,12 +79,7 @@ class LabelOnly(Fake):
 
 
 async def test_configs_that_start_the_same_server_share_one_start_and_keep_their_own_config() -> None:
-    made: list[Fake] = []
-
-    def factory(name: str, batching: BatchingConfig | None) -> Engine:
-        made.append(LabelOnly(batching))
-        return made[-1]
-
+    made, factory = recorded(LabelOnly)
     cache = EngineCache(factory, max_live=2)
     default = await cache.get("fake")
     spelled = BatchingConfig(prefix_caching=False)
