@@ -93,6 +93,9 @@ async def test_configs_that_start_the_same_server_share_one_start_and_keep_their
     assert made[0].events == ["start", "stop"] and not cache.is_live("fake") and not cache.is_live("fake", spelled)
     again = await cache.get("fake", spelled)  # started anew, as its own
     assert again.batching == spelled and again.events == ["start"]
+    starts = sum(e.events.count("start") for e in made)
+    back = await cache.get("fake")  # the default, whose server was stopped and is now the other config's again
+    assert back.batching == BatchingConfig() and sum(e.events.count("start") for e in made) == starts
     await cache.release("fake")  # the same server, asked for by the other config
     assert again.events == ["start", "stop"]
     await cache.close()

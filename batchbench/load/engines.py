@@ -212,7 +212,9 @@ class EngineCache:
         if asked in self._failed:
             raise self._failed[asked]
         launch = self._launches.get(asked)
-        if launch is not None and launch in self._live:
+        # Handed out only while its server has run since: one stopped and started again by another config that
+        # starts the same server is shared below, as a fresh copy.
+        if launch in self._live and asked in self._handed:
             self._live.move_to_end(launch)
             return self._handed[asked]
         try:
