@@ -79,8 +79,9 @@ from batchbench.workload.requests import Arrival, Lengths, Request, Workload, Wo
 INTERACTIVE, BATCH = "interactive", "batch"
 #: Measured repetitions per layout, alternating; each metric is the best of these.
 REPEATS = 3
-#: Interactive requests per run and their Poisson rate (quick: ~8 s of arrivals, full: ~20 s).
-INTERACTIVE_REQUESTS = {"quick": 32, "full": 320}
+#: Interactive requests per run and their Poisson rate (quick: ~4 s of arrivals, as long as the batch job takes in
+#: the split layout; full: ~20 s).
+INTERACTIVE_REQUESTS = {"quick": 16, "full": 320}
 INTERACTIVE_RATE = {"quick": 4.0, "full": 16.0}
 #: The batch job: this many requests landing together, BATCH_AT_S after the interactive stream starts.
 BATCH_REQUESTS = {"quick": 32, "full": 512}
