@@ -127,9 +127,9 @@ def has_chat_template(model: str) -> bool | None:
 class VLLMEngine(OpenAICompletionsEngine):
     """vLLM: continuous (iteration-level) batching with paged KV cache.
 
-    BatchingConfig mapping: max_batch_size → ``--max-num-seqs``,
-    max_batched_tokens → ``--max-num-batched-tokens``, chunked_prefill →
-    ``--(no-)enable-chunked-prefill``, kv_capacity_tokens →
+    BatchingConfig mapping: max_batch_size → ``--max-num-seqs`` (unset, vLLM 0.32 gives 128 seats on a CPU and 256
+    or 1024 on a GPU by its memory, ``EngineArgs.get_batch_defaults``), max_batched_tokens →
+    ``--max-num-batched-tokens``, chunked_prefill → ``--(no-)enable-chunked-prefill``, kv_capacity_tokens →
     ``--num-gpu-blocks-override`` (whole blocks of ``block_size`` tokens),
     memory_fraction → ``--gpu-memory-utilization``, prefill_chunk_tokens →
     ``--long-prefill-token-threshold`` (chunking on), max_loras → ``--max-loras``, max_lora_rank →

