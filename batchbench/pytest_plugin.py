@@ -13,15 +13,16 @@ parametrized over the selected engines and the ``--batching`` grid.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
-from batchbench.analysis.repeats import Estimate, Expect, decide
+from batchbench.analysis.repeats import Estimate, Expect, Repeats, decide, why_no_estimate
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
 from batchbench.options import (
@@ -133,10 +134,15 @@ class IntervalChecks:
     failed: list[str] = field(default_factory=list)
     undecided: list[str] = field(default_factory=list)
 
-    def check(self, what: str, found: Estimate | None, limit: float, expect: Expect) -> bool | None:
-        """Record one claim: ``found`` should be ``expect`` ``limit``. Its verdict (None: undecided)."""
+    def check(self, what: str, found: Estimate | None, limit: float, expect: Expect,
+              of: Sequence[Repeats[Any]] = ()) -> bool | None:
+        """Record one claim: ``found`` should be ``expect`` ``limit``. Its verdict (None: undecided). ``of``: the
+        repeats it was estimated from, to say why there is no estimate."""
         verdict = decide(found, limit, expect)
-        shown = "no estimate" if found is None else f"{found.format(lambda v: f'{v:.3g}')} ({found.describe()})"
+        if found is None:
+            shown = why_no_estimate(of) if of else "no estimate"
+        else:
+            shown = f"{found.format(lambda v: f'{v:.3g}')} ({found.describe()})"
         text = f"{what}: {shown}, expected {expect} {limit:.3g}"
         if verdict is None:
             self.undecided.append(text)

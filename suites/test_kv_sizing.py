@@ -180,7 +180,7 @@ def test_predicts_memory_bound_onset(harness: Harness, engine_name: str) -> None
     _, capacity = predicted_override_capacity(harness, sweep)
     predicted = kv_fit_concurrency(capacity, design.prompt_len, design.output_len, sweep_layout(sweep).block_tokens)
     full = sorted(c for c, runs in sweep.repeats.items()
-                  if any((p.peak_kv_usage or 0) >= KV_DANGER or (p.preemptions or 0) > 0 for p in runs))
+                  if any((p.kv_usage_peak or 0) >= KV_DANGER or (p.preemptions or 0) > 0 for p in runs))
     assert full, f"{engine_name}: the KV cache never filled in the sweep: {sweep.table()}"
     onset = full[0]
     regime3 = next((p.concurrency for p in sweep.report.points if p.regime == "memory-bound"), None)

@@ -164,12 +164,14 @@ def claims(wls: dict[str, Workload], series: dict[str, Repeats[MeasuredRun]]) ->
              for split, reps in series.items()}
     checks.check("two adapters in two slots: Jain's index of their request speeds",
                  Estimate.of([r.summary.lora_fairness for r in quiet["fit"] if r.summary.lora_fairness is not None]),
-                 FAIR_MIN, "above")
+                 FAIR_MIN, "above", of=(series["fit"],))
     checks.check("slowest over fastest adapter's TTFT p50, four adapters over two",
-                 paired(series["over"], series["fit"], spread), 1.0, "above")
+                 paired(series["over"], series["fit"], spread), 1.0, "above",
+                 of=(series["over"], series["fit"]))
     heavy, *light = wls["heavy"].spec.loras
     checks.check("the light adapters' TTFT p50 (the fastest of them) over the heavy one's", Estimate.of(
-        [min(lora_ttft(r, name) for name in light) / lora_ttft(r, heavy) for r in quiet["heavy"]]), 1.0, "above")
+        [min(lora_ttft(r, name) for name in light) / lora_ttft(r, heavy) for r in quiet["heavy"]]), 1.0, "above",
+        of=(series["heavy"],))
     return checks
 
 

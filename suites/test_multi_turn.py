@@ -154,10 +154,12 @@ def test_conversations_wait_for_answers_and_ttft_follows_the_context(
         # interval over the repeats.
         grown = Estimate.of([g for r, load in zip(series[False].runs, series[False].loads)
                              if not load.disturbed and (g := growth(r)) is not None])
-        checks.check("uncached, the last turn's TTFT p50 over the first's", grown, GROWTH_MIN, "above")
+        checks.check("uncached, the last turn's TTFT p50 over the first's", grown, GROWTH_MIN, "above",
+                     of=(series[False],))
         cached = paired(series[True], series[False], last_turn) if switches else None
         if switches:
-            checks.check("the last turn's TTFT p50, cached over uncached", cached, CACHED_MAX, "below")
+            checks.check("the last turn's TTFT p50, cached over uncached", cached, CACHED_MAX, "below",
+                         of=list(series.values()))
         return checks, grown, cached
 
     # Every engine each pass, again while a claim's interval straddles its limit.

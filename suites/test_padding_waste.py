@@ -72,12 +72,12 @@ def test_padding_cost(harness: Harness, start_engine: Callable[..., Engine], eng
         if engine.capabilities.pads_batches:
             # It computes the padding: the mixed batch costs more than its real tokens alone would.
             checks.check(f"{engine_name} pads: the mixed batch's time over the homogeneous one's", cost, real_ratio,
-                         "above")
+                         "above", of=list(series.values()))
         else:
             # No padding: the cost follows the real tokens (attention is quadratic in the long prompt, so allow
             # some excess), far below what padding to the longest prompt would cost.
             checks.check(f"{engine_name} packs: the mixed batch's time over the homogeneous one's", cost,
-                         padded_ratio / 2, "below")
+                         padded_ratio / 2, "below", of=list(series.values()))
         return checks, cost
 
     def measure_all() -> None:

@@ -272,10 +272,10 @@ def format_table(sweep: Sweep) -> str:
     for p in sweep.report.points:
         q = p.point
         reps = [run.point for run in sweep.levels[q.concurrency].runs]
-        kv = "-" if q.peak_kv_usage is None else f"{q.peak_kv_usage:.2f}"
+        kv = "-" if q.kv_usage_peak is None else f"{q.kv_usage_peak:.2f}"
         lines.append(
             f"  c={q.concurrency:>4} {p.regime:<15} {q.throughput:7.1f} tok/s  TTFT p50 {q.ttft_p50:6.3f}"
-            f" p99 {q.ttft_p99:6.3f}  KV {kv:>4}  preempt {q.preemptions}  wait {q.peak_waiting}"
+            f" p99 {q.ttft_p99:6.3f}  KV {kv:>4}  preempt {q.preemptions}  wait {q.waiting_peak}"
             f"  | repeats: tok/s {[round(r.throughput) for r in reps]} p99 {[round(r.ttft_p99, 2) for r in reps]}"
             f" other-CPU {[None if f is None else round(f, 2) for f in sweep.levels[q.concurrency].foreign_shares]}")
     return "\n".join(lines)
@@ -338,8 +338,8 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
         for p in report.points:
             if p.concurrency > design.fit:
                 assert p.regime == "saturated", table
-                if p.point.peak_waiting is not None:
-                    assert p.point.peak_waiting >= p.concurrency - design.fit, table
+                if p.point.waiting_peak is not None:
+                    assert p.point.waiting_peak >= p.concurrency - design.fit, table
 
     # The TTFT spike (module docstring), by Little's law: past the knee a closed loop of c keeps c - knee
     # requests queued while knee are served, each for a generation (the e2e p50 at the knee, where
@@ -356,7 +356,8 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
     checks = IntervalChecks()
     for c, ratio in spikes.items():
         checks.check(f"TTFT p99 at c={c} over the sweet spot's plus {c / knee - 1:.0f} generation(s) of queue x "
-                     f"{QUEUE_SHARE:.2f}", ratio, 1.0, "above")
+                     f"{QUEUE_SHARE:.2f}", ratio, 1.0, "above",
+                     of=(sweep.levels[c], sweep.levels[report.sweet_spot], sweep.levels[knee]))
     checks.finish(f"{engine_name}\n{table}")
 
 

@@ -136,10 +136,11 @@ def test_speculation_against_batch_size(
                       else None)
         steps = [c.tokens_per_step for r in series[(1, True)].runs
                  if (c := SpeculationCounters.over(r.samples)) is not None and c.tokens_per_step]
-        checks.check("batch 1: TPOT speedup with speculation", gain, MIN_SPEEDUP_AT_1, "above")
+        of = (series[(1, False)], series[(1, True)])
+        checks.check("batch 1: TPOT speedup with speculation", gain, MIN_SPEEDUP_AT_1, "above", of=of)
         if steps:
             checks.check("batch 1: TPOT speedup against the tokens per drafted step", gain,
-                         statistics.median(steps), "below")
+                         statistics.median(steps), "below", of=of)
         return checks, gain
 
     # Every key each pass; on a GPU, again while the speedup's interval straddles a limit.

@@ -102,16 +102,19 @@ def test_static_waves_vs_continuous(
         engine (on a CPU a continuous engine's fuller batch runs proportionally slower steps: reported only)."""
         occupancy = paired(series["continuous"], series["static-waves"], lambda r: r.summary.mean_decoding)
         ratio = paired(series["continuous"], series["static-waves"], lambda r: r.summary.output_token_throughput)
-        checks = IntervalChecks()
+        checks, of = IntervalChecks(), list(series.values())
         if continuous_engine:
-            checks.check("refilled idle wave slots (occupancy, continuous over static)", occupancy, threshold, "above")
+            checks.check("refilled idle wave slots (occupancy, continuous over static)", occupancy, threshold, "above",
+                         of=of)
             if on_gpu:
                 checks.check("the refilled slots raised throughput (continuous over static)", ratio, threshold,
-                             "above")
+                             "above", of=of)
         else:
             # A static engine pads and waits engine-side: keeping N in flight cannot fill the idle slots.
-            checks.check(f"{engine_name} is static: occupancy, continuous over static", occupancy, threshold, "below")
-            checks.check(f"{engine_name} is static: throughput, continuous over static", ratio, threshold, "below")
+            checks.check(f"{engine_name} is static: occupancy, continuous over static", occupancy, threshold, "below",
+                         of=of)
+            checks.check(f"{engine_name} is static: throughput, continuous over static", ratio, threshold, "below",
+                         of=of)
         return checks, occupancy, ratio
 
     # Both layouts each pass, again while a claim's interval straddles its limit.

@@ -338,11 +338,11 @@ def test_token_budget_vs_sequence_cap(
             # step; uncapped (chunked or not) they are prefilled one after another.
             checks.check(f"the burst's first-token spread, chunked-lpt over {name}",
                          paired(capped, baseline, lambda r: run_metrics(r)["long_first_token_spread_s"]),
-                         SPREAD_RATIO_MAX, "below")
+                         SPREAD_RATIO_MAX, "below", of=(capped, baseline))
             checks.check(f"the TTFT of the short requests arriving with the burst (worst of the first {BEHIND}), "
                          f"chunked-lpt with a {s.threshold}-token threshold over {name}",
                          paired(capped, baseline, lambda r: run_metrics(r)["behind_burst_ttft"]), TTFT_RATIO_MAX,
-                         "below")
+                         "below", of=(capped, baseline))
             return checks
         return claims
 

@@ -46,9 +46,9 @@ def curve(concurrencies: list[int], knee: int, *, per_request: float = 10.0, aft
             throughput, ttft = per_request * concurrencies[knee] * factor, 0.05 * c / concurrencies[knee]
         points.append(SweepPoint(
             concurrency=c, throughput=throughput, ttft_p50=ttft, ttft_p99=2 * ttft,
-            peak_kv_usage=kv[i] if kv is not None else None,
+            kv_usage_peak=kv[i] if kv is not None else None,
             preemptions=preemptions[i] if preemptions is not None else None,
-            peak_waiting=waiting[i] if waiting is not None else None,
+            waiting_peak=waiting[i] if waiting is not None else None,
         ))
     assert len(points) == n
     return points
@@ -91,7 +91,7 @@ def test_the_sweet_spot_is_the_smallest_batch_within_the_peak_share(throughputs:
     assert throughputs[sweet] >= PEAK_SHARE * peak
     assert all(t < PEAK_SHARE * peak for t in throughputs[:sweet])
     for p in report.points:
-        kv = p.point.peak_kv_usage
+        kv = p.point.kv_usage_peak
         evidence = (kv is not None and kv >= KV_DANGER) or bool(p.point.preemptions)
         if p.regime == "memory-bound":
             assert evidence
@@ -252,7 +252,7 @@ def test_median_of_resists_one_fluke_either_way() -> None:
     runs = [SweepPoint(2, t, 0.03, p99, kv, pre, None) for t, p99, kv, pre in measured]
     m = median_of(runs)
     assert (m.throughput, m.ttft_p99) == pytest.approx((188, 0.30))
-    assert (m.peak_kv_usage, m.preemptions, m.peak_waiting) == (0.25, 1, None)
+    assert (m.kv_usage_peak, m.preemptions, m.waiting_peak) == (0.25, 1, None)
     assert median_of(runs[:3]).throughput == 223  # neither the stalled 153 nor the lucky 319
     with pytest.raises(ValueError, match="at least one repeat"):
         median_of([])
@@ -271,11 +271,11 @@ def test_point_from_run_takes_peaks_and_the_runs_own_preemptions() -> None:
                ServerMetrics(t=0.5, waiting=3, kv_usage=0.9, preemptions=9),
                ServerMetrics(t=1.0, waiting=1, kv_usage=0.4, preemptions=10)]
     point = point_from_run(4, summary, samples, baseline=ServerMetrics(t=-0.1, preemptions=6))
-    assert (point.concurrency, point.throughput, point.peak_kv_usage, point.preemptions, point.peak_waiting) == (
+    assert (point.concurrency, point.throughput, point.kv_usage_peak, point.preemptions, point.waiting_peak) == (
         4, 4.0, 0.9, 4.0, 3)
     assert (point.ttft_p50, point.ttft_p99) == pytest.approx((0.2, 0.298))
     assert point_from_run(4, summary, samples).preemptions == 3.0  # first sample as the baseline
-    assert point_from_run(4, summary, [ServerMetrics(t=0.0)]).peak_kv_usage is None
+    assert point_from_run(4, summary, [ServerMetrics(t=0.0)]).kv_usage_peak is None
 
 
 def test_steady_state_leaves_out_the_opening_burst() -> None:

@@ -10,9 +10,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, median, precise, t_quantile
+from batchbench.analysis.repeats import (
+    Estimate,
+    RepeatProtocol,
+    Repeats,
+    median,
+    paired,
+    precise,
+    t_quantile,
+    why_no_estimate,
+)
 from batchbench.core import codec
 from batchbench.measures.machine_load import BUSY_SHARE, MachineLoad
+from batchbench.pytest_plugin import IntervalChecks
 
 QUIET, BUSY = MachineLoad(0.01), MachineLoad(BUSY_SHARE + 0.1)
 positive = st.floats(min_value=1e-3, max_value=1e6, allow_nan=False)
@@ -182,3 +192,31 @@ def test_a_spent_budget_stops_extra_passes_and_none_is_not_kept() -> None:
         RepeatProtocol(repeats=0)
     with pytest.raises(ValueError, match=r"max_repeats \(2\) is below repeats \(3\)"):
         RepeatProtocol(repeats=3, max_repeats=2)
+
+
+def _series(*loads: MachineLoad, value: float | None = 1.0) -> Repeats[float | None]:
+    repeats: Repeats[float | None] = Repeats()
+    for load in loads:
+        repeats.add(value, load)
+    return repeats
+
+
+def test_a_claim_without_an_estimate_says_why_and_the_undecided_line_carries_it() -> None:
+    a, b = _series(BUSY, QUIET, BUSY), _series(QUIET, BUSY, MachineLoad(0.9))
+    assert paired(a, b, lambda v: v) is None
+    said = why_no_estimate((a, b))
+    assert said == ("no estimate: 3 of 3 passes had a disturbed run (other processes took up to 90% of the "
+                    "machine's CPU)")
+    checks = IntervalChecks()
+    assert checks.check("cached over uncached", None, 0.5, "below", of=(a, b)) is None
+    assert checks.undecided == [f"cached over uncached: {said}, expected below 0.5"]
+    # One quiet pass whose figure is missing; then every pass quiet and none with the figure; then nothing.
+    missing: Repeats[float | None] = Repeats()
+    missing.add(1.0, BUSY)
+    missing.add(None, QUIET)
+    assert paired(missing, _series(QUIET, QUIET), lambda v: v) is None
+    some = why_no_estimate((missing, _series(QUIET, QUIET)))
+    assert some.startswith("no estimate: 1 of 2 passes") and some.endswith("; the quiet passes lack the figure")
+    assert why_no_estimate((_series(QUIET, QUIET, value=None),)) == (
+        "no estimate: the figure is missing (or not positive) in all 2 quiet passes")
+    assert why_no_estimate((Repeats(),)) == "no estimate: nothing was measured"

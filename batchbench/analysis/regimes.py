@@ -69,8 +69,8 @@ PEAK_SHARE = 0.9
 class SweepPoint:
     """One concurrency level of a sweep, as measured (or the median over its repeats: :func:`median_of`).
 
-    ``peak_kv_usage`` (fraction of capacity), ``preemptions`` (during the run)
-    and ``peak_waiting`` (requests queued engine-side) are None when the engine
+    ``kv_usage_peak`` (fraction of capacity), ``preemptions`` (during the run)
+    and ``waiting_peak`` (requests queued engine-side) are None when the engine
     does not expose them.
     """
 
@@ -78,14 +78,14 @@ class SweepPoint:
     throughput: float
     ttft_p50: float
     ttft_p99: float
-    peak_kv_usage: float | None = None
+    kv_usage_peak: float | None = None
     preemptions: float | None = None
-    peak_waiting: float | None = None
+    waiting_peak: float | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, not {self.concurrency!r}")
-        for name in ("throughput", "ttft_p50", "ttft_p99", "peak_kv_usage", "preemptions", "peak_waiting"):
+        for name in ("throughput", "ttft_p50", "ttft_p99", "kv_usage_peak", "preemptions", "waiting_peak"):
             value = getattr(self, name)
             if value is not None and (math.isnan(value) or value < 0):
                 raise ValueError(f"{name} must be a number >= 0, not {value!r}")
@@ -142,9 +142,9 @@ class RegimeReport:
                 "throughput": p.point.throughput,
                 "ttft_p50": p.point.ttft_p50,
                 "ttft_p99": p.point.ttft_p99,
-                "peak_kv_usage": p.point.peak_kv_usage,
+                "kv_usage_peak": p.point.kv_usage_peak,
                 "preemptions": p.point.preemptions,
-                "peak_waiting": p.point.peak_waiting,
+                "waiting_peak": p.point.waiting_peak,
                 "gain_from_previous": p.gain_from_previous,
                 "share_of_peak": p.share_of_peak,
                 "ttft_p99_ratio": p.ttft_p99_ratio,
@@ -201,11 +201,11 @@ def classify_regimes(
     peak = max(p.throughput for p in ordered)
     knee = next(i for i, p in enumerate(ordered) if p.throughput >= peak_share * peak)
     sweet = ordered[knee]
-    has_kv = any(p.peak_kv_usage is not None for p in ordered)
+    has_kv = any(p.kv_usage_peak is not None for p in ordered)
 
     labelled = []
     for i, p in enumerate(ordered):
-        pressure = (p.peak_kv_usage is not None and p.peak_kv_usage >= kv_danger) or bool(p.preemptions)
+        pressure = (p.kv_usage_peak is not None and p.kv_usage_peak >= kv_danger) or bool(p.preemptions)
         regime: Regime
         if i < knee:
             regime = "under-utilised"
@@ -266,9 +266,9 @@ def median_of(repeats: Sequence[SweepPoint]) -> SweepPoint:
         throughput=median([p.throughput for p in repeats]),
         ttft_p50=median([p.ttft_p50 for p in repeats]),
         ttft_p99=median([p.ttft_p99 for p in repeats]),
-        peak_kv_usage=peak([p.peak_kv_usage for p in repeats]),
+        kv_usage_peak=peak([p.kv_usage_peak for p in repeats]),
         preemptions=peak([p.preemptions for p in repeats]),
-        peak_waiting=peak([p.peak_waiting for p in repeats]),
+        waiting_peak=peak([p.waiting_peak for p in repeats]),
     )
 
 
@@ -320,7 +320,7 @@ def point_from_run(
         throughput=summary.output_token_throughput,
         ttft_p50=ttft.p50,
         ttft_p99=ttft.p99,
-        peak_kv_usage=peak([s.kv_usage for s in samples]),
+        kv_usage_peak=peak([s.kv_usage for s in samples]),
         preemptions=preemptions,
-        peak_waiting=peak([s.waiting for s in samples]),
+        waiting_peak=peak([s.waiting for s in samples]),
     )

@@ -261,6 +261,22 @@ def paired(a: Repeats[T], b: Repeats[T], value: Callable[[T], float | None]) -> 
     return Estimate.paired_ratio(pairs)
 
 
+def why_no_estimate(series: Sequence[Repeats[Any]]) -> str:
+    """Why a claim over these repeats (measured pass by pass, side by side) has no estimate, for the line that
+    calls it undecided: the passes with a disturbed run and how disturbed, or the figure missing where they were
+    quiet. A bare "no estimate" once hid for months that every pass of a suite was disturbed."""
+    passes = min((len(s) for s in series), default=0)
+    if passes == 0:
+        return "no estimate: nothing was measured"
+    disturbed = [i for i in range(passes) if any(s.loads[i].disturbed for s in series)]
+    if not disturbed:
+        return f"no estimate: the figure is missing (or not positive) in all {passes} quiet passes"
+    shares = [load.foreign_share for s in series for load in s.loads[:passes] if load.disturbed]
+    said = (f"no estimate: {len(disturbed)} of {passes} passes had a disturbed run (other processes took up to "
+            f"{max(share or 0.0 for share in shares):.0%} of the machine's CPU)")
+    return said if len(disturbed) == passes else f"{said}; the quiet passes lack the figure"
+
+
 Expect = Literal["above", "below"]
 
 

@@ -164,15 +164,14 @@ class Point:
 
     def sweep_point(self) -> SweepPoint | None:
         """The point as :mod:`batchbench.analysis.regimes` classifies it: the mean of each figure over the used runs,
-        the
-        highest of the memory evidence (a full cache that happened once did happen)."""
+        the highest of the memory evidence (a full cache that happened once did happen)."""
         points = [p for r in self.used if (p := r.sweep_point()) is not None]
         if not points:
             return None
         return SweepPoint(self.concurrency, statistics.fmean(p.throughput for p in points),
                           statistics.fmean(p.ttft_p50 for p in points), statistics.fmean(p.ttft_p99 for p in points),
-                          peak(p.peak_kv_usage for p in points), peak(p.preemptions for p in points),
-                          peak(p.peak_waiting for p in points))
+                          peak(p.kv_usage_peak for p in points), peak(p.preemptions for p in points),
+                          peak(p.waiting_peak for p in points))
 
 
 def peak(values: Iterable[float | None]) -> float | None:
