@@ -11,6 +11,7 @@ any screen.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -150,6 +151,19 @@ def _requests_ylim(ax: Axes, values: list[float]) -> None:
     ax.set_ylim(-0.03 * top, top)
 
 
+#: Height of one legend row at fontsize 7, in inches, with its spacing.
+_LEGEND_ROW_IN = 0.18
+
+
+def _legend_below(fig: Figure, handles: list[Any], labels: list[str], ncols: int = 3) -> None:
+    """A legend under the axes, three runs to a row, the figure taller by its rows: a workload of many runs (a
+    main job's repeats) has more rows than a fixed height holds, and the axes above collapsed to nothing."""
+    if not handles:
+        return
+    fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=min(len(handles), ncols), frameon=False)
+    fig.set_figheight(fig.get_figheight() + _LEGEND_ROW_IN * math.ceil(len(handles) / ncols))
+
+
 def workload_figure(runs: list[ReportedRun], colors: dict[str, Any]) -> str | None:
     """One compact figure per workload, a line per run: the TTFT CDF of its ok requests, its KV usage (with the
     danger line) and its requests waiting over time. What a per-run figure each used to show, at a fraction of
@@ -189,9 +203,7 @@ def workload_figure(runs: list[ReportedRun], colors: dict[str, Any]) -> str | No
     ax_wait.set_xlabel("seconds since run start")
     for ax in (ax_cdf, ax_kv, ax_wait):
         ax.tick_params(labelsize=8)  # no grid: a compact figure is read for its shape, and a grid is its bytes
-    handles, labels = ax_cdf.get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=min(len(handles), 3), frameon=False)
+    _legend_below(fig, *ax_cdf.get_legend_handles_labels())
     return to_svg(fig)
 
 
@@ -219,8 +231,7 @@ def slices_figure(runs: list[ReportedRun], colors: dict[str, Any]) -> str | None
         ax.set_xlabel("seconds since run start")
         ax.set_ylim(bottom=0)
         ax.tick_params(labelsize=8)
-    handles, labels = ax_tput.get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=min(len(handles), 3), frameon=False)
+    _legend_below(fig, *ax_tput.get_legend_handles_labels())
     return to_svg(fig)
 
 
