@@ -325,8 +325,11 @@ def test_an_idle_loop_whose_cpu_others_hold_waited_and_is_contended_not_saturate
     for _ in range(3):
         load = _idle_loop_behind_spinners(cpu, 8)
         tries.append(load)
+        assert load.busy_fraction < 0.2, load
+        if load.own_lag is None:  # starved so long that fewer probes ran than a percentile needs: not judged
+            continue
         # However late it woke, the waits were the lateness (own lag measured 0.2-0.3 ms).
-        assert load.busy_fraction < 0.2 and load.own_lag is not None and load.own_lag[1] < BURST_LAG_S, load
+        assert load.own_lag[1] < BURST_LAG_S, load
         assert load.loop_wait_s is not None, load
         if load.judged_lag is not None and load.judged_lag[1] > MAX_LOOP_LAG_S:
             assert load.loop_wait_s >= load.judged_lag[1], load  # a late try waited for its CPU at least that long
@@ -336,7 +339,7 @@ def test_an_idle_loop_whose_cpu_others_hold_waited_and_is_contended_not_saturate
             assert "not the load generator's own work" in found.reasons[0]
             assert "waited for a CPU" in found.reasons[0]
             return
-    pytest.fail(f"the loop kept time behind the spinners in every try: {tries}")
+    pytest.fail(f"no try was judged late behind the spinners (each kept time or ran too few probes): {tries}")
 
 
 def _idle_loop_behind_spinners(cpu: int, spinners: int) -> ClientLoad:
