@@ -264,7 +264,7 @@ def paired(a: Repeats[T], b: Repeats[T], value: Callable[[T], float | None]) -> 
 def why_no_estimate(series: Sequence[Repeats[Any]]) -> str:
     """Why a claim over these repeats (measured pass by pass, side by side) has no estimate, for the line that
     calls it undecided: the passes with a disturbed run and how disturbed, or the figure missing where they were
-    quiet. A bare "no estimate" once hid for months that every pass of a suite was disturbed."""
+    quiet. A bare "no estimate" once hid, run after run, that every pass of a suite was disturbed."""
     passes = min((len(s) for s in series), default=0)
     if passes == 0:
         return "no estimate: nothing was measured"
