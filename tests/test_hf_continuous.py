@@ -76,7 +76,9 @@ async def test_the_kv_cache_is_the_size_asked_for_and_fills_and_empties(hfc: HFC
         await asyncio.sleep(0.02)
     assert [t[2] for t in await asyncio.gather(*tasks)] == [128] * 8
     assert peak_running >= 4 and peak_usage > 0.9, (peak_running, peak_usage)
-    after = await hfc.scrape()
+    deadline = now() + 5  # a stream can end with its last token a moment before the scheduler frees its blocks
+    while (after := await hfc.scrape()) is not None and (after.running or after.kv_usage) and now() < deadline:
+        await asyncio.sleep(0.02)
     assert after is not None and (after.running, after.waiting, after.kv_usage) == (0, 0, 0)
 
 
