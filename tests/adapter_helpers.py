@@ -1,15 +1,18 @@
-"""Helpers the adapter tests share: requests, collecting a stream, a client that answers a recorded body."""
+"""Helpers the adapter tests share: requests, collecting a stream, waiting on the metrics, a client that answers a
+recorded body."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from batchbench.adapters.base import Chunk, Engine
 from batchbench.adapters.http import HttpClient
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.stream_client import StreamClient, _Connection
+from batchbench.core.clock import now
+from batchbench.core.server_metrics import ServerMetrics
 from batchbench.workload.requests import Request
 
 
@@ -19,6 +22,16 @@ def request(rid: str = "req-1", prompt: tuple[int, ...] = (11, 12, 13, 14), max_
 
 async def collect(engine: Engine, req: Request) -> list[Chunk]:
     return [chunk async for chunk in engine.stream(req)]
+
+
+async def scrape_until(engine: Engine, settled: Callable[[ServerMetrics], bool], *, timeout_s: float = 5.0,
+                       every_s: float = 0.02) -> ServerMetrics | None:
+    """The engine's metrics once ``settled`` holds for them, else the last read when ``timeout_s`` runs out (None:
+    it has none). A stream ends with its last token a moment before the engine's own bookkeeping of it does."""
+    deadline = now() + timeout_s
+    while (sample := await engine.scrape()) is not None and not settled(sample) and now() < deadline:
+        await asyncio.sleep(every_s)
+    return sample
 
 
 class RecordedAnswer:

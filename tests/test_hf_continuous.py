@@ -22,6 +22,7 @@ from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig
 from batchbench.results.document import RunDocument
 from batchbench.workload.requests import Request
+from tests.adapter_helpers import scrape_until
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[cpu]')")
 
@@ -76,9 +77,8 @@ async def test_the_kv_cache_is_the_size_asked_for_and_fills_and_empties(hfc: HFC
         await asyncio.sleep(0.02)
     assert [t[2] for t in await asyncio.gather(*tasks)] == [128] * 8
     assert peak_running >= 4 and peak_usage > 0.9, (peak_running, peak_usage)
-    deadline = now() + 5  # a stream can end with its last token a moment before the scheduler frees its blocks
-    while (after := await hfc.scrape()) is not None and (after.running or after.kv_usage) and now() < deadline:
-        await asyncio.sleep(0.02)
+    # The scheduler frees a finished request's blocks a moment after its stream ends.
+    after = await scrape_until(hfc, lambda m: not (m.running or m.kv_usage))
     assert after is not None and (after.running, after.waiting, after.kv_usage) == (0, 0, 0)
 
 
@@ -88,9 +88,7 @@ async def test_a_dropped_stream_frees_its_slot(hfc: HFContinuousEngine) -> None:
     async for _ in stream:
         break
     await stream.aclose()  # the client goes away after its first token
-    deadline = now() + 10
-    while (sample := await hfc.scrape()) is not None and sample.running and now() < deadline:
-        await asyncio.sleep(0.05)
+    sample = await scrape_until(hfc, lambda m: not m.running, timeout_s=10, every_s=0.05)
     assert sample is not None and sample.running == 0
 
 

@@ -23,6 +23,7 @@ from batchbench.adapters.http import make_client
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig
 from batchbench.workload.requests import Request
+from tests.adapter_helpers import scrape_until
 
 pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[cpu]')")
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[cpu]')")
@@ -123,17 +124,13 @@ async def test_the_metrics_show_the_running_batch_and_the_requests_waiting(
     model.hold.clear()
     tasks = [asyncio.create_task(_stream(hf, Request(f"m{i}", (1, 2), 3))) for i in range(BATCH + 2)]
     try:
-        deadline = now() + 5
-        while (sample := await hf.scrape()) is not None and sample.running != BATCH and now() < deadline:
-            await asyncio.sleep(0.01)
+        sample = await scrape_until(hf, lambda m: m.running == BATCH, every_s=0.01)
         assert sample is not None and (sample.running, sample.waiting) == (BATCH, 2)
     finally:
         model.hold.set()
     await asyncio.gather(*tasks)
     # The last batch's streams end with their tokens, a moment before generate() returns and its slots are free.
-    deadline = now() + 5
-    while (idle := await hf.scrape()) is not None and idle.running and now() < deadline:
-        await asyncio.sleep(0.01)
+    idle = await scrape_until(hf, lambda m: not m.running, every_s=0.01)
     assert idle is not None and (idle.running, idle.waiting, idle.completed) == (0, 0, BATCH + 2)
 
 
