@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jsonschema
 import pytest
@@ -659,6 +659,35 @@ def test_the_committed_schema_is_the_generated_one() -> None:
     committed = json.loads((REPO / "results.schema.json").read_text(encoding="utf-8"))
     assert committed == results.json_schema(), "regenerate: python -m batchbench.results schema > results.schema.json"
     jsonschema.Draft202012Validator.check_schema(committed)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judged:
+    value: float
+
+    @property
+    def high(self) -> bool:
+        return self.value > 1.0
+
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("high",)
+
+
+def test_a_derived_key_is_written_typed_by_its_property_and_ignored_when_read() -> None:
+    assert codec.encode(_Judged(2.0)) == {"value": 2.0, "high": True}
+    assert codec.decode(_Judged, {"value": 0.5, "high": True}) == _Judged(0.5)
+    schema = codec.object_schema(_Judged, {})
+    assert schema["properties"]["high"]["readOnly"] is True and "boolean" in json.dumps(schema["properties"]["high"])
+    assert schema["required"] == ["value", "high"]
+
+
+def test_a_derived_key_that_is_not_a_property_is_refused() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Wrong:
+        value: float
+        JSON_DERIVED: ClassVar[tuple[str, ...]] = ("value",)
+
+    with pytest.raises(TypeError, match="'value', which is not a property"):
+        codec.encode(Wrong(1.0))
 
 
 def test_the_schema_command_prints_it() -> None:

@@ -204,11 +204,13 @@ class Estimate:
             return f"{fmt(self.value)} (n={self.n})"
         return f"{fmt(self.value)} [{fmt(self.low)}–{fmt(self.high)}]"
 
-    #: Written with the estimate for a reader of report.json, ignored when read back.
-    JSON_DERIVED: ClassVar[dict[str, type]] = {"confidence": float}
+    @property
+    def confidence(self) -> float:
+        """The interval's confidence level (:data:`CONFIDENCE`)."""
+        return CONFIDENCE
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"confidence": CONFIDENCE}
+    #: Written with the estimate for a reader of report.json, ignored when read back.
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("confidence",)
 
 
 def median(values: Sequence[float]) -> float:

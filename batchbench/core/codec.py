@@ -18,8 +18,9 @@ What a type can say, besides its hints:
   a value that cannot be read is noted in ``problems`` under it and read as None, rather than failing the whole
   document; ``reader``, a function that reads the field's object itself (an older layout); ``lenient``: a value
   of another type reads as None (a free-form label batchbench reads only where it has the type it gives it).
-- ``json_derived(self) -> dict``: keys computed from the fields (a verdict, a threshold), written after them
-  and ignored when read; ``JSON_DERIVED``, their types, for the schema.
+- ``JSON_DERIVED``: the names of properties computed from the fields (a verdict, the threshold it was judged
+  by), written after them and ignored when read; each property's return hint is its type in the schema, so a
+  derived key is declared once.
 - ``to_dict(self)``: a type whose layout is not its fields (objectives by name) writes itself; its fields'
   ``reader`` reads it, and a ``json_schema`` classmethod describes it.
 """
@@ -44,6 +45,18 @@ class DecodeError(ValueError):
 @cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+@cache
+def derived_keys(cls: type) -> dict[str, Any]:
+    """A type's derived keys (the properties its ``JSON_DERIVED`` names), each with its property's return hint."""
+    keys: dict[str, Any] = {}
+    for name in getattr(cls, "JSON_DERIVED", ()):
+        prop = getattr(cls, name, None)
+        if not isinstance(prop, property) or prop.fget is None:
+            raise TypeError(f"{cls.__name__}.JSON_DERIVED names {name!r}, which is not a property")
+        keys[name] = typing.get_type_hints(prop.fget)["return"]
+    return keys
 
 
 def fields_of(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
@@ -89,15 +102,12 @@ def encode(value: Any) -> Any:
 
 def encode_fields(obj: Any) -> dict[str, Any]:
     """A dataclass's fields by name (a ``rest`` field's keys flat among them), then its derived keys."""
-    cls = type(obj)
+    cls: type = type(obj)
     rest = _rest(cls)
     doc = {_key(f): encode(getattr(obj, f.name)) for f, _ in fields_of(cls) if f.name != rest}
     if rest is not None:
         doc |= {k: encode(v) for k, v in getattr(obj, rest).items() if k not in doc}
-    derived = getattr(obj, "json_derived", None)
-    if derived is not None:
-        doc |= {k: encode(v) for k, v in derived().items()}
-    return doc
+    return doc | {k: encode(getattr(obj, k)) for k in derived_keys(cls)}
 
 
 # --------------------------------------------------------------------------- reading
@@ -175,7 +185,7 @@ def _decode_dataclass(cls: type, value: Any, where: str, problems: list[str]) ->
             continue
         kwargs[f.name] = _decode_field(f, hint, value[name], key, problems)
     if rest is not None:
-        derived = getattr(cls, "JSON_DERIVED", {})
+        derived = derived_keys(cls)
         kwargs[rest] = {k: v for k, v in value.items() if k not in named and k not in derived}
     try:
         return cls(**kwargs)
@@ -253,7 +263,7 @@ def object_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
     to say), derived keys read-only, other keys refused unless the type keeps a ``rest`` field."""
     rest = _rest(cls)
     props = {_key(f): field_schema(f, hint, defs) for f, hint in fields_of(cls) if f.name != rest}
-    for name, tp in getattr(cls, "JSON_DERIVED", {}).items():
+    for name, tp in derived_keys(cls).items():
         props[name] = type_schema(tp, defs) | {"description": "derived (ignored when read)", "readOnly": True}
     schema: dict[str, Any] = {"type": "object"}
     if cls.__doc__:

@@ -58,7 +58,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from batchbench.core.clock import now
 from batchbench.core.cpu_quota import CpuQuota, cpu_quota
@@ -268,14 +268,25 @@ class ClientLoad:
                    own_lag_p90_s=latest.own_lag_p90_s, own_lag_p99_s=latest.own_lag_p99_s,
                    cpu_quota=latest.cpu_quota, quota_throttled_s=latest.quota_throttled_s)
 
+    @property
+    def busy_limit(self) -> float:
+        """The busy share from which the client is the bottleneck (:data:`BUSY_LIMIT`)."""
+        return BUSY_LIMIT
+
+    @property
+    def max_loop_lag_s(self) -> float:
+        """The loop lag from which the chunks' timestamps are late (:data:`MAX_LOOP_LAG_S`)."""
+        return MAX_LOOP_LAG_S
+
+    @property
+    def max_burst_share(self) -> float:
+        """The share of read-burst gaps from which the ITL is the client's (:data:`MAX_BURST_SHARE`)."""
+        return MAX_BURST_SHARE
+
     #: Written with the figures for a reader of the document, ignored when read back: the verdicts and the limits
     #: they were judged by.
-    JSON_DERIVED: ClassVar[dict[str, type]] = {"saturated": bool, "contended": bool, "busy_limit": float,
-                                               "max_loop_lag_s": float, "max_burst_share": float}
-
-    def json_derived(self) -> dict[str, Any]:
-        return {"saturated": self.saturated, "contended": self.contended, "busy_limit": BUSY_LIMIT,
-                "max_loop_lag_s": MAX_LOOP_LAG_S, "max_burst_share": MAX_BURST_SHARE}
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("saturated", "contended", "busy_limit", "max_loop_lag_s",
+                                               "max_burst_share")
 
 
 def _ms(seconds: float | None) -> str:

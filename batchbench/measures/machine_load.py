@@ -119,11 +119,13 @@ class MachineLoad:
                      "load generator's")
         return text
 
-    #: Written with the figures for a reader of the document, ignored when read back: the verdict and its limit.
-    JSON_DERIVED: ClassVar[dict[str, type]] = {"disturbed": bool, "busy_share": float}
+    @property
+    def busy_share(self) -> float:
+        """The foreign share above which the run counts as disturbed (:data:`BUSY_SHARE`)."""
+        return BUSY_SHARE
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"disturbed": self.disturbed, "busy_share": BUSY_SHARE}
+    #: Written with the figures for a reader of the document, ignored when read back: the verdict and its limit.
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("disturbed", "busy_share")
 
 
 def _core(share: float, cpus: int) -> str:

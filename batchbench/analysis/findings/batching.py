@@ -11,7 +11,7 @@ that static waves leave idle busy, and an engine that batches statically gains n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 from batchbench.analysis.findings.points import Measurement, Point, PointFindings
 from batchbench.analysis.findings.points import ratio as points_ratio
@@ -41,8 +41,7 @@ class Occupancy:
         """Whether the data cannot tell the two layouts apart (no interval: it cannot either)."""
         return self.ratio.differs_from_one is not True
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"within_noise": self.within_noise}
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("within_noise",)
 
 
 @dataclass(frozen=True)
@@ -55,8 +54,7 @@ class ContinuousOverStatic:
     def headline(self) -> Occupancy:
         return self.at[self.concurrency]
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"headline": self.headline}
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("headline",)
 
 
 def _ideal_decoding(run: Measurement) -> tuple[float, float] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from batchbench.analysis.findings.points import Measurement, ModelScale, layout_rank
 from batchbench.analysis.findings.text import ratio as ratio_text
@@ -103,8 +103,7 @@ class Comparison:
             text = f"{layout}, {self.a} gives {ratio_text(self.ratio)} the {what} of {self.b}, {where} (n=1)"
         return f"{text}; {self.caveat}." if self.caveat else f"{text}."
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"verdict": self.verdict}
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("verdict",)
 
 
 def comparisons(engines: Mapping[str, Mapping[str, LayoutFindings]],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 from batchbench.analysis.findings.points import KEY_FIGURE, Point, PointFindings, ratio
 from batchbench.analysis.findings.text import estimate
@@ -41,9 +41,12 @@ class SweetSpot:
     peak_concurrency: int | None = None
     share_of_peak: Estimate | None = None
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"definition": f"the smallest batch size whose throughput is at least {PEAK_SHARE:.0%} of the most "
-                              "measured"}
+    @property
+    def definition(self) -> str:
+        """What a sweet spot is, for a reader of report.json."""
+        return f"the smallest batch size whose throughput is at least {PEAK_SHARE:.0%} of the most measured"
+
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("definition",)
 
 
 def sweet_spot(report: RegimeReport, by_c: dict[int, PointFindings], points: dict[int, Point]) -> SweetSpot:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from batchbench.analysis.findings.points import Point, PointFindings
 from batchbench.analysis.planner import CapacityFit
@@ -48,8 +48,7 @@ class MemoryBound:
             return None
         return self.memory_bound_from == self.predicted_onset
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"matches_prediction": self.matches_prediction}
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("matches_prediction",)
 
 
 def _most_common(values: Iterable[Any]) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 from batchbench.analysis.findings.points import Measurement, Point, PointFindings
 from batchbench.analysis.findings.points import ratio as points_ratio
@@ -45,8 +45,7 @@ class PaddingAt:
             return None
         return self.latency_ratio.low > self.real_token_ratio
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"pays_for_padding": self.pays_for_padding}
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("pays_for_padding",)
 
 
 @dataclass(frozen=True)
@@ -59,8 +58,7 @@ class PaddingCost:
     def headline(self) -> PaddingAt:
         return self.at[self.concurrency]
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"headline": self.headline}
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("headline",)
 
 
 def _padded_share(run: Measurement) -> tuple[float, int, int] | None:

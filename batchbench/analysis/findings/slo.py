@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from batchbench.analysis.findings.points import Point, PointFindings
 from batchbench.analysis.findings.text import ms, ms_estimate
@@ -76,8 +76,7 @@ class SloAt:
         """The objectives that do not clearly hold, with their values."""
         return tuple(f"{o.text()} ({o.judgement})" for o in self.objectives if o.judgement != "meets")
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"judgement": self.judgement}
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("judgement",)
 
 
 def slo_at(point: Point, slo: Slo) -> SloAt:

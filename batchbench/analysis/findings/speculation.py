@@ -11,7 +11,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar
 
 from batchbench.analysis.findings.points import PADDING_LAYOUTS, Point
 from batchbench.analysis.findings.text import times
@@ -55,8 +55,7 @@ class Speculation:
     def largest_measured(self) -> int | None:
         return max((a.concurrency for a in self.at if a.valid), default=None)
 
-    def json_derived(self) -> dict[str, Any]:
-        return {"largest_measured": self.largest_measured}
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("largest_measured",)
 
 
 def _without_speculation(batching: BatchingConfig) -> BatchingConfig:
