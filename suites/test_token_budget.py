@@ -140,9 +140,11 @@ MAX_REPEATS = 5
 # (0.20s vs 0.74s), 0.13 vs chunked (0.06s vs 0.50s); the capped cell's spread is the hiccup when the
 # burst is admitted. Asserting < 0.6 leaves a margin of ~2x over the worst measured ratio.
 TTFT_RATIO_MAX = 0.6
-# The burst's first tokens: side by side they come in one step (only client jitter apart, ~ms);
-# one after another they are a step apart each, (K - 1) long steps, >= 9 x ~70 ms when quiet.
-# Asserting a quarter of that leaves room for jitter.
+# The burst's first tokens: side by side they come in one step once all K are admitted; one after another
+# they are a step apart each, (K - 1) long steps, >= 9 x ~70 ms when quiet. The side-by-side spread is not
+# ~0 in practice: the K long bodies reach the engine over a few steps (measured 35-114 ms on 2 vCPUs at half
+# speed under tools/slow-machine), so the pass-by-pass ratio's interval can straddle the limit for 3 passes
+# and take the 5 MAX_REPEATS allows. Asserting a quarter of the serial spread leaves room for that.
 SPREAD_RATIO_MAX = 0.25
 
 
