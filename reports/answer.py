@@ -19,7 +19,7 @@ from batchbench.analysis.findings.decisions import slo_text
 from batchbench.analysis.findings.invalid import by_kind
 from batchbench.analysis.findings.speculation import Speculation
 from batchbench.analysis.regimes import PEAK_SHARE
-from batchbench.analysis.repeats import CONFIDENCE, Estimate
+from batchbench.analysis.repeats import CONFIDENCE, MIN_DECIDING_REPEATS, Estimate
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.reports import fmt
 from batchbench.reports.blocks import Block, Bullets, Cell, Para, Section, Table
@@ -68,8 +68,10 @@ def decisions_table(findings: Findings, links: dict[tuple[str, str], str]) -> Ta
         rows.append([Cell(title), *(Cell(d.answers(findings.slo)[key], link=links.get((d.engine, d.layout or ""), ""))
                                     for d in engines)])
     return Table(["Question", *(d.engine for d in engines)], rows,
-                 caption=f"Figures: the mean [{CONFIDENCE:.0%} interval] over n repeats (Student's t; ratios by the "
-                         "delta method); each answer links to the curve it was read from. " + VOCABULARY, prose=True)
+                 caption=f"Figures: the mean [{CONFIDENCE:.0%} interval] over n repeats (Student's t on the log scale; "
+                         "ratios by the delta method); each answer links to the curve it was read from. A point with "
+                         f"fewer than {MIN_DECIDING_REPEATS} repeats and an interval wider than the precision asked "
+                         "decides nothing (too few repeats). " + VOCABULARY, prose=True)
 
 
 def invalid_table(findings: Findings) -> Table:
@@ -161,6 +163,13 @@ def _of_limit(f: LayoutFindings, concurrency: int) -> Cell:
     return Cell(f"{percent(found.share.share)} ({found.share.bound})", "bad" if found.share.beats_bound else "")
 
 
+def _regime(p: PointFindings) -> Cell:
+    """The point's regime; a valid point with too few repeats to decide on has none, and says why."""
+    if p.valid and p.thin:
+        return Cell("too few repeats", "warn")
+    return Cell(str(p.regime or fmt.NA))
+
+
 def points_table(f: LayoutFindings) -> Table:
     """Each point's figures, judgements and runs; with a column of its share of the limit where there is one."""
     limit = f.limit.setup if f.limit is not None and f.limit.points else None
@@ -173,7 +182,7 @@ def points_table(f: LayoutFindings) -> Table:
             Cell(str(len(p.run_ids))),
             _precision(p),
             Cell(fmt.NA if slo is None else slo.judgement, "" if slo is None or slo.judgement == "meets" else "warn"),
-            Cell(str(p.regime or fmt.NA)),
+            _regime(p),
             Cell("yes" if p.valid else "no: " + "; ".join(p.invalid_reasons), "" if p.valid else "bad"),
             Cell(fmt.pct(p.kv_usage_peak)),
             Cell(fmt.count(p.preemptions)),
@@ -183,8 +192,9 @@ def points_table(f: LayoutFindings) -> Table:
         rows.append(cells)
     titles = ["Point", *(title for title, _, _ in _POINT_COLUMNS), "Runs", "Throughput ±", "SLO", "Regime", "Valid",
               "KV peak", "Preemptions", *(["Of the limit"] if limit is not None else []), "Run ids"]
-    caption = (f"Each figure: the mean [{CONFIDENCE:.0%} t-interval] over the point's valid runs. "
-               "Throughput ±: the interval's half-width against the precision target.")
+    caption = (f"Each figure: the mean [{CONFIDENCE:.0%} t-interval, on the log scale] over the point's valid runs. "
+               "Throughput ±: the interval's half-width against the precision target. Too few repeats: fewer than "
+               f"{MIN_DECIDING_REPEATS} and wider than the target, so it decides nothing.")
     if limit is not None:
         caption += (" Of the limit: output tokens/s over its ceiling on paper at the point's batch size (TPOT's floor "
                     f"over TPOT p50 where no tokens/s was measured) and what binds there, for {limit.text()}; the "

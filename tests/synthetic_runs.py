@@ -58,6 +58,10 @@ class RunSpec:
     engine_report: dict[str, Any] = field(default_factory=dict)
     #: Windows of this many seconds into the footer's slices (None: not sliced).
     slice_s: float | None = None
+    #: Summarise it as a closed loop: with a steady state, whose throughput differs from the whole run's (by how
+    #: much depends on ``send_span``, the share of the run over which its requests are sent).
+    closed_loop: bool = False
+    send_span: float = 0.5
 
 
 def records_of(spec: RunSpec, duration: float) -> list[RequestRecord]:
@@ -66,7 +70,7 @@ def records_of(spec: RunSpec, duration: float) -> list[RequestRecord]:
     prompts = spec.prompts or [16] * len(outputs)
     found = []
     for i, (out, prompt) in enumerate(zip(outputs, prompts)):
-        sent = duration * i / len(outputs) * 0.5
+        sent = duration * i / len(outputs) * spec.send_span
         ttft = spec.ttft * (1 + spec.jitter * rng.random())
         span = (spec.decoding or 0.0) * duration
         gap = span / (out - 1) if out > 1 else 0.0
@@ -100,7 +104,8 @@ def document(spec: RunSpec) -> RunDocument:
                              "repeat": spec.repeat, "warmed_up": True, **spec.labels}),
     )
     footer = None if spec.status == "partial" else RunFooter(
-        status=spec.status, duration_s=duration, summary=summarize(records, duration_s=duration),
+        status=spec.status, duration_s=duration,
+        summary=summarize(records, duration_s=duration, closed_loop=spec.closed_loop),
         guardrails=server_summary(samples), client=ClientLoad(spec.client_busy * duration, duration, spec.client_busy),
         machine=MachineLoad(spec.foreign), engine_report=spec.engine_report,
         slices=[] if spec.slice_s is None else time_slices(records, samples, width_s=spec.slice_s, duration_s=duration),

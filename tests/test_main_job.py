@@ -91,8 +91,16 @@ def test_the_time_limit_is_split_over_the_engines_with_the_report_kept() -> None
     assert gone.share(1, 0.0) == 0.0 and not gone.fits(0.0)
 
 
-def test_the_schedule_ends_where_a_run_no_longer_fits() -> None:
-    series: dict[str, Repeats[int]] = {"a": Repeats(), "b": Repeats()}
-    allowed = iter([True, True, True, False])
-    protocol = RepeatProtocol(repeats=3, fits=lambda key: next(allowed))
-    assert list(protocol.schedule(series)) == [("a", 0), ("b", 0), ("a", 1)]
+def test_a_run_that_no_longer_fits_is_skipped_and_a_shorter_one_still_runs() -> None:
+    series: dict[str, Repeats[int]] = {"long": Repeats(), "short": Repeats()}
+    protocol = RepeatProtocol(repeats=2, fits=lambda key: key == "short")
+    assert list(protocol.schedule(series)) == [("short", 0), ("short", 1)]
+    # An extra pass in which nothing fits ends the schedule (no pass after it is tried).
+    calls: list[str] = []
+
+    def fits(key: str) -> bool:
+        calls.append(key)
+        return False
+
+    extra = RepeatProtocol(repeats=1, max_repeats=5, settled=lambda _: False, fits=fits)
+    assert list(extra.schedule({"a": Repeats()})) == [] and calls == ["a", "a"]

@@ -43,16 +43,19 @@ def test_a_t_quantile_never_grows_with_more_degrees_of_freedom(a: float, b: floa
     assert t_quantile(high) <= t_quantile(low)
 
 
-def test_an_estimate_is_the_mean_with_its_t_interval() -> None:
+def test_an_estimate_is_the_mean_with_its_t_interval_on_the_log_scale_for_a_positive_figure() -> None:
     found = Estimate.of([3.0, 1.0, 10.0])
     mean, sd = 14 / 3, statistics.stdev([3.0, 1.0, 10.0])
-    assert found is not None and (found.value, found.n, found.method) == (pytest.approx(mean), 3, "t")
-    assert found.high - found.value == pytest.approx(4.3027 * sd / math.sqrt(3))
-    assert found.low == 0.0  # mean - half is below 0, where a mean of values >= 0 cannot go
+    assert found is not None and (found.value, found.n, found.method) == (pytest.approx(mean), 3, "t-log")
+    spread = 4.3027 * sd / mean / math.sqrt(3)
+    assert (found.low, found.high) == (pytest.approx(mean * math.exp(-spread)), pytest.approx(mean * math.exp(spread)))
+    assert 0 < found.low < mean - 1  # where mean ± half would have crossed 0 (and been clamped there)
     signed = Estimate.of([-3.0, 1.0, 10.0])
-    assert signed is not None and signed.low == pytest.approx(8 / 3 - 4.3027 * signed.sd / math.sqrt(3))
-    assert codec.encode(found) == {"value": found.value, "low": found.low, "high": found.high, "n": 3, "method": "t",
-                               "sd": found.sd, "confidence": 0.95}
+    assert signed is not None and signed.method == "t"
+    assert signed.low == pytest.approx(8 / 3 - 4.3027 * signed.sd / math.sqrt(3))
+    assert Estimate.of([0.0, 0.0]) == Estimate(0.0, 0.0, 0.0, 2, "t", 0.0)
+    assert codec.encode(found) == {"value": found.value, "low": found.low, "high": found.high, "n": 3,
+                                   "method": "t-log", "sd": found.sd, "confidence": 0.95}
     assert codec.decode(Estimate, codec.encode(found)) == found
     one = Estimate.of([5.0])
     assert one == Estimate(5.0, None, None, 1) and one.relative_half_width is None and not one.precise(1.0)

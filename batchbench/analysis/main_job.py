@@ -26,8 +26,8 @@ from typing import Any
 
 from batchbench.adapters.registry import get_spec
 from batchbench.analysis import validity
-from batchbench.analysis.regimes import SweepPoint, classify_regimes
-from batchbench.analysis.repeats import RepeatProtocol, Repeats, precise
+from batchbench.analysis.regimes import PEAK_SHARE, SweepPoint, against_peak, classify_regimes
+from batchbench.analysis.repeats import DEFAULT_PRECISION, Estimate, RepeatProtocol, Repeats, paired
 from batchbench.core.config import BatchingConfig
 from batchbench.load.runner import MeasuredRun
 from batchbench.load.sweep import SweepDesign, sweep_design
@@ -40,8 +40,6 @@ Key = tuple[str, int]
 #: Interleaved runs of every measurement; more only where the answer needs them (module docstring). Two give a
 #: first interval everywhere; the budget's extra repeats then narrow the ones that decide something.
 DEFAULT_REPEATS = 2
-#: The share of its mean a point's throughput interval is repeated down to (``--precision``).
-DEFAULT_PRECISION = 0.05
 #: Runs of a measurement at most, as a multiple of the repeats.
 MAX_REPEATS_FACTOR = 10
 #: The whole job's default wall-clock bound: on two vCPUs ``./bootstrap.sh`` takes about two minutes from a
@@ -137,12 +135,13 @@ class EngineSweep:
             units = float(self.generations)
         return units * calibration.generation_s
 
-    def labels(self, layout: str, concurrency: int, repeat: int, precision: float) -> dict[str, Any]:
+    def labels(self, layout: str, concurrency: int, repeat: int, precision: float, time_limit_s: float
+               ) -> dict[str, Any]:
         """What findings and the report group by; ``kv_fit`` only where the design sized the KV cache."""
         d = self.design
         # warmed_up: the engine cache's warm-up and one unrecorded pass of the sweep's own shapes came first.
         return {"suite": "main", "layout": layout, "concurrency": concurrency, "repeat": repeat, "warmed_up": True,
-                "fit": d.fit, "precision": precision, "generations": self.generations,
+                "fit": d.fit, "precision": precision, "time_limit_s": time_limit_s, "generations": self.generations,
                 "kv_fit": d.fit if d.block_size is not None and self.batching is not None else None,
                 "kv_capacity_tokens": self.batching.kv_capacity_tokens if self.batching else None,
                 "design": d.describe()}
@@ -231,45 +230,146 @@ class Repetition:
 
     def protocol(self, sweep: EngineSweep, slo: Slo, budget_s: float, fits: Callable[[Key], bool]) -> RepeatProtocol:
         """The schedule of one engine's runs: every measurement ``repeats`` times; then, while ``budget_s`` lasts
-        and each run ``fits``, again what is not yet within the precision target among what the answer rests on
-        (:func:`deciding`), and any measurement an invalid run left with fewer usable runs than ``repeats``."""
-        return RepeatProtocol(repeats=self.repeats, max_repeats=self.max_repeats,
-                              settled=precise(usable_throughput, self.precision), alternate=True,
-                              budget_s=budget_s, focus=deciding(sweep, slo, self.repeats), fits=fits)
+        and each run ``fits``, again what the answer still needs (:func:`deciding`), most needed first."""
+        return RepeatProtocol(repeats=self.repeats, max_repeats=self.max_repeats, settled=_never, alternate=True,
+                              budget_s=budget_s, focus=deciding(sweep, slo, self.repeats, self.precision), fits=fits)
 
 
-def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS
-             ) -> Callable[[Mapping[Key, Repeats[MeasuredRun]]], set[Key]]:
-    """What the answer is decided by, given the runs so far (:attr:`RepeatProtocol.focus`): everything measured
-    at the fit (the comparisons), and on the curve the sweet spot with its neighbours, the batch of most
-    throughput, and the two batches either side of the SLO's TTFT p99 limit. Extra repeats go there, and to any
-    measurement with fewer than ``repeats`` usable runs (an invalid run is measured again)."""
+def _never(_: Repeats[MeasuredRun]) -> bool:
+    """The main job's focus (:func:`deciding`) already holds only what is not settled: why a key is still needed
+    depends on what it decides, which one key's runs alone cannot tell."""
+    return False
+
+
+def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS, precision: float = DEFAULT_PRECISION
+             ) -> Callable[[Mapping[Key, Repeats[MeasuredRun]]], list[Key]]:
+    """What the answer still needs measured, given the runs so far, most needed first
+    (:attr:`RepeatProtocol.focus`); each key leaves the list once what it decides is decided, and the first three
+    are measured in every extra pass, the rest in every other one:
+
+    1. any measurement with fewer than ``repeats`` usable runs (an invalid run is measured again);
+    2. the sweet spot and the batch of most throughput, until their throughput is within ``precision``; the batch
+       below the sweet spot until it is shown under the sweet spot's share of the peak, the one above until it is
+       placed against the peak (:func:`_curve_keys`);
+    3. the SLO's TTFT p99 boundary (the last point that meets it, the first that fails, any too thin to judge
+       between them), until each verdict is decided;
+    4. every point that could still be the peak or within its margin (one too thin to place, or one whose ratio to
+       the peak holds 1 but reaches past the sweet spot's margin), until it is placed;
+    5. the comparisons at the fit (continuous against static waves, the padding pair), each pair side by side,
+       until their ratio is within ``precision`` or excludes 1;
+    6. points below the SLO boundary too thin to judge against it.
+
+    Points far from any decision (a batch of 1 at a fifth of the peak) get no more than ``repeats``.
+    """
     fit = sweep.design.fit
     limit = next((o.limit_s for o in slo.objectives if o.metric == "ttft" and o.stat == "p99"), None)
 
-    def focus(series: Mapping[Key, Repeats[MeasuredRun]]) -> set[Key]:
-        short = {key for key, runs in series.items()
-                 if sum(usable_throughput(r) is not None for r in runs.runs) < repeats}
-        return short | _deciding(series)
-
-    def _deciding(series: Mapping[Key, Repeats[MeasuredRun]]) -> set[Key]:
-        keys = {key for key in series if key[0] != "continuous" or key[1] == fit}
-        curve = sorted((c, tok) for (layout, c), runs in series.items()
-                       if layout == "continuous" and (tok := runs.estimate(usable_throughput)) is not None)
-        if len(curve) < 2:
-            return set(series)
-        levels = [c for c, _ in curve]
-        knee = levels.index(classify_regimes([SweepPoint(c, tok.value, 0.0, 0.0) for c, tok in curve]).sweet_spot)
-        chosen = set(levels[max(0, knee - 1):knee + 2]) | {max(curve, key=lambda ct: ct[1].value)[0]}
-        if limit is not None:
-            ttft = [(c, found.value) for c in levels
-                    if (found := series[("continuous", c)].estimate(usable_ttft_p99)) is not None]
-            within = [i for i, (_, v) in enumerate(ttft) if v <= limit]
-            last = within[-1] if within else -1
-            chosen |= {c for c, _ in ttft[max(0, last):last + 2]}
-        return keys | {("continuous", c) for c in chosen}
+    def focus(series: Mapping[Key, Repeats[MeasuredRun]]) -> list[Key]:
+        tok = {key: e for key, runs in series.items() if (e := runs.estimate(usable_throughput)) is not None}
+        first = [key for key, runs in series.items()
+                 if sum(usable_throughput(r) is not None for r in runs.runs) < repeats]
+        first += _curve_keys(tok, precision)
+        boundary, below = _slo_keys(series, limit, precision) if limit is not None else ([], [])
+        first += boundary
+        then = _rivals(tok, precision)
+        for pair in ((("continuous", fit), ("static-waves", fit)), (("homogeneous", fit), ("padded-mixed", fit))):
+            here = [key for key in pair if key in series]
+            if len(here) == 2 and not _compared(series[here[0]], series[here[1]], precision):
+                then += here
+            elif len(here) == 1 and not ((only := tok.get(here[0])) is not None and only.precise(precision)):
+                then += here  # its partner is not measured (--levels without the fit): its own precision
+        # The sweet spot, the peak and the SLO boundary in every extra pass; the rest in every other one (each
+        # extra pass adds a run to what it measures, so the passes so far are the most runs any key has).
+        extra_pass = max((len(runs) for runs in series.values()), default=0) - repeats
+        wanted = first + (then + below if not first or extra_pass % 2 == 1 else [])
+        return _side_by_side(list(dict.fromkeys(wanted)), fit)
 
     return focus
+
+
+def _curve(tok: Mapping[Key, Estimate], precision: float) -> list[tuple[int, Estimate]]:
+    """The continuous curve's points that are not too thin to decide on, by batch size."""
+    return sorted((c, e) for (layout, c), e in tok.items() if layout == "continuous" and not e.thin(precision))
+
+
+def _curve_keys(tok: Mapping[Key, Estimate], precision: float) -> list[Key]:
+    """The points of the curve so far (as the findings will read it) that the sweet spot still needs measured: the
+    sweet spot and the peak until their throughput is within ``precision`` (the answer quotes them); the batch below
+    the sweet spot until it is shown under :data:`~batchbench.analysis.regimes.PEAK_SHARE` of the peak, and the one
+    above until it is placed against the peak (either would move the sweet spot), or until they are as precise."""
+    curve = _curve(tok, precision)
+    if len(curve) < 2:
+        return []
+    levels = [c for c, _ in curve]
+    knee = levels.index(classify_regimes([SweepPoint(c, e.value, 0.0, 0.0) for c, e in curve]).sweet_spot)
+    peak_c, peak = max(curve, key=lambda ce: (ce[1].value, -ce[0]))
+    wanted = [c for c in (levels[knee], peak_c) if not tok[("continuous", c)].precise(precision)]
+    if knee > 0:
+        below = tok[("continuous", levels[knee - 1])]
+        shown_under = (r := below.ratio(peak)) is not None and r.high is not None and r.high < PEAK_SHARE
+        if not (shown_under or below.precise(precision)):
+            wanted.insert(0, levels[knee - 1])
+    if knee + 1 < len(levels) and levels[knee + 1] != peak_c:
+        above = tok[("continuous", levels[knee + 1])]
+        if against_peak(above.ratio(peak)) not in ("apart", "as good") and not above.precise(precision):
+            wanted.append(levels[knee + 1])
+    return [("continuous", c) for c in sorted(set(wanted))]
+
+
+def _rivals(tok: Mapping[Key, Estimate], precision: float) -> list[Key]:
+    """Curve points the findings could not place against the peak: too thin, or a ratio to it that holds 1 but
+    reaches past the sweet spot's margin (:data:`~batchbench.analysis.regimes.PEAK_SHARE`)."""
+    curve = _curve(tok, precision)
+    if not curve:
+        return []
+    peak_c, peak = max(curve, key=lambda ce: (ce[1].value, -ce[0]))
+    found = []
+    for (layout, c), e in sorted(tok.items()):
+        if layout != "continuous" or c == peak_c:
+            continue
+        reaches = e.high is not None and e.high >= PEAK_SHARE * peak.value
+        if (e.thin(precision) and reaches) or against_peak(e.ratio(peak)) == "undecided":
+            found.append(("continuous", c))
+    return found
+
+
+def _slo_keys(series: Mapping[Key, Repeats[MeasuredRun]], limit: float, precision: float
+              ) -> tuple[list[Key], list[Key]]:
+    """The TTFT p99 verdicts still open on the curve, walked as the findings walk it: those at its boundary (from
+    the last point that clearly meets the limit to the first that clearly fails it), and those below it."""
+    ttft = sorted((c, e) for (layout, c), runs in series.items()
+                  if layout == "continuous" and (e := runs.estimate(usable_ttft_p99)) is not None)
+
+    def verdict(e: Estimate) -> str | None:
+        """As the findings judge it (:class:`~batchbench.analysis.findings.slo.ObjectiveAt`); None: undecided."""
+        if e.thin(precision):
+            return None
+        low, high = (e.low, e.high) if e.low is not None and e.high is not None else (e.value, e.value)
+        return "meets" if high <= limit else "fails" if low > limit else None
+
+    verdicts = [(c, verdict(e)) for c, e in ttft]
+    stop = next((i for i, (_, v) in enumerate(verdicts) if v == "fails"), len(verdicts) - 1)
+    last = max((i for i, (_, v) in enumerate(verdicts[:stop]) if v == "meets"), default=0)
+    boundary = [("continuous", c) for c, v in verdicts[last:stop + 1] if v is None]
+    below = [("continuous", c) for c, v in verdicts[:last] if v is None]
+    return boundary, below
+
+
+def _compared(a: Repeats[MeasuredRun], b: Repeats[MeasuredRun], precision: float) -> bool:
+    """Whether two measurements' throughput ratio is decided: within ``precision``, or clear of 1."""
+    r = paired(a, b, usable_throughput)
+    return r is not None and (r.precise(precision) or r.differs_from_one is True)
+
+
+def _side_by_side(keys: list[Key], fit: int) -> list[Key]:
+    """``keys`` with each comparison at the fit measured next to its partner (at the first one's place): a slow
+    spell of the machine then falls on both, and the findings pair them by pass."""
+    pairs = {("static-waves", fit): ("continuous", fit), ("padded-mixed", fit): ("homogeneous", fit)}
+    out = [key for key in keys if not (key in pairs and pairs[key] in keys)]
+    for second, first in pairs.items():
+        if second in keys and first in out:
+            out.insert(out.index(first) + 1, second)
+    return out
 
 
 def usable_throughput(result: MeasuredRun) -> float | None:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from batchbench.analysis.repeats import median
+from batchbench.analysis.repeats import Estimate, median
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.guardrails import KV_DANGER
@@ -42,9 +42,11 @@ __all__ = [
     "PEAK_SHARE",
     "REGIME_RANK",
     "LabelledPoint",
+    "Placed",
     "Regime",
     "RegimeReport",
     "SweepPoint",
+    "against_peak",
     "classify_regimes",
     "corroborated_best",
     "gain_per_doubling",
@@ -63,6 +65,21 @@ REGIME_RANK: dict[Regime, int] = {"under-utilised": 0, "sweet-spot": 1, "memory-
 #: 10% of the peak, a difference an operator would trade for the smaller batch's shorter queue (and about the
 #: spread of one run on a noisy two-vCPU machine, so noise rarely moves it by more than one sweep step).
 PEAK_SHARE = 0.9
+
+
+Placed = Literal["apart", "as good", "undecided"]
+
+
+def against_peak(ratio: Estimate | None) -> Placed | None:
+    """Where a point's throughput over the peak's (a ratio with its interval) places it: ``apart`` when the interval
+    excludes 1, ``as good`` when it holds 1 within the sweet spot's margin ([:data:`PEAK_SHARE`, 1 / PEAK_SHARE]),
+    ``undecided`` when it holds 1 but reaches past the margin (the data can tell neither); None without an
+    interval."""
+    if ratio is None or ratio.low is None or ratio.high is None:
+        return None
+    if ratio.differs_from_one:
+        return "apart"
+    return "as good" if ratio.low >= PEAK_SHARE and ratio.high <= 1 / PEAK_SHARE else "undecided"
 
 
 @dataclass(frozen=True)

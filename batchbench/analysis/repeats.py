@@ -17,12 +17,16 @@ the same way:
   :data:`batchbench.measures.machine_load.BUSY_SHARE` of the CPU) is reported but not used:
   :meth:`Repeats.kept` is the quiet runs where there are at least ``min_quiet`` of them, else all.
 - **The estimate.** :class:`Estimate` is the mean of the kept values with its 95% confidence
-  interval from Student's t distribution over the repeats (``method="t"``), and the ratio of two
+  interval from Student's t distribution over the repeats: on the log scale for a positive figure (every rate,
+  latency and count batchbench measures; ``method="t-log"``), so the interval cannot cross zero and is never
+  clamped there, else as it is (``method="t"``); and the ratio of two
   such means with a 95% interval by the delta method on the log scale: paired where the two were
   measured pass by pass side by side (``method="t-ratio-paired"``: the machine's slow spells, which
   both share, cancel), else from the two sets of repeats alone (``method="t-ratio"``). One
   method for every figure of every point, so two cells of a table always mean the same thing; a
-  figure with one repeat has no interval (``n=1``, ``low`` and ``high`` None) and says so. A
+  figure with one repeat has no interval (``n=1``, ``low`` and ``high`` None) and says so; one from fewer
+  than :data:`MIN_DECIDING_REPEATS` whose interval is wider than the precision asked is *thin*
+  (:meth:`Estimate.thin`): nothing is decided on it. A
   single run's requests are not resampled instead: their spread says how much one run's requests
   disagree, not how much the next run would.
 
@@ -45,11 +49,20 @@ from batchbench.measures.machine_load import MachineLoad
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 
-Method = Literal["t", "t-ratio", "t-ratio-paired"]
+Method = Literal["t", "t-log", "t-ratio", "t-ratio-paired"]
+_MEANS = ("t", "t-log")
 _RATIOS = ("t-ratio", "t-ratio-paired")
 
 #: The confidence of every interval batchbench reports.
 CONFIDENCE = 0.95
+#: The share of its mean a figure's interval is repeated down to where the caller asks for no other
+#: (``batchbench run --precision``).
+DEFAULT_PRECISION = 0.05
+#: Repeats an interval needs before anything is decided on it, unless it is already within the precision asked.
+#: Two repeats give Student's t one degree of freedom: the standard deviation comes from a single difference, so
+#: the interval's width is itself a coin toss (x12.7 the standard error, or a lucky narrow one). From three, the
+#: quantile is 4.3 and the width means what it says.
+MIN_DECIDING_REPEATS = 3
 #: Student's t distribution's 97.5% quantile (two-sided 95%) by degrees of freedom, to four decimals. Written out
 #: because these 34 constants are all batchbench needs of a statistics library (scipy would be ~40 MB more in
 #: every install); between rows the quantile is interpolated in 1/df, the standard way to read a t table, which
@@ -101,18 +114,27 @@ class Estimate:
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Estimate | None:
-        """The mean of ``values`` with its t-interval; None for no values. The interval of values that are never
-        negative (every figure batchbench measures: rates, latencies, counts) stops at 0, where the mean it is
-        about cannot go; that leaves its coverage as it was."""
+        """The mean of ``values`` with its 95% t-interval; None for no values.
+
+        Values that are never negative with a positive mean (every figure batchbench measures: rates, latencies,
+        counts) get the interval on the log scale, by the delta method as for ratios:
+        ``mean * exp(± t * (sd / mean) / sqrt(n))``. It cannot reach zero, where such a mean cannot go, and it is
+        asymmetric as their spread is (a slow run can take twice as long; a fast one cannot take no time), where a
+        symmetric interval had to be clamped at zero and then claimed a mean of 0 possible. Other values get the
+        plain symmetric t-interval (``method="t"``)."""
         if not values:
             return None
-        mean = math.fsum(values) / len(values)
-        if len(values) < 2:
+        n = len(values)
+        mean = math.fsum(values) / n
+        if n < 2:
             return cls(mean, None, None, 1)
         sd = statistics.stdev(values, mean)
-        half = t_quantile(len(values) - 1) * sd / math.sqrt(len(values))
-        low = max(mean - half, 0.0) if min(values) >= 0 else mean - half
-        return cls(mean, low, mean + half, len(values), "t", sd)
+        t = t_quantile(n - 1)
+        if mean > 0 and min(values) >= 0:
+            spread = t * sd / mean / math.sqrt(n)
+            return cls(mean, mean * math.exp(-spread), mean * math.exp(spread), n, "t-log", sd)
+        half = t * sd / math.sqrt(n)
+        return cls(mean, mean - half, mean + half, n, "t", sd)
 
     @property
     def relative_half_width(self) -> float | None:
@@ -130,12 +152,19 @@ class Estimate:
         share = self.relative_half_width
         return share is not None and share <= target
 
+    def thin(self, target: float) -> bool:
+        """Whether the interval is too thin to decide on: from fewer than :data:`MIN_DECIDING_REPEATS` repeats and
+        wider than ``target`` (the precision asked). A comparison or a verdict on it is undecided, whichever side
+        its interval falls: that width may be a fluke of one degree of freedom. (One repeat has no interval at all:
+        it is judged on its value and says n=1.)"""
+        return self.low is not None and self.n < MIN_DECIDING_REPEATS and not self.precise(target)
+
     def ratio(self, other: Estimate) -> Estimate | None:
         """``self / other``, two means of repeats: the ratio of the means with a 95% interval by the delta method
         on the log scale, ``exp(log(r) ± t * sqrt(sa²/(na·ma²) + sb²/(nb·mb²)))`` with Welch–Satterthwaite
         degrees of freedom. None when either mean is not positive (no ratio); no interval when either side has
         fewer than two repeats."""
-        if self.method != "t" or other.method != "t" or self.value <= 0 or other.value <= 0:
+        if self.method not in _MEANS or other.method not in _MEANS or self.value <= 0 or other.value <= 0:
             return None
         value = self.value / other.value
         n = min(self.n, other.n)
@@ -194,7 +223,7 @@ class Estimate:
         """What the interval is, in words, for a caption: ``95% t-interval, n=5``."""
         if self.low is None:
             return f"n={self.n}, no interval"
-        what = {"t": "t-interval", "t-ratio": "interval of the ratio",
+        what = {"t": "t-interval", "t-log": "t-interval on the log scale", "t-ratio": "interval of the ratio",
                 "t-ratio-paired": "paired interval of the ratio"}[self.method]
         return f"{CONFIDENCE:.0%} {what}, n={self.n}"
 
@@ -328,10 +357,12 @@ class RepeatProtocol:
     #: No run past the first ``repeats`` passes starts after this many seconds of measuring.
     budget_s: float | None = None
     #: The measurements extra passes may measure again, given the series so far (None: all): where a caller knows
-    #: which figures decide its answer, the budget goes to them.
+    #: which figures decide its answer, the budget goes to them. A sequence is also the order to measure them in
+    #: (what the answer needs most first, so a budget that runs out mid-pass ran out on what mattered least).
     focus: Callable[[Mapping[Any, Repeats[Any]]], Collection[Any]] | None = None
     #: Whether a run of a measurement still fits the caller's time (None: always): a run that does not is not
-    #: started, in any pass, and the schedule ends there (a wall-clock bound the caller must keep).
+    #: started (a wall-clock bound the caller must keep); a shorter one later in the pass still may be, and the
+    #: schedule ends with the first extra pass in which nothing fits.
     fits: Callable[[Any], bool] | None = None
 
     def __post_init__(self) -> None:
@@ -346,19 +377,28 @@ class RepeatProtocol:
         the budget began (default: now)."""
         started = time.perf_counter() if started is None else started
         for r in range(self.max_repeats or self.repeats):
-            todo = list(series)
-            if r >= self.repeats:
+            todo, extra = list(series), r >= self.repeats
+            ordered = False
+            if extra:
                 eligible = self.focus(series) if self.focus is not None else todo
-                unsettled = [key for key in todo if key in eligible and not self.settled(series[key])]
+                ordered = isinstance(eligible, Sequence) and not self.together
+                wanted = list(eligible) if ordered else [key for key in todo if key in eligible]
+                unsettled = [key for key in wanted if key in series and not self.settled(series[key])]
                 if not unsettled:
                     return
                 todo = todo if self.together else unsettled
-            if self.alternate and r % 2 == 1:
+            if self.alternate and r % 2 == 1 and not ordered:
                 todo.reverse()
+            started_any = False
             for key in todo:
-                if (r >= self.repeats and self.over_budget(started)) or (self.fits is not None and not self.fits(key)):
+                if extra and self.over_budget(started):
                     return
+                if self.fits is not None and not self.fits(key):
+                    continue
+                started_any = True
                 yield key, r
+            if extra and not started_any:
+                return
 
     def over_budget(self, started: float) -> bool:
         """Whether the budget counted from ``started`` is spent (never, without one)."""

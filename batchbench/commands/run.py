@@ -54,7 +54,6 @@ from batchbench.adapters.base import Engine, EngineError
 from batchbench.adapters.registry import EngineOptions, get_spec
 from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.main_job import (
-    DEFAULT_PRECISION,
     DEFAULT_REPEATS,
     DEFAULT_TIME_LIMIT_S,
     MAX_REPEATS_FACTOR,
@@ -67,7 +66,7 @@ from batchbench.analysis.main_job import (
     generations_for,
     usable_throughput,
 )
-from batchbench.analysis.repeats import Repeats
+from batchbench.analysis.repeats import DEFAULT_PRECISION, Repeats
 from batchbench.commands.common import (
     EXIT_ENGINE,
     EXIT_FAILURES,
@@ -303,7 +302,8 @@ class EngineMeasurement:
             workload = workloads[(layout, c)]
             with progress.run(len(workload.requests), f"{layout:>13} c={c:<3} #{repeat}") as bar:
                 result = await run(self.engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
-                                   slo=slo, labels=sweep.labels(layout, c, repeat, repetition.precision),
+                                   slo=slo, labels=sweep.labels(layout, c, repeat, repetition.precision,
+                                                                    limit.limit_s),
                                    on_record=bar.observe, gpu=gpu)
                 s = result.summary
                 bar.finish(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, "

@@ -155,6 +155,8 @@ class RunLabels:
         "the engine was warmed up with the run's shapes before it (false or null: measured cold)"))
     precision: float | None = field(default=None, metadata=_label(
         "the precision target its point was repeated for (half-width of the 95% interval, as a share)"))
+    time_limit_s: float | None = field(default=None, metadata=_label(
+        "the whole job's wall-clock bound its repeats were fitted into (batchbench run --time-limit)"))
     kv_fit: int | None = field(default=None, metadata=_label(
         "the batch size the KV cache was sized to fit (the memory-bound regime starts above it)"))
     kv_capacity_tokens: int | None = field(default=None, metadata=_label("the KV cache's size the run asked for"))

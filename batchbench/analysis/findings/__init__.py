@@ -29,6 +29,7 @@ no static layout, an interval that straddles a limit) says so instead of guessin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +50,7 @@ from batchbench.analysis.findings import (
 from batchbench.analysis.findings.batching import ContinuousOverStatic
 from batchbench.analysis.findings.comparisons import Comparison
 from batchbench.analysis.findings.curve import MostThroughput, SweetSpot
-from batchbench.analysis.findings.decisions import QUESTIONS, EngineDecisions, precision_sentence
+from batchbench.analysis.findings.decisions import QUESTIONS, EngineDecisions, TooThin, precision_sentence
 from batchbench.analysis.findings.invalid import InvalidRun
 from batchbench.analysis.findings.limit import AgainstLimit, against_limit, no_row_sentence
 from batchbench.analysis.findings.memory import MemoryBound
@@ -66,7 +67,7 @@ from batchbench.analysis.findings.points import (
 )
 from batchbench.analysis.findings.slo import LatencyPool, MaxGoodput, SloAt, latency_pool, max_goodput, slo_at
 from batchbench.analysis.findings.speculation import Speculation
-from batchbench.analysis.repeats import CONFIDENCE
+from batchbench.analysis.repeats import CONFIDENCE, MIN_DECIDING_REPEATS
 from batchbench.core import codec
 from batchbench.measures import parity
 from batchbench.measures.parity import Parity
@@ -183,7 +184,8 @@ class Findings:
             **codec.encode({"comparisons": self.comparisons, "runs": self.runs, "invalid_runs": self.invalid_runs}),
             "invalid_by_kind": invalid.by_kind(self.invalid_runs),
             **codec.encode({"skipped": self.skipped, "parity": self.parity, "speculation": self.speculation}),
-            "intervals": f"the mean of a point's valid repeats with its {CONFIDENCE:.0%} Student-t interval; ratios: "
+            "intervals": f"the mean of a point's valid repeats with its {CONFIDENCE:.0%} Student-t interval (on the "
+                         "log scale for positive figures); ratios: "
                          f"the ratio of the means, {CONFIDENCE:.0%} interval by the delta method on the log scale, "
                          "paired pass by pass where both were measured side by side (Welch's degrees of freedom "
                          "otherwise)",
@@ -198,12 +200,14 @@ def _layout_findings(engine: str, layout: str, points: Sequence[Point], slo: Slo
     by_c = {p.concurrency: p for p in found}
     measured = {p.concurrency: p for p in points}
     slos = {p.concurrency: slo_at(p, slo) for p in points} if slo is not None else {}
-    has_curve = report is not None
+    # Judged against the SLO wherever the points could make a curve, even where too few repeats left none to read
+    # regimes from: each point's verdict (too few repeats among them) still stands.
+    has_curve = report is not None or (layout not in PADDING_LAYOUTS and sum(p.valid for p in points) >= 2)
     return LayoutFindings(
         engine, layout, found,
         sweet_spot=curve.sweet_spot(report, by_c, measured) if report is not None else None,
         memory_bound=memory.memory_bound(report, points, found) if report is not None else None,
-        most_throughput=curve.most_throughput(found) if has_curve else None,
+        most_throughput=curve.most_throughput(report, found, measured) if report is not None else None,
         slo_points=slos,
         max_goodput=max_goodput(found, slos) if slo is not None and has_curve else None,
         latency_pool=latency_pool(found, slos) if slo is not None and has_curve else None,
@@ -239,8 +243,29 @@ def _engine_findings(engine: str, points: Sequence[Point], slo: Slo | None) -> E
         engine, main.layout if main else None, main.most_throughput if main else None,
         main.sweet_spot if main else None, main.latency_pool if main else None, cos, cost,
         main.memory_bound if main else None, main.has_kv_data if main else False, missing, imprecise,
-        min(targets) if targets else None)
+        min(targets) if targets else None, _too_thin(main, ordered) if main else None,
+        main.no_curve if main else None)
     return EngineFindings(engine, layouts, cos, cost, decisions)
+
+
+def _too_thin(main: LayoutFindings, points: dict[str, list[Point]]) -> TooThin | None:
+    """The main curve's points too thin to decide on, by their key figure or an SLO objective, and what the runs
+    they lack, and one pass over the engine's measurements, take at their runs' mean lengths."""
+    thin = sorted({p.concurrency for p in main.points if p.valid and p.thin}
+                  | {c for c, at in main.slo_points.items() if at.valid and at.judgement == "too few repeats"})
+    if not thin:
+        return None
+    by_c = {p.concurrency: p for p in points[main.layout]}
+    every = [p for ps in points.values() for p in ps]
+    limits = [r.time_limit_s for p in every for r in p.runs if r.time_limit_s is not None]
+    return TooThin(tuple(thin), sum(_mean_run_s(by_c[c]) * max(0, MIN_DECIDING_REPEATS - len(by_c[c].used))
+                                    for c in thin),
+                   sum(_mean_run_s(p) for p in every), max(limits) if limits else None)
+
+
+def _mean_run_s(point: Point) -> float:
+    durations = [r.duration_s for r in point.runs if r.duration_s]
+    return math.fsum(durations) / len(durations) if durations else 0.0
 
 
 def _details(engines: dict[str, EngineFindings], slo: Slo | None) -> list[str]:

@@ -1,11 +1,17 @@
 """The curve: each layout's regimes, its sweet spot, and the batch size that gives the most throughput.
 
-The regimes come from :func:`batchbench.analysis.regimes.classify_regimes` over the points' means, and with them
-the one sweet spot every part of batchbench names: the smallest batch size whose throughput is within
-:data:`~batchbench.analysis.regimes.PEAK_SHARE` of the most measured (past it, more requests add latency, not
-throughput). Beside it, its throughput as a share of the peak's, with the interval of that ratio (paired pass by
-pass where the two were measured side by side). The **most throughput** is the batch size with the highest mean
-(what engines are compared at), with every batch size whose throughput the data cannot tell apart from it.
+The regimes come from :func:`batchbench.analysis.regimes.classify_regimes` over the points' means of the key figure
+(the steady state's output tokens/s, what every sentence quotes), and with them the one sweet spot every part of
+batchbench names: the smallest batch size whose throughput is within :data:`~batchbench.analysis.regimes.PEAK_SHARE`
+of the most measured (past it, more requests add latency, not throughput). Beside it, its throughput as a share of
+the peak's, with the interval of that ratio (paired pass by pass where the two were measured side by side). The
+**most throughput** is that same peak, with the batch sizes whose throughput the data shows to be as good (the
+ratio's interval holds 1 and stays within the sweet spot's margin) and those it cannot tell (an interval that holds
+1 but reaches past the margin).
+
+A point whose key figure is too thin to decide on (:meth:`~batchbench.analysis.findings.points.Point.thin`: fewer
+than three repeats and an interval wider than the precision asked) takes no part: it gets no regime, is neither
+the sweet spot nor the peak nor within noise of it, and the answer lists it as undecided.
 """
 
 from __future__ import annotations
@@ -16,17 +22,26 @@ from typing import ClassVar
 
 from batchbench.analysis.findings.points import KEY_FIGURE, Point, PointFindings, ratio
 from batchbench.analysis.findings.text import estimate
-from batchbench.analysis.regimes import PEAK_SHARE, RegimeReport, classify_regimes
+from batchbench.analysis.regimes import PEAK_SHARE, RegimeReport, against_peak, classify_regimes
 from batchbench.analysis.repeats import Estimate
 
 
 def classify(points: Sequence[Point]) -> tuple[RegimeReport | None, str | None]:
-    """The regimes of a layout's valid points, or why there are none."""
-    swept = [sp for p in points if p.valid and (sp := p.sweep_point()) is not None]
+    """The regimes of a layout's valid points that are not too thin to decide on, or why there are none."""
+    swept = [sp for p in points if p.valid and not p.thin() and (sp := p.sweep_point()) is not None]
     if len(swept) < 2:
         measured = ", ".join(str(sp.concurrency) for sp in swept) or "none"
+        thin = [str(p.concurrency) for p in points if p.valid and p.thin()]
+        if thin:
+            return None, (f"undecided: too few repeats to place batch {', '.join(thin)}, and {len(swept)} other "
+                          f"valid batch size ({measured}) is no curve to read regimes from")
         return None, f"{len(swept)} valid concurrency measured ({measured}): no curve to read regimes from"
     return classify_regimes(swept), None
+
+
+def peak_of(report: RegimeReport) -> int:
+    """The batch size of the most throughput on a classified curve (the smallest, where two tie)."""
+    return max(report.points, key=lambda p: (p.point.throughput, -p.concurrency)).concurrency
 
 
 @dataclass(frozen=True)
@@ -37,9 +52,11 @@ class SweetSpot:
     evidence: tuple[str, ...]
     #: The sweep still scaled at its last point: the knee lies beyond what was measured.
     end_of_sweep: bool
-    #: The batch size of the most throughput, and the sweet spot's throughput over it (None: it is the peak).
+    #: The batch size of the most throughput, its throughput, and the sweet spot's throughput over it (None: the
+    #: sweet spot is the peak).
     peak_concurrency: int | None = None
     share_of_peak: Estimate | None = None
+    peak_output_tok_s: Estimate | None = None
 
     @property
     def definition(self) -> str:
@@ -50,13 +67,18 @@ class SweetSpot:
 
 
 def sweet_spot(report: RegimeReport, by_c: dict[int, PointFindings], points: dict[int, Point]) -> SweetSpot:
-    """The sweet spot of a classified curve, with its share of the peak (the point of highest mean throughput)."""
+    """The sweet spot of a classified curve, with its share of the peak (:func:`peak_of`): every figure it carries
+    is the named point's own."""
     s = by_c[report.sweet_spot]
-    peak = max(report.points, key=lambda p: (p.point.throughput, -p.concurrency)).concurrency
-    share = None if peak == s.concurrency else ratio(points[s.concurrency], points[peak], KEY_FIGURE)
-    return SweetSpot(s.concurrency, s.figure("output_tok_s"), s.figure("ttft_p99_s"), s.run_ids,
-                     end_of_sweep=report.sweet_spot == report.points[-1].concurrency,
-                     peak_concurrency=None if peak == s.concurrency else peak, share_of_peak=share)
+    peak = peak_of(report)
+    at_peak = peak != s.concurrency
+    # A larger batch measured with too few repeats to place: the sweep's end is undecided, not reached.
+    beyond = any(p.valid and p.concurrency > report.points[-1].concurrency for p in by_c.values())
+    return SweetSpot(s.concurrency, s.figure(KEY_FIGURE), s.figure("ttft_p99_s"), s.run_ids,
+                     end_of_sweep=report.sweet_spot == report.points[-1].concurrency and not beyond,
+                     peak_concurrency=peak if at_peak else None,
+                     share_of_peak=ratio(points[s.concurrency], points[peak], KEY_FIGURE) if at_peak else None,
+                     peak_output_tok_s=by_c[peak].figure(KEY_FIGURE) if at_peak else None)
 
 
 @dataclass(frozen=True)
@@ -65,22 +87,36 @@ class MostThroughput:
 
     concurrency: int
     output_tok_s: Estimate
-    #: Every valid concurrency whose throughput cannot be told apart from the best's, the best included.
+    #: Every valid concurrency whose throughput the data shows as good as the best's (the best included): the
+    #: ratio's interval holds 1 and stays within [PEAK_SHARE, 1 / PEAK_SHARE].
     within_noise: tuple[int, ...]
     evidence: tuple[str, ...]
+    #: Valid concurrencies the data cannot place: their ratio's interval holds 1 but reaches past that margin.
+    undecided: tuple[int, ...] = ()
+    #: Valid concurrencies too thin to compare (module docstring).
+    too_thin: tuple[int, ...] = ()
 
 
-def most_throughput(points: Sequence[PointFindings]) -> MostThroughput | None:
-    measured = [(p, e) for p in points if p.valid and (e := p.figure("output_tok_s")) is not None]
-    if not measured:
+def most_throughput(report: RegimeReport, found: Sequence[PointFindings], points: dict[int, Point]
+                    ) -> MostThroughput | None:
+    """The peak of the classified curve (:func:`peak_of`), each other valid point against it by the ratio of their
+    throughputs (paired pass by pass where they were measured side by side)."""
+    by_c = {p.concurrency: p for p in found}
+    peak = peak_of(report)
+    top = by_c[peak].figure(KEY_FIGURE)
+    if top is None:
         return None
-    best, top = max(measured, key=lambda pe: (pe[1].value, -pe[0].concurrency))
-    tied = []
-    for p, e in measured:
-        r = e.ratio(top)
-        if p is best or (r is not None and r.differs_from_one is False):
+    tied, undecided = [peak], []
+    for p in found:
+        if not p.valid or p.thin or p.concurrency == peak:
+            continue
+        placed = against_peak(ratio(points[p.concurrency], points[peak], KEY_FIGURE))
+        if placed == "as good":
             tied.append(p.concurrency)
-    return MostThroughput(best.concurrency, top, tuple(sorted(tied)), best.run_ids)
+        elif placed == "undecided":
+            undecided.append(p.concurrency)
+    return MostThroughput(peak, top, tuple(sorted(tied)), by_c[peak].run_ids, tuple(sorted(undecided)),
+                          tuple(p.concurrency for p in found if p.valid and p.thin))
 
 
 def curve_sentence(engine: str, layout: str, points: Sequence[PointFindings], sweet: SweetSpot | None,

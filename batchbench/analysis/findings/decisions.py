@@ -9,6 +9,7 @@ line the data cannot answer says why instead of guessing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from batchbench.analysis.findings.slo import LatencyPool
 from batchbench.analysis.findings.text import estimate, ms
 from batchbench.analysis.findings.text import ratio as ratio_text
 from batchbench.analysis.regimes import PEAK_SHARE
+from batchbench.analysis.repeats import DEFAULT_PRECISION, MIN_DECIDING_REPEATS
 from batchbench.core import codec
 from batchbench.measures.slo import Slo
 
@@ -32,6 +34,21 @@ QUESTIONS = {
     "padding": "Cost of padding",
     "memory": "Memory-bound from",
 }
+
+
+@dataclass(frozen=True)
+class TooThin:
+    """An engine's curve points with too few repeats to decide on (left out of the sweet spot, the peak and the SLO
+    verdicts), and what deciding them would have cost."""
+
+    concurrencies: tuple[int, ...]
+    #: Seconds the runs each lacks (to :data:`~batchbench.analysis.repeats.MIN_DECIDING_REPEATS`) take, at the mean
+    #: length of its own runs.
+    more_runs_s: float
+    #: Seconds of one pass over every measurement of the engine, each at its runs' mean length.
+    pass_s: float
+    #: The job's time limit the runs were fitted into (None: not recorded).
+    time_limit_s: float | None
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,9 @@ class EngineDecisions:
     #: Valid points of the curve whose key figure did not reach the precision target (their concurrencies).
     imprecise: tuple[int, ...] = ()
     precision_target: float | None = None
+    too_thin: TooThin | None = None
+    #: Why the curve has no regimes to read (one valid point, or too few repeats at the others).
+    no_curve: str | None = None
 
     def answers(self, slo: Slo | None) -> dict[str, str]:
         """Each question's one-line answer, by :data:`QUESTIONS` key."""
@@ -62,37 +82,62 @@ class EngineDecisions:
                 "memory": memory.decision(self.memory_bound, self.has_kv_data)}
 
     def _throughput(self) -> str:
-        """The sweet spot (:data:`~batchbench.analysis.regimes.PEAK_SHARE` of the peak), with the peak beside it."""
+        """The sweet spot (:data:`~batchbench.analysis.regimes.PEAK_SHARE` of the peak), with the peak beside it, each
+        with its own figures; then the batch sizes the data could not place."""
+        return self._sweet_spot() + self._unplaced()
+
+    def _sweet_spot(self) -> str:
         t, sweet = self.throughput, self.sweet_spot
         if t is None or sweet is None:
-            return "no valid point"
+            return self.no_curve or "no valid point"
         tok = f": {estimate(sweet.output_tok_s)}" if sweet.output_tok_s is not None else ""
         if sweet.end_of_sweep:
             return (f"batch {sweet.concurrency}{tok}, still scaling at the largest batch measured: no sweet spot "
                     "within the sweep")
         text = f"batch {sweet.concurrency}{tok}"
         if sweet.peak_concurrency is None:
-            return text + ", the most measured; more requests add latency, not throughput"
+            among = "the most of the batch sizes placed" if any(c > sweet.concurrency for c in t.too_thin) \
+                else "the most measured"
+            return f"{text}, {among}; more requests add latency, not throughput"
+        peak = f": {estimate(sweet.peak_output_tok_s)}" if sweet.peak_output_tok_s is not None else ""
         share = f", {ratio_text(sweet.share_of_peak)} of it" if sweet.share_of_peak is not None else ""
-        return (f"{text}, within {1 - PEAK_SHARE:.0%} of the most measured (batch {sweet.peak_concurrency}: "
-                f"{estimate(t.output_tok_s)}{share}); more requests add latency, not throughput")
+        return (f"{text}, within {1 - PEAK_SHARE:.0%} of the most measured (batch {sweet.peak_concurrency}{peak}"
+                f"{share}); more requests add latency, not throughput")
+
+    def _unplaced(self) -> str:
+        """``; undecided against it: batch 16; too few repeats to place: batch 1, 32`` for the points the curve's
+        choice could not use."""
+        t, sweet = self.throughput, self.sweet_spot
+        if t is None:
+            return ""
+        # The sweet spot's own place against the peak is the interval its share of it already shows.
+        undecided = [c for c in t.undecided if sweet is None or c != sweet.concurrency]
+        said = [f"; {what}: batch {', '.join(map(str, cs))}"
+                for what, cs in (("undecided against it", undecided), ("too few repeats to place", t.too_thin)) if cs]
+        return "".join(said)
 
     def _latency(self, slo: Slo | None) -> str:
+        """The largest batch that holds the SLO's TTFT objectives; then each point above it that did not clearly
+        hold them (the one that stopped the walk, and any with too few repeats to judge), in batch order; then those
+        below it with too few repeats."""
         pool = self.latency_pool
         if slo is None or pool is None:
             return "no SLO given" if slo is None else "no valid point"
-        if pool.concurrency is None:
-            assert pool.stopped_at is not None
+        largest = pool.concurrency or 0
+        above = sorted((*(t for t in pool.too_thin if t.concurrency > largest),
+                        *([pool.stopped_at] if pool.stopped_at is not None else [])), key=lambda at: at.concurrency)
+        after = "".join(f"; batch {at.concurrency}: {'; '.join(at.failed())}" for at in above)
+        below = [str(t.concurrency) for t in pool.too_thin if t.concurrency < largest]
+        after += f"; too few repeats to judge batch {', '.join(below)}" if below else ""
+        if pool.at is None:
+            if pool.stopped_at is None:
+                return "undecided" + after
+            if pool.too_thin:
+                return "none decided" + after
             return (f"none: batch {pool.stopped_at.concurrency} already misses it "
                     f"({'; '.join(pool.stopped_at.failed())})")
-        assert pool.at is not None
         held = "; ".join(o.text() for o in pool.at.objectives)
-        text = f"batch {pool.concurrency} ({held})"
-        if pool.stopped_at is not None:
-            text += f"; batch {pool.stopped_at.concurrency}: {'; '.join(pool.stopped_at.failed())}"
-        else:
-            text += ", the largest measured"
-        return text
+        return f"batch {pool.concurrency} ({held}){', the largest measured' if not above else ''}{after}"
 
     def to_dict(self, slo: Slo | None) -> dict[str, Any]:
         return {"engine": self.engine, "layout": self.layout, "answers": self.answers(slo),
@@ -100,17 +145,38 @@ class EngineDecisions:
                                 "latency_pool": self.latency_pool,
                                 "continuous_over_static": self.continuous_over_static,
                                 "padding_cost": self.padding_cost, "memory_bound": self.memory_bound,
-                                "imprecise": self.imprecise, "precision_target": self.precision_target})}
+                                "imprecise": self.imprecise, "precision_target": self.precision_target,
+                                "too_thin": self.too_thin})}
 
 
 def precision_sentence(decisions: list[EngineDecisions]) -> str | None:
-    """Which points did not reach the precision target within the time budget (their intervals are shown)."""
+    """Which points did not reach the precision target within the time budget (their intervals are shown), and
+    which had too few repeats to decide on, with the command that would have given them enough."""
     short = [f"{d.engine} at {', '.join(map(str, d.imprecise))}" for d in decisions if d.imprecise]
     targets = {d.precision_target for d in decisions if d.precision_target is not None}
-    if not short or not targets:
-        return None
-    return (f"Not within ±{min(targets):.0%} in the time budget (wider intervals, shown as measured): "
-            f"{'; '.join(short)}.")
+    target = min(targets) if targets else DEFAULT_PRECISION
+    said = []
+    if short and targets:
+        said.append(f"Not within ±{target:.0%} in the time budget (wider intervals, shown as measured): "
+                    f"{'; '.join(short)}.")
+    thin = [d.too_thin for d in decisions if d.too_thin is not None]
+    if thin:
+        where = "; ".join(f"{d.engine} at {', '.join(map(str, d.too_thin.concurrencies))}"
+                          for d in decisions if d.too_thin is not None)
+        limits = {t.time_limit_s for t in thin}
+        # One more mandatory pass keeps the runs as long only if the engine's share grows by two passes: the
+        # mandatory passes are sized to half of it (batchbench.analysis.main_job.MANDATORY_SHARE).
+        grow = 2 * sum(t.pass_s for t in thin)
+        limit = limits.pop() if len(limits) == 1 else None
+        command = (f"`batchbench run --repeats {MIN_DECIDING_REPEATS} --time-limit "
+                   f"{math.ceil((limit + grow) / 10) * 10:.0f}`" if limit is not None
+                   else f"`batchbench run --repeats {MIN_DECIDING_REPEATS}` with a --time-limit about "
+                        f"{math.ceil(grow / 10) * 10:.0f} s longer")
+        said.append(f"Too few repeats to decide (fewer than {MIN_DECIDING_REPEATS}, an interval wider than "
+                    f"±{target:.0%}), so left out of the sweet spot, the peak and the SLO verdicts: {where}. The runs "
+                    f"they lack take about {math.ceil(sum(t.more_runs_s for t in thin)):.0f} s here; {command} "
+                    f"gives every point {MIN_DECIDING_REPEATS} runs.")
+    return " ".join(said) or None
 
 
 def slo_text(slo: Slo | None) -> str:

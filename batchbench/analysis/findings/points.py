@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.planner import CapacityFit, PlanError, fit_in_capacity, parameter_count
 from batchbench.analysis.regimes import Regime, SweepPoint
-from batchbench.analysis.repeats import Estimate
+from batchbench.analysis.repeats import DEFAULT_PRECISION, Estimate
 from batchbench.analysis.run_bounds import RunLimit, run_limit
 from batchbench.analysis.validity import Validity, check_run, document_summary
 from batchbench.core import codec
@@ -100,8 +100,10 @@ class Measurement:
     kv_capacity_tokens: int | None
     #: The planner's arithmetic for the run's KV cache and workload (None: no local model config or no capacity).
     kv_plan: CapacityFit | None = None
-    #: The precision its repeats were run to (a share; None: not run to one).
+    #: The precision its repeats were run to (a share; None: not run to one), and the job's time limit they were
+    #: fitted into (None: not recorded).
     precision_target: float | None = None
+    time_limit_s: float | None = None
     #: How big the served model is, and whether it ran on this host's CPU (None: not known): what a ranking of
     #: engines may be carried over to.
     model: ModelScale | None = None
@@ -124,11 +126,12 @@ class Measurement:
         return None if self.summary is None else FIGURES[figure](self.summary)
 
     def sweep_point(self) -> SweepPoint | None:
-        """This run as :mod:`batchbench.analysis.regimes` sees it (None: no throughput or TTFT measured)."""
+        """This run as :mod:`batchbench.analysis.regimes` sees it (None: no throughput or TTFT measured): its
+        throughput is the key figure, the one every sentence about the curve quotes."""
         s = self.summary
         if s is None or s.ttft is None:
             return None
-        return SweepPoint(self.concurrency, s.output_token_throughput, s.ttft.p50, s.ttft.p99,
+        return SweepPoint(self.concurrency, FIGURES[KEY_FIGURE](s) or 0.0, s.ttft.p50, s.ttft.p99,
                           self.kv_usage_peak, self.preemptions, self.waiting_peak)
 
     def ordered_records(self) -> list[RequestRecord]:
@@ -162,13 +165,28 @@ class Point:
         """The figure over the used runs (:class:`~batchbench.analysis.repeats.Estimate`); None where no run has it."""
         return Estimate.of([v for r in self.used if (v := r.value(figure)) is not None])
 
+    @property
+    def precision_target(self) -> float | None:
+        """The precision its repeats were run to (the tightest its runs name; None: none was asked)."""
+        targets = [r.precision_target for r in self.runs if r.precision_target is not None]
+        return min(targets) if targets else None
+
+    def thin(self, figure: str = KEY_FIGURE) -> bool:
+        """Whether ``figure``'s interval is too thin to decide on (:meth:`Estimate.thin`, at the precision asked,
+        else :data:`~batchbench.analysis.repeats.DEFAULT_PRECISION`): such a point takes no part in choosing the
+        sweet spot, the peak or the SLO boundary."""
+        found = self.estimate(figure)
+        return found is not None and found.thin(self.precision_target or DEFAULT_PRECISION)
+
     def sweep_point(self) -> SweepPoint | None:
-        """The point as :mod:`batchbench.analysis.regimes` classifies it: the mean of each figure over the used runs,
-        the highest of the memory evidence (a full cache that happened once did happen)."""
+        """The point as :mod:`batchbench.analysis.regimes` classifies it: the mean of each figure over the used runs
+        (its throughput the key figure's estimate, the value its sentences quote), the highest of the memory
+        evidence (a full cache that happened once did happen)."""
         points = [p for r in self.used if (p := r.sweep_point()) is not None]
-        if not points:
+        key = self.estimate(KEY_FIGURE)
+        if not points or key is None:
             return None
-        return SweepPoint(self.concurrency, statistics.fmean(p.throughput for p in points),
+        return SweepPoint(self.concurrency, key.value,
                           statistics.fmean(p.ttft_p50 for p in points), statistics.fmean(p.ttft_p99 for p in points),
                           peak(p.kv_usage_peak for p in points), peak(p.preemptions for p in points),
                           peak(p.waiting_peak for p in points))
@@ -181,13 +199,16 @@ def peak(values: Iterable[float | None]) -> float | None:
 
 
 def ratio(a: Point, b: Point, figure: str) -> Estimate | None:
-    """``figure`` of ``a`` over ``b``: paired by pass where at least two passes measured both validly (the main
-    job measures a comparison's two runs side by side: :meth:`Estimate.paired_ratio`), else from their repeats
-    alone (:meth:`Estimate.ratio`). None where either has no such figure."""
+    """``figure`` of ``a`` over ``b``: paired by pass where every run of each that has the figure was measured in a
+    pass with one of the other, at least two passes (the main job measures a comparison's two runs side by side:
+    :meth:`Estimate.paired_ratio`), else from their repeats alone (:meth:`Estimate.ratio`). Either way its value is
+    the ratio of the two means a sentence quotes beside it: pairing a subset would quote the subset's. None where
+    either has no such figure."""
     ours = {r.repeat: v for r in a.used if r.repeat is not None and (v := r.value(figure)) is not None}
-    pairs = [(ours[r.repeat], v) for r in b.used if r.repeat in ours and (v := r.value(figure)) is not None]
-    if a.valid and b.valid and len(pairs) >= 2:
-        return Estimate.paired_ratio(pairs)
+    theirs = {r.repeat: v for r in b.used if r.repeat is not None and (v := r.value(figure)) is not None}
+    every = sum(r.value(figure) is not None for r in a.used), sum(r.value(figure) is not None for r in b.used)
+    if a.valid and b.valid and ours.keys() == theirs.keys() and len(ours) >= 2 and every == (len(ours),) * 2:
+        return Estimate.paired_ratio([(ours[k], theirs[k]) for k in sorted(ours)])
     ea, eb = a.estimate(figure), b.estimate(figure)
     return ea.ratio(eb) if ea is not None and eb is not None else None
 
@@ -227,6 +248,12 @@ class PointFindings:
         return self.figures.get(key)
 
     @property
+    def thin(self) -> bool:
+        """Whether the key figure is too thin to decide on (:meth:`Point.thin`)."""
+        found = self.figure(KEY_FIGURE)
+        return found is not None and found.thin(self.precision_target or DEFAULT_PRECISION)
+
+    @property
     def precise(self) -> bool | None:
         """Whether the key figure's interval is within the precision target (None: no target was set)."""
         if self.precision_target is None:
@@ -244,7 +271,7 @@ class PointFindings:
             "run_ids": list(self.run_ids),
             "excluded_runs": [{"run_id": run, "reasons": list(reasons)} for run, reasons in self.excluded_runs],
             "percentile_note": "; ".join(self.percentile_notes) or None,
-            "precision_target": self.precision_target, "precise": self.precise,
+            "precision_target": self.precision_target, "precise": self.precise, "thin": self.thin,
             "ttft_by_turn": [t._asdict() for t in self.turns],
         }
 
@@ -255,7 +282,6 @@ def point_findings(point: Point, regime: Regime | None) -> PointFindings:
     several = len(point.runs) > 1
     invalid = () if point.valid else tuple(dict.fromkeys(
         f"{r.run_id}: {reason}" if several else reason for r in point.runs for reason in r.validity.reasons))
-    targets = [r.precision_target for r in point.runs if r.precision_target is not None]
     return PointFindings(
         concurrency=point.concurrency,
         figures={key: point.estimate(key) for key in FIGURES},
@@ -264,7 +290,7 @@ def point_findings(point: Point, regime: Regime | None) -> PointFindings:
         waiting_peak=peak(r.waiting_peak for r in used), run_ids=tuple(r.run_id for r in used),
         excluded_runs=tuple((r.run_id, r.validity.reasons) for r in point.runs if point.valid and not r.valid),
         percentile_notes=tuple(dict.fromkeys(n for r in used for n in r.validity.percentile_notes)),
-        precision_target=min(targets) if targets else None, turns=_turns(used),
+        precision_target=point.precision_target, turns=_turns(used),
     )
 
 
@@ -387,6 +413,7 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
         kv_plan=_kv_plan(doc, config, labels.kv_capacity_tokens),
         model=_scale(config), on_cpu=_on_cpu(doc),
         precision_target=labels.precision if labels.precision and labels.precision > 0 else None,
+        time_limit_s=labels.time_limit_s,
         engine_report=footer.engine_report if footer is not None else {}, records=tuple(doc.records),
         batching=doc.header.batching, speculation=SpeculationCounters.over(doc.server_metrics),
         limit=limit, no_limit=no_limit,

@@ -3,12 +3,15 @@
 A point's value of an objective (``ttft_p99``) is the estimate over its runs of each run's own statistic
 (:class:`~batchbench.analysis.repeats.Estimate`). It **meets** the objective when the whole interval is within
 the limit, **fails** it when the whole interval is beyond, and is **near the limit** when the interval
-straddles it: the data cannot tell, and a decision built on it says so rather than picking a side. A
-point with one run has no interval and is judged on its value (the estimate says n=1).
+straddles it: the data cannot tell, and a decision built on it says so rather than picking a side. A value
+too thin to decide on (:meth:`~batchbench.analysis.repeats.Estimate.thin`: fewer than three repeats and an interval
+wider than the precision asked) is judged **too few repeats**, whichever side its interval falls. A point with one
+run has no interval and is judged on its value (the estimate says n=1).
 
 The latency pool is sized by walking up the curve while every point meets the SLO's TTFT objectives
 (all of its objectives when it has none on TTFT): the last such point is the largest batch that holds
-them, and the first other point says why the walk stopped.
+them, and the first other point says why the walk stopped. A point with too few repeats neither holds nor stops
+the walk: it is named beside the answer as undecided.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from typing import Any, ClassVar, Literal
 
 from batchbench.analysis.findings.points import Point, PointFindings
 from batchbench.analysis.findings.text import ms, ms_estimate
-from batchbench.analysis.repeats import Estimate
+from batchbench.analysis.repeats import DEFAULT_PRECISION, Estimate
 from batchbench.core import codec
 from batchbench.measures.slo import Objective, Slo
 
-Judgement = Literal["meets", "fails", "near the limit", "unknown"]
+Judgement = Literal["meets", "fails", "near the limit", "too few repeats", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -32,12 +35,16 @@ class ObjectiveAt:
 
     objective: Objective
     value: Estimate | None
+    #: Whether the value is too thin to decide on (module docstring).
+    thin: bool = False
 
     @property
     def judgement(self) -> Judgement:
         v, limit = self.value, self.objective.limit_s
         if v is None:
             return "unknown"
+        if self.thin:
+            return "too few repeats"
         low, high = (v.low, v.high) if v.low is not None and v.high is not None else (v.value, v.value)
         return "meets" if high <= limit else "fails" if low > limit else "near the limit"
 
@@ -48,7 +55,7 @@ class ObjectiveAt:
 
     def to_dict(self) -> dict[str, Any]:
         return {"objective": self.objective.name, "limit_s": self.objective.limit_s,
-                "value": codec.encode(self.value), "judgement": self.judgement}
+                "value": codec.encode(self.value), "thin": self.thin, "judgement": self.judgement}
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class SloAt:
         found = {o.judgement for o in self.objectives}
         if not self.valid or "unknown" in found:
             return "unknown"
-        return "fails" if "fails" in found else "near the limit" if "near the limit" in found else "meets"
+        return next(j for j in ("fails", "too few repeats", "near the limit", "meets") if j in found or j == "meets")
 
     def only(self, metric: str) -> SloAt:
         """The objectives on one metric (``ttft``); all of them where the SLO has none on it."""
@@ -82,10 +89,12 @@ class SloAt:
 def slo_at(point: Point, slo: Slo) -> SloAt:
     """The SLO at a point: each objective's value over the used runs (their own verdicts' values)."""
     objectives = []
+    target = point.precision_target or DEFAULT_PRECISION
     for objective in slo.objectives:
         values = [v for r in point.used if r.verdict is not None
                   and (v := r.verdict.values.get(objective.name)) is not None]
-        objectives.append(ObjectiveAt(objective, Estimate.of(values)))
+        found = Estimate.of(values)
+        objectives.append(ObjectiveAt(objective, found, found is not None and found.thin(target)))
     return SloAt(point.concurrency, tuple(objectives), point.valid)
 
 
@@ -125,6 +134,8 @@ class LatencyPool:
     at: SloAt | None
     #: The first point that does not clearly meet them (None: every valid point does).
     stopped_at: SloAt | None
+    #: The points below that one with too few repeats to judge: they neither held nor stopped the walk.
+    too_thin: tuple[SloAt, ...] = ()
 
 
 def latency_pool(points: Sequence[PointFindings], slos: dict[int, SloAt]) -> LatencyPool | None:
@@ -133,11 +144,15 @@ def latency_pool(points: Sequence[PointFindings], slos: dict[int, SloAt]) -> Lat
     if not valid:
         return None
     last: SloAt | None = None
+    thin: list[SloAt] = []
     for found in valid:
-        if found.judgement != "meets":
-            return LatencyPool(_names(found), last.concurrency if last else None, last, found)
-        last = found
-    return LatencyPool(_names(valid[0]), valid[-1].concurrency, valid[-1], None)
+        if found.judgement == "too few repeats":
+            thin.append(found)
+        elif found.judgement != "meets":
+            return LatencyPool(_names(found), last.concurrency if last else None, last, found, tuple(thin))
+        else:
+            last = found
+    return LatencyPool(_names(valid[0]), last.concurrency if last else None, last, None, tuple(thin))
 
 
 def _names(found: SloAt) -> tuple[str, ...]:
