@@ -254,7 +254,7 @@ def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS, preci
     3. the SLO's TTFT p99 boundary (the last point that meets it, the first that fails, any too thin to judge
        between them), until each verdict is decided;
     4. every point that could still be the peak or within its margin (one too thin to place, or one whose ratio to
-       the peak holds 1 but reaches past the sweet spot's margin), until it is placed;
+       the peak holds 1 but reaches past the sweet spot's margin), until it is placed or precise;
     5. the comparisons at the fit (continuous against static waves, the padding pair), each pair side by side,
        until their ratio is within ``precision`` or excludes 1;
     6. points below the SLO boundary too thin to judge against it.
@@ -318,7 +318,8 @@ def _curve_keys(tok: Mapping[Key, Estimate], precision: float) -> list[Key]:
 
 def _rivals(tok: Mapping[Key, Estimate], precision: float) -> list[Key]:
     """Curve points the findings could not place against the peak: too thin, or a ratio to it that holds 1 but
-    reaches past the sweet spot's margin (:data:`~batchbench.analysis.regimes.PEAK_SHARE`)."""
+    reaches past the sweet spot's margin (:data:`~batchbench.analysis.regimes.PEAK_SHARE`) while its own throughput is
+    not yet precise (a precise point still undecided sits on the margin: more runs would barely move it)."""
     curve = _curve(tok, precision)
     if not curve:
         return []
@@ -328,7 +329,8 @@ def _rivals(tok: Mapping[Key, Estimate], precision: float) -> list[Key]:
         if layout != "continuous" or c == peak_c:
             continue
         reaches = e.high is not None and e.high >= PEAK_SHARE * peak.value
-        if (e.thin(precision) and reaches) or against_peak(e.ratio(peak)) == "undecided":
+        undecided = against_peak(e.ratio(peak)) == "undecided" and not e.precise(precision)
+        if (e.thin(precision) and reaches) or undecided:
             found.append(("continuous", c))
     return found
 
