@@ -29,7 +29,9 @@ from batchbench.workload.requests import Request
 
 #: Where a request's token counts came from: the engine's own usage report, else (a server that sends none) the
 #: served model's tokenizer over the streamed text, else one token per streamed piece.
-UsageSource = Literal["engine", "tokenizer", "chunks"]
+#: Where a request's token totals came from: the engine's usage (on an event of its own, as OpenAI sends it, or on the
+#: last choice event, as llama.cpp's server does), else counted here (the served tokenizer, or one per piece).
+UsageSource = Literal["engine", "engine-last-choice", "tokenizer", "chunks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,22 @@ class Usage:
     #: does not say.
     reasoning_tokens: int | None = None
     source: UsageSource = "engine"
+    #: The server's own timing of the request where it sends one (llama.cpp's ``timings``: ``prompt_n``,
+    #: ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ``cache_n``), kept beside batchbench's own for validity.
+    timings: dict[str, float] | None = None
+
+
+#: The fields of a server's per-request ``timings`` kept in a record (llama.cpp's ``tools/server/server-task.cpp``).
+SERVER_TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n")
+
+
+def server_timings(event: dict[str, Any]) -> dict[str, float] | None:
+    """An event's ``timings`` (llama.cpp's server sends them with its totals), the numeric :data:`SERVER_TIMINGS`
+    only; None where it sends none."""
+    timings = event.get("timings")
+    if not isinstance(timings, dict):
+        return None
+    return {k: v for k in SERVER_TIMINGS if isinstance(v := timings.get(k), int | float)} or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +261,9 @@ class Engine(ABC):
     kv_block_size: ClassVar[int | None] = None
     #: Blocks the engine keeps back from the cache it is given (never holding a sequence's KV).
     kv_reserved_blocks: ClassVar[int] = 0
+    #: The cache is split evenly over ``max_batch_size`` slots, one sequence each (llama.cpp's server): a request
+    #: beyond them waits for a slot and never preempts (:func:`batchbench.load.sweep.slot_limited_design`).
+    kv_per_slot: ClassVar[bool] = False
     #: The largest LoRA rank the engine serves when BatchingConfig.max_lora_rank is unset (None: no limit known).
     default_max_lora_rank: ClassVar[int | None] = None
     #: How long the server keeps a CPU busy after its last request, waiting for the next one (seconds): another

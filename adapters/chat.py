@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from batchbench.adapters.base import ChunkSink, StreamProtocolError, Usage
+from batchbench.adapters.base import ChunkSink, StreamProtocolError, Usage, UsageSource, server_timings
 from batchbench.adapters.http import parse_json_event
 from batchbench.workload.requests import Request
 
@@ -66,12 +66,12 @@ def chat_body(model: str, request: Request, prompt_text: Callable[[Sequence[int]
     return body
 
 
-def usage_of(doc: dict[str, Any], source: str = "engine") -> Usage:
+def usage_of(doc: dict[str, Any], source: UsageSource = "engine", timings: dict[str, float] | None = None) -> Usage:
     """A ``usage`` object as :class:`Usage`, its reasoning tokens where the engine counts them."""
     details = doc.get("completion_tokens_details")
     reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else doc.get("reasoning_tokens")
     return Usage(doc.get("prompt_tokens"), doc.get("completion_tokens"),
-                 reasoning if isinstance(reasoning, int) else None, source)  # type: ignore[arg-type]
+                 reasoning if isinstance(reasoning, int) else None, source, timings)
 
 
 class ChatEvents:
@@ -84,6 +84,7 @@ class ChatEvents:
         "done",
         "engine",
         "got_usage",
+        "last_choice_usage",
         "last_t",
         "pieces",
         "rid",
@@ -96,6 +97,7 @@ class ChatEvents:
         self.done = self.got_usage = self.answered = False
         self.completed = 0  # output tokens the engine (or the pieces) counted so far
         self.last_t = 0.0
+        self.last_choice_usage: tuple[float, Usage] | None = None
         #: The served model's tokenizer, counting the streamed text where the engine sends no usage.
         self.count_text = count_text
         self.pieces: list[str] = []
@@ -128,10 +130,9 @@ class ChatEvents:
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
         content = delta.get("content")
         finish = choice.get("finish_reason") or None
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            n = usage["completion_tokens"] - self.completed
-            self.completed = usage["completion_tokens"]
-        else:  # no running usage: one token per piece that carried text
+        if (total := self.engine.running_total(event)) is not None:
+            n, self.completed = total - self.completed, total
+        else:  # no running total: one token per piece that carried text
             n = 1 if reasoning or content else 0
             self.completed += n
         if self.count_text is not None:
@@ -146,6 +147,10 @@ class ChatEvents:
             self.answered = True
             self.sink.first_output(t)
         self.sink.tokens(t, n, finish)
+        if finish is not None and isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            # The engine's totals on its last choice event (llama.cpp's server), kept until the stream ends: a
+            # usage event of its own after it has the last word.
+            self.last_choice_usage = (t, usage_of(usage, "engine-last-choice", server_timings(event)))
 
     def finish(self) -> None:
         """After the response: a stream that never ended is an error; one without usage is counted here."""
@@ -153,7 +158,9 @@ class ChatEvents:
             raise StreamProtocolError(self.engine.name, "stream ended before [DONE]", request_id=self.rid)
         if self.got_usage:
             return
-        if self.count_text is not None:
+        if self.last_choice_usage is not None:
+            self.sink.usage(*self.last_choice_usage)
+        elif self.count_text is not None:
             self.sink.usage(self.last_t, Usage(None, self.count_text("".join(self.pieces)), source="tokenizer"))
         else:
             self.sink.usage(self.last_t, Usage(None, self.completed, source="chunks"))

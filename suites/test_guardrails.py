@@ -84,6 +84,8 @@ def test_kv_danger_zone_is_flagged_when_entered(harness: Harness, start_engine: 
     fill = WorkloadSpec("kv-fill", 2 * concurrency, prompt=Lengths.fixed(prompt), output=Lengths.fixed(output),
                         arrival=Arrival("closed", concurrency=concurrency)).build()
     tight = BatchingConfig(kv_capacity_tokens=small, max_batch_size=64)
+    if cls.kv_per_slot:  # a cache split over slots fills as its slots do: half as many as the sequences
+        tight = BatchingConfig(kv_capacity_tokens=concurrency // 2 * max_len, max_batch_size=concurrency // 2)
     flags = {}
     for tag, batching in (("roomy", None), ("tight", tight)):
         engine = start_engine(engine_name, batching)

@@ -402,4 +402,8 @@ def test_designs_put_regime_three_inside_the_sweep(harness: Harness) -> None:
         assert kv.batching.kv_capacity_tokens >= kv.max_model_len
         get_spec(name).engine_class.check_config(kv.batching, max_model_len=kv.max_model_len)
         assert kv.prompt_len + kv.output_len <= kv.max_model_len
-        assert kv.batching.max_batch_size is not None and kv.batching.max_batch_size >= max(profile.sweep)
+        if get_spec(name).engine_class.kv_per_slot:
+            # A cache split over slots: the slots are the fit, each a block that holds one whole sequence.
+            assert kv.batching.max_batch_size == kv.fit and kv.block_size == kv.max_model_len
+        else:  # room for every client: the KV cache is the only limit
+            assert kv.batching.max_batch_size is not None and kv.batching.max_batch_size >= max(profile.sweep)

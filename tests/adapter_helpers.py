@@ -96,10 +96,10 @@ class RecordedStreams(StreamClient):
         super().__init__(engine, "http://engine.test")
         self.response = f"HTTP/1.1 {status} Recorded\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
 
-    async def _connection(self, request_id: str) -> _Connection:
+    async def _connection(self, request_id: str) -> tuple[_Connection, bool]:
         conn = _Connection(self)
         conn.connection_made(_ReplayTransport(conn, self.response))
-        return conn
+        return conn, False
 
 
 def replay(engine: Engine, body: bytes, status: int = 200) -> None:

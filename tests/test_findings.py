@@ -92,7 +92,8 @@ def test_one_point_is_no_curve() -> None:
     assert f.sweet_spot is None and f.memory_bound is None and f.points[0].regime is None
     assert f.most_throughput is None and f.no_curve and "no curve" in found.details[0]
     # One valid point is not "no valid point": the answer says why there is no curve.
-    assert decisions(found).answers(SLO)["throughput"] == "1 valid concurrency measured (8): no curve to read regimes from"
+    assert decisions(found).answers(SLO)["throughput"] == (
+        "1 valid concurrency measured (8): no curve to read regimes from")
 
 
 # --------------------------------------------------------------------------- most throughput
@@ -292,6 +293,16 @@ def test_continuous_over_static_with_its_mechanism() -> None:
         f"continuous at batch 8: x1.43 [{at.ratio.low:.2f}–{at.ratio.high:.2f}] the throughput of static waves; 4.8 "
         f"requests decoding on average vs 2.9 (ideal {at.ideal_mean_decoding:.1f} vs "
         f"{at.ideal_static_mean_decoding:.1f})")
+
+
+def test_static_waves_ahead_are_named_as_the_winner() -> None:
+    """llama.cpp's server on a toy model: its static waves outran its continuous batching, and the sentence says
+    which won without calling the winner a fraction of itself."""
+    found = findings_from_documents(layouts("alpha", [100, 105, 110], [140, 150, 160], mixed_outputs()))
+    at = found.engines["alpha"].continuous_over_static.at[8]
+    assert decisions(found).answers(None)["batching"].startswith(
+        f"static waves at batch 8: continuous gives only x0.70 [{at.ratio.low:.2f}–{at.ratio.high:.2f}] their "
+        "throughput")
 
 
 def test_a_machine_drift_both_layouts_share_cancels_in_the_paired_ratio() -> None:

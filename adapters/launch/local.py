@@ -101,9 +101,13 @@ class LocalProcess:
         niceness: int = 0,
         cpus: frozenset[int] | None = None,
         registry: CleanupRegistry | None = None,
+        unset: tuple[str, ...] = (),
     ) -> None:
-        """``cpus``: the engine's CPUs (a placement's ``engine_cpus``); None: every CPU this process started with."""
+        """``cpus``: the engine's CPUs (a placement's ``engine_cpus``); None: every CPU this process started with.
+        ``unset``: prefixes of environment variables the server is started without (a server that reads its flags
+        from the environment too would otherwise take the user's)."""
         self.program = program
+        self.unset = unset
         self.niceness = niceness
         self.cpus = cpus
         self.log_dir = log_dir
@@ -140,7 +144,7 @@ class LocalProcess:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env={**os.environ, **env},
+                    env={**{k: v for k, v in os.environ.items() if not k.startswith(self.unset or "\0")}, **env},
                     cwd=workdir,
                     start_new_session=True,
                     preexec_fn=self._in_child,

@@ -241,7 +241,18 @@ def verdict_lines(result: MeasuredRun) -> list[str]:
     ``INVALID (kind): sentence`` per rule they broke, then ``warning: ...`` per caveat that does not invalidate
     it (chunks the server delivered together). Failed requests have lines of their own (:func:`failure_lines`)."""
     return ([reason.line() for reason in validity.load_reasons(result.client, result.machine)]
-            + [f"warning: {note}" for note in result.client.notes()])
+            + [f"warning: {note}" for note in [*result.client.notes(), *connection_notes(result)]])
+
+
+def connection_notes(result: MeasuredRun) -> list[str]:
+    """Requests sent again because a kept-alive connection had been closed before they were answered (the server
+    never saw them: not failures), and why the client stopped reusing connections."""
+    resent = sum(1 for r in result.records if r.resent)
+    if not resent:
+        return []
+    why = result.engine_report.get("connections")
+    return [f"{resent} request(s) sent again on a fresh connection after the kept-alive one closed unanswered"
+            + (f"; {why}" if isinstance(why, str) else "")]
 
 
 def answer_lines(findings: Findings) -> list[str]:

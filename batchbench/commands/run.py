@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchbench.adapters.base import Engine, EngineError
-from batchbench.adapters.registry import EngineOptions, get_spec
+from batchbench.adapters.registry import EngineOptions, get_spec, prepare_local
 from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.main_job import (
     DEFAULT_REPEATS,
@@ -344,8 +344,24 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.1f}ms"
 
 
+def _prepared(engines: tuple[str, ...], options: EngineOptions, *, named: bool) -> tuple[str, ...]:
+    """The engines that can run here, each local one's one-time build done (:func:`prepare_local`). One that cannot
+    be built says why in one line; a default engine is then left out (the others still run), an engine the user
+    named ends the job."""
+    ready = []
+    for name in engines:
+        try:
+            prepare_local([name], options)
+        except EngineError as exc:
+            print(f"batchbench: {exc}" + ("" if named else "; left out of the default engines"), file=sys.stderr)
+            if named:
+                return ()
+            continue
+        ready.append(name)
+    return tuple(ready)
+
+
 def main(args: RunArgs) -> int:
-    limit = TimeLimit.starting_now(args.time_limit)
     profile = args.engine.sizes
     try:
         engines, options = args.engine.resolve()
@@ -357,6 +373,10 @@ def main(args: RunArgs) -> int:
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if not (engines := _prepared(engines, options, named=bool(args.engine.engine))):
+        return EXIT_ENGINE
+    # The clock starts once every engine's one-time build is done: a build is not the job's time.
+    limit = TimeLimit.starting_now(args.time_limit)
     if (run_dir := make_run_dir(args.engine.results_dir, "run")) is None:
         return EXIT_USAGE
     outcome = Outcome()

@@ -59,9 +59,16 @@ class RequestRecord:
     #: When the first token of the answer (not reasoning) arrived, on a chat stream; None on a completions stream,
     #: where every token is the answer.
     first_output_s: float | None = None
-    #: Where the token counts came from when the engine sent no usage of its own ("tokenizer": the served model's
-    #: tokenizer over the streamed text; "chunks": one token per streamed piece); None: the engine's usage.
+    #: Where the token counts came from when not from a usage event of the engine's own: "engine-last-choice" (the
+    #: engine's usage on its last choice event, llama.cpp's server); where it sent none, "tokenizer" (the served
+    #: model's tokenizer over the streamed text) or "chunks" (one token per streamed piece). None: its usage event.
     usage_from: str | None = None
+    #: Times the request was sent again because the kept-alive connection it went out on had been closed by the
+    #: server before any answer (the server never saw it; ``sent_s`` is the last send). 0: sent once.
+    resent: int = 0
+    #: The server's own timing of the request, where it sends one (llama.cpp: ``prompt_ms`` the prefill without
+    #: the queue, ``predicted_ms`` from the prefill's end to the last token, their token counts); None: none sent.
+    engine_timings: dict[str, float] | None = None
 
     @property
     def output_tokens(self) -> int:

@@ -230,13 +230,18 @@ class TooManyTokens(Exception):
 class _RecordSink:
     """The :class:`ChunkSink` of one request: each piece goes straight into its record, nothing kept besides."""
 
-    __slots__ = ("limit", "received", "record", "t0")
+    __slots__ = ("limit", "received", "record", "sends", "t0")
 
     def __init__(self, record: RequestRecord, t0: float, limit: int) -> None:
-        self.record, self.t0, self.limit, self.received = record, t0, limit, 0
+        self.record, self.t0, self.limit, self.received, self.sends = record, t0, limit, 0, 0
 
     def sent(self, t: float) -> None:
+        """Each send of the request: a second one (the adapter's client sent it again on a fresh connection after a
+        kept-alive one closed unanswered) is counted, and its send time is the one its latencies start from."""
         self.record.sent_s = t - self.t0
+        self.sends += 1
+        if self.sends > 1:
+            self.record.resent = self.sends - 1
 
     def tokens(self, t: float, n: int, finish_reason: str | None = None) -> None:
         if n:
@@ -253,8 +258,10 @@ class _RecordSink:
         self.record.completion_tokens = usage.completion_tokens
         if usage.reasoning_tokens is not None:  # the engine's own count wins over the pieces'
             self.record.reasoning_tokens = usage.reasoning_tokens
-        if usage.source != "engine":
-            self.record.usage_from = usage.source
+        # The last usage the stream carried wins (a running one, then the final totals): its form with it.
+        self.record.usage_from = None if usage.source == "engine" else usage.source
+        if usage.timings is not None:
+            self.record.engine_timings = usage.timings
 
     def reasoning(self, t: float, n: int, finish_reason: str | None = None) -> None:
         self.tokens(t, n, finish_reason)

@@ -2,7 +2,8 @@
 
 One design per engine, chosen by capability (:func:`sweep_design`): a
 KV-limited continuous engine gets a KV cache that holds exactly ``fit``
-sequences of the sweep's workload; a padded static engine runs its standard
+sequences of the sweep's workload; an engine with a cache split over slots gets
+``fit`` slots of one sequence each; a padded static engine runs its standard
 padded batch. The regimes suite (``suites/test_regimes.py``) asserts what the
 sweep shows; ``batchbench run`` measures the same sweep for its report, so the
 two never disagree on what was swept.
@@ -117,6 +118,22 @@ def kv_limited_design(profile: Profile, engine: str, engine_class: type[Engine])
     return SweepDesign(engine, prompt, output, output_min, fit, batching, max_model_len, block)
 
 
+def slot_limited_design(profile: Profile, engine: str) -> SweepDesign:
+    """``fit_target`` slots, each with a part of the cache that holds one sequence of the sweep's workload.
+
+    An engine whose cache is split evenly over a fixed number of slots (``Engine.kv_per_slot``: llama.cpp's
+    server without ``--kv-unified``) runs at most that many sequences; a request beyond them waits for a slot,
+    never preempts. The slot is the KV block: ``max_model_len`` tokens (the smallest power of two that holds a
+    prompt and the longest output), ``fit`` of them in all. Outputs vary over their upper half, so requests end at
+    different steps and the closed loop refills the slots continuously, as in :func:`kv_limited_design`.
+    """
+    prompt, output = sequence_lengths(profile)
+    fit = fit_target(profile)
+    max_model_len = 2 ** math.ceil(math.log2(prompt + output))
+    batching = BatchingConfig(kv_capacity_tokens=fit * max_model_len, max_batch_size=fit)
+    return SweepDesign(engine, prompt, output, output // 2 + 1, fit, batching, max_model_len, max_model_len)
+
+
 def static_design(profile: Profile, spec: EngineSpec) -> SweepDesign:
     """A padded static engine at the profile's standard batch size (the config suite 1 uses, so the engine
     is shared).
@@ -139,6 +156,8 @@ def static_design(profile: Profile, spec: EngineSpec) -> SweepDesign:
 def sweep_design(profile: Profile, spec: EngineSpec) -> SweepDesign | None:
     """The design that pushes this engine into regime 3, by capability; None: no recipe for it yet."""
     cls = spec.engine_class
+    if cls.capabilities.reports_kv_capacity and cls.kv_per_slot:
+        return slot_limited_design(profile, spec.name)
     if cls.capabilities.reports_kv_capacity and cls.kv_block_size is not None:
         return kv_limited_design(profile, spec.name, cls)
     if cls.capabilities.pads_batches:

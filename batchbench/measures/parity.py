@@ -50,7 +50,8 @@ class Parity:
             parts = [f"{n} of {self.checked} requests' {what} token counts differ from the workload's"
                      for n, what in ((self.prompt_mismatches, "prompt"), (self.output_mismatches, "output")) if n]
             notes.append(f"{'; '.join(parts)} (first: {self.example}); figures are not comparable as-is")
-        if other := {k: n for k, n in self.counted_by.items() if k != "engine"}:
+        # "engine-last-choice": the engine's own usage, on its last choice event (llama.cpp's server).
+        if other := {k: n for k, n in self.counted_by.items() if not k.startswith("engine")}:
             how = ", ".join(f"{n} from the {'tokenizer' if k == 'tokenizer' else 'streamed pieces (one each)'}"
                             for k, n in sorted(other.items()))
             notes.append(f"the engine sent no token usage for some requests: their counts are batchbench's ({how})")

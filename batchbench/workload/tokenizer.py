@@ -14,9 +14,16 @@ process.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import httpx
+
+#: How long the one probe of the Hugging Face Hub waits before a tokenizer name is looked up in its cache alone.
+HUB_PROBE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -40,13 +47,44 @@ class Tokenizer:
 
 def load(source: str) -> Tokenizer:
     """AutoTokenizer for a model folder or Hugging Face id; ValueError saying why it cannot be loaded."""
+    offline = not Path(source).is_dir() and (unreachable := _hub_unreachable()) is not None
+    if offline and not _cached(source):  # said before transformers' seconds of importing
+        raise ValueError(f"tokenizer {source!r} cannot be loaded: no such folder here nor in the Hugging Face "
+                         f"cache, and the Hub cannot be reached ({unreachable}): give --tokenizer with the served "
+                         "model's tokenizer folder")
     try:
         from transformers import AutoTokenizer
     except ImportError:
         raise ValueError(f"tokenizer {source!r}: text datasets need transformers "
                          "(pip install 'batchbench[text]')") from None
     try:
-        hf = AutoTokenizer.from_pretrained(source)
+        # Offline, only the Hugging Face cache: the Hub client would retry for ~40 s before failing.
+        hf = AutoTokenizer.from_pretrained(source, local_files_only=offline)
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors... all mean "not loadable"
         raise ValueError(f"tokenizer {source!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
     return Tokenizer(source, len(hf), hf)
+
+
+def _cached(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds a tokenizer of ``repo_id`` (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return any(isinstance(try_to_load_from_cache(repo_id, name), str)
+                   for name in ("tokenizer_config.json", "tokenizer.json"))
+    except HFValidationError:  # not a valid hub id at all
+        return False
+
+
+def _hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub cannot be asked for a tokenizer (offline mode, or no answer within a second to one
+    probe), or None when it answers."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    try:
+        httpx.head(endpoint, timeout=HUB_PROBE_S)
+    except httpx.HTTPError as exc:
+        return f"{endpoint}: {type(exc).__name__}"
+    return None

@@ -117,8 +117,11 @@ def decision(c: ContinuousOverStatic | None, missing: str | None = None) -> str:
     o = c.headline
     why = mechanism(o)
     if o.ratio.differs_from_one:
-        better = "continuous" if o.ratio.value > 1 else "static waves"
-        text = f"{better} at batch {c.concurrency}: {ratio_text(o.ratio)} the throughput of static waves"
+        if o.ratio.value > 1:
+            text = f"continuous at batch {c.concurrency}: {ratio_text(o.ratio)} the throughput of static waves"
+        else:
+            text = (f"static waves at batch {c.concurrency}: continuous gives only {ratio_text(o.ratio)} their "
+                    "throughput")
     elif o.ratio.largest_undetected is not None:
         text = (f"no difference larger than {o.ratio.largest_undetected:.0%} detected at batch {c.concurrency} "
                 f"({ratio_text(o.ratio)})")
