@@ -153,14 +153,13 @@ def model_dir(model: str | None) -> Path | None:
     return Path(model) if model is not None and Path(model).is_dir() else None
 
 
-def prepare_local(names: list[str], options: EngineOptions) -> None:
-    """Make, once, what each engine that will run as a local process needs here (:attr:`LocalRun.prepare`: a build):
-    before a time limit's clock starts, so the build is not the job's time. Raises its EngineError."""
-    for name in names:
-        local = get_spec(name).local
-        if options.url_for(name) is None and local is not None and local.prepare is not None \
-                and launch_mode(name, options) == "local":
-            local.prepare()
+def prepare_local(name: str, options: EngineOptions) -> None:
+    """Make, once, what the engine needs here where it will run as a local process (:attr:`LocalRun.prepare`: a
+    build): before a time limit's clock starts, so the build is not the job's time. Raises its EngineError."""
+    local = get_spec(name).local
+    if options.url_for(name) is None and local is not None and local.prepare is not None \
+            and launch_mode(name, options) == "local":
+        local.prepare()
 
 
 def launch_mode(name: str, options: EngineOptions) -> Literal["local", "docker"]:

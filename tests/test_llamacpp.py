@@ -67,7 +67,7 @@ def server() -> Iterator[str]:
                 pass
             proc.poll()
             assert proc.returncode is None, f"llama-server exited with {proc.returncode}"
-            subprocess.run(["sleep", "0.05"], check=True)
+            time.sleep(0.05)
         yield url
     finally:
         proc.kill()

@@ -144,7 +144,7 @@ class LocalProcess:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env={**{k: v for k, v in os.environ.items() if not k.startswith(self.unset or "\0")}, **env},
+                    env={**{k: v for k, v in os.environ.items() if not k.startswith(self.unset)}, **env},
                     cwd=workdir,
                     start_new_session=True,
                     preexec_fn=self._in_child,

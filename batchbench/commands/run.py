@@ -351,7 +351,7 @@ def _prepared(engines: tuple[str, ...], options: EngineOptions, *, named: bool) 
     ready = []
     for name in engines:
         try:
-            prepare_local([name], options)
+            prepare_local(name, options)
         except EngineError as exc:
             print(f"batchbench: {exc}" + ("" if named else "; left out of the default engines"), file=sys.stderr)
             if named:
