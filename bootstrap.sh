@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[cpu,dev,docker,gpu,ray]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[cpu,dev,docker,gpu,ray,serve]'
 # batchbench's own modules, byte-compiled once: an editable install is not, and where PYTHONDONTWRITEBYTECODE is
 # set (as on CI's machines) every process that imports batchbench (servers, the CLI, pytest) would compile them
 # again: ~0.2 s each on 2 vCPUs. A stale file is only ignored.

@@ -83,6 +83,7 @@ class ChatEvents:
         "count_text",
         "done",
         "engine",
+        "finished",
         "got_usage",
         "last_choice_usage",
         "last_t",
@@ -95,6 +96,8 @@ class ChatEvents:
                  count_text: Callable[[str], int] | None = None) -> None:
         self.engine, self.rid, self.sink = engine, rid, sink
         self.done = self.got_usage = self.answered = False
+        #: The choice gave its finish_reason: the answer is complete, whether or not [DONE] follows.
+        self.finished = False
         self.completed = 0  # output tokens the engine (or the pieces) counted so far
         self.last_t = 0.0
         self.last_choice_usage: tuple[float, Usage] | None = None
@@ -130,6 +133,7 @@ class ChatEvents:
         reasoning = delta.get("reasoning") or delta.get("reasoning_content")
         content = delta.get("content")
         finish = choice.get("finish_reason") or None
+        self.finished = self.finished or finish is not None
         if (total := self.engine.running_total(event)) is not None:
             n, self.completed = total - self.completed, total
         else:  # no running total: one token per piece that carried text
@@ -153,8 +157,9 @@ class ChatEvents:
             self.last_choice_usage = (t, usage_of(usage, "engine-last-choice", server_timings(event)))
 
     def finish(self) -> None:
-        """After the response: a stream that never ended is an error; one without usage is counted here."""
-        if not self.done:
+        """After the response: a stream that never ended is an error (one closed after its finish_reason without
+        ``data: [DONE]`` has ended: ``transformers serve`` 5.19 sends none); one without usage is counted here."""
+        if not self.done and not self.finished:
             raise StreamProtocolError(self.engine.name, "stream ended before [DONE]", request_id=self.rid)
         if self.got_usage:
             return

@@ -18,23 +18,35 @@ batchbench knows nothing more of it, so:
   sends no usage is counted by the served model's tokenizer or its streamed pieces, and the parity check says
   which;
 - a server that refuses those extensions (OpenAI's own API, a gateway checking against its schema: 400
-  "Unrecognized request argument supplied: ignore_eos") is sent OpenAI's fields alone from then on, the refused
-  request once more; answers then end where the model stops, and the description (so the report) says so.
+  "Unrecognized request argument supplied: ignore_eos"; ``transformers serve`` 5.19: 422 "Unexpected fields in the
+  request") is sent OpenAI's fields alone from then on, the refused request once more; answers then end where the
+  model stops, and the description (so the report) says so;
+- a server that refuses token-id prompts (``transformers serve`` 5.19, ``cli/serving/completion.py``: 400 "prompt
+  must be a string.") is sent text from then on: text that the served model's tokenizer (``--tokenizer``, else the
+  served model's folder) makes the same number of prompt tokens (:meth:`TextMaker.like`), which the engine's own
+  prompt counts check (the parity check); the description says so;
+- a server whose ``/v1/models`` fails with a server error (``transformers serve`` lists models from the Hub cache
+  only, and answers 500 where there is no cache folder) is healthy when its ``/health`` answers.
 """
 
 from __future__ import annotations
 
+import re
+from functools import cached_property
 from typing import Any, ClassVar
 
-from batchbench.adapters.base import ChunkSink, EngineHTTPError
+from batchbench.adapters.base import ChunkSink, EngineError, EngineHTTPError
 from batchbench.adapters.chat import chat_body
+from batchbench.adapters.http import get_text
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities
 from batchbench.core.server_metrics import ServerMetrics
+from batchbench.workload import tokenizer
 from batchbench.workload.requests import Request
+from batchbench.workload.text import TextMaker
 
 #: What batchbench cannot have from a server it knows only by its OpenAI routes.
 UNAVAILABLE = ("server metrics (KV-cache usage and capacity, queue depth, preemptions, server-side rejections, "
@@ -45,6 +57,12 @@ EXTENSIONS = ("min_tokens", "ignore_eos", "continuous_usage_stats")
 #: Said in the description once the server refused them.
 REFUSED = ("exact output lengths: the server refused min_tokens/ignore_eos (fields beyond OpenAI's API), so each "
            "answer ends where the model stops; the parity check compares its length with the one asked")
+#: A refusal of token-id prompts: the prompt named as wanting text ("prompt must be a string.", "prompt: Input should
+#: be a valid string"); not a prompt refused for its length ("maximum context length ... your prompt contains").
+TOKEN_IDS_REFUSED = re.compile(r"\bprompt\b.*\b(string|str|text)\b", re.IGNORECASE)
+#: Said in the description once the server refused token-id prompts.
+AS_TEXT = ("prompts as token ids: the server refused them, so each prompt was sent as text its tokenizer makes the "
+           "same number of tokens (the parity check compares the engine's own prompt counts)")
 
 
 class OpenAIServerEngine(OpenAICompletionsEngine):
@@ -65,11 +83,41 @@ class OpenAIServerEngine(OpenAICompletionsEngine):
 
     #: Whether the server refused the :data:`EXTENSIONS`: every request since is OpenAI's API alone.
     plain: bool = False
+    #: Whether the server refused token-id prompts: every prompt since is sent as text (:data:`AS_TEXT`).
+    as_text: bool = False
+
+    async def probe_health(self) -> bool:
+        """``/v1/models`` answering; where it fails with a server error, ``/health`` answering (module docstring)."""
+        try:
+            return await super().probe_health()
+        except EngineHTTPError as exc:
+            if exc.status < 500:
+                raise
+            assert self.client is not None
+            try:
+                await get_text(self.client, self.name, "/health")
+            except EngineHTTPError:
+                raise exc from None  # no health route either: the models list's error says what is wrong
+            return True
+
+    @cached_property
+    def _text(self) -> TextMaker:
+        """The served model's tokenizer as a maker of text prompts: the one given, else the served model's own
+        (its folder or hub id as requests name it); EngineError saying what to give where it does not load."""
+        if self.text_tokenizer is not None:
+            return TextMaker(self.text_tokenizer)
+        try:
+            return TextMaker(tokenizer.load(self.model.path))
+        except ValueError as exc:
+            remedy = "" if "--tokenizer" in str(exc) else "; give --tokenizer"
+            raise EngineError(self.name, f"the server refuses token-id prompts, and text of the same lengths needs "
+                                         f"the served model's tokenizer: {exc}{remedy}", permanent=True) from None
 
     def payload(self, request: Request) -> dict[str, Any]:
+        ids = request.prompt_token_ids
         body: dict[str, Any] = {
             "model": request.lora or self.model.request_name,
-            "prompt": list(request.prompt_token_ids),
+            "prompt": self._text.like(ids) if self.as_text else list(ids),
             "max_tokens": request.max_tokens,
             "temperature": 0.0,
             "stream": True,
@@ -87,15 +135,36 @@ class OpenAIServerEngine(OpenAICompletionsEngine):
         return body
 
     async def stream_into(self, request: Request, sink: ChunkSink) -> None:
-        """As for vLLM; a refusal of the :data:`EXTENSIONS` (a 400 naming one, before any token: the warm-up's
-        first request) turns them off for good and sends the request again without them."""
-        try:
-            await super().stream_into(request, sink)
-        except EngineHTTPError as exc:
-            if self.plain or exc.status not in (400, 422) or not any(name in str(exc) for name in EXTENSIONS):
-                raise
-            self.plain = True
-            await super().stream_into(request, sink)
+        """As for vLLM; a refusal of the :data:`EXTENSIONS` or of token-id prompts (a 400 or 422 before any token:
+        the warm-up's first request) turns them off for good and sends the request again without them."""
+        done_without: set[str] = set()
+        while True:
+            try:
+                await super().stream_into(request, sink)
+                return
+            except EngineHTTPError as exc:
+                refused = self._refused(exc)
+                # Each at most once per request: requests in flight together may all be refused before the first
+                # turns it off, and a server that refuses the request without it too has said something else.
+                if refused is None or refused in done_without:
+                    raise
+                done_without.add(refused)
+                if refused == "extensions":
+                    self.plain = True
+                else:
+                    self.as_text = True
+
+    def _refused(self, refusal: EngineHTTPError) -> str | None:
+        """What ``refusal`` refuses that this engine can do without: the :data:`EXTENSIONS`, token-id prompts
+        (``token-ids``), or nothing it knows (None)."""
+        if refusal.status not in (400, 422):
+            return None
+        said = str(refusal)
+        if any(name in said for name in EXTENSIONS):
+            return "extensions"
+        if self.endpoint == "completions" and TOKEN_IDS_REFUSED.search(said):
+            return "token-ids"
+        return None
 
     async def scrape(self) -> ServerMetrics | None:
         """No metrics batchbench can read (:data:`UNAVAILABLE`)."""
@@ -105,7 +174,8 @@ class OpenAIServerEngine(OpenAICompletionsEngine):
         return ServerMetrics(t=now())
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "unavailable": f"{UNAVAILABLE}; {REFUSED}" if self.plain else UNAVAILABLE}
+        unavailable = "; ".join([UNAVAILABLE, *([REFUSED] if self.plain else []), *([AS_TEXT] if self.as_text else [])])
+        return {**super().describe(), "unavailable": unavailable}
 
 
 SPEC = EngineSpec(

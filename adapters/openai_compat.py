@@ -53,7 +53,7 @@ class OpenAICompletionsEngine(ServedEngine):
     def prompt_text(self, token_ids: Sequence[int]) -> str:
         """A chat prompt's text where a request has token ids alone (the warm-up): the served model's tokenizer's
         decoding where known, else the ids as numbers."""
-        return self.chat_tokenizer.decode(token_ids) if self.chat_tokenizer is not None else token_ids_text(token_ids)
+        return self.text_tokenizer.decode(token_ids) if self.text_tokenizer is not None else token_ids_text(token_ids)
 
     def request_headers(self, request: Request) -> dict[str, str] | None:
         return None
@@ -98,8 +98,7 @@ class OpenAICompletionsEngine(ServedEngine):
         async with self.failures_explained(rid):
             await self.streams.post(self.completions_path, dumps(self.payload(request)), on_event=events.read,
                                     request_id=rid, headers=self.request_headers(request), on_sent=sink.sent)
-        if not events.done:
-            raise StreamProtocolError(self.name, "stream ended before [DONE]", request_id=rid)
+        events.end()
         if not events.got_usage:
             raise StreamProtocolError(
                 self.name, "no usage before [DONE], on an event of its own or the last choice "
@@ -110,7 +109,7 @@ class OpenAICompletionsEngine(ServedEngine):
         """One chat completions request, its events read as they arrive (:class:`ChatEvents`)."""
         assert self.streams is not None
         rid = request.request_id
-        events = ChatEvents(self, rid, sink, self.chat_tokenizer.count if self.chat_tokenizer is not None else None)
+        events = ChatEvents(self, rid, sink, self.text_tokenizer.count if self.text_tokenizer is not None else None)
         async with self.failures_explained(rid):
             await self.streams.post(self.chat_path, dumps(self.chat_payload(request)), on_event=events.read,
                                     request_id=rid, headers=self.request_headers(request), on_sent=sink.sent)
@@ -162,14 +161,25 @@ class OpenAICompletionsEngine(ServedEngine):
 class _CompletionEvents:
     """One stream's events, read as they arrive: checked, counted and handed to the sink."""
 
-    __slots__ = ("completed", "done", "engine", "got_usage", "last_choice_usage", "rid", "sink")
+    __slots__ = ("completed", "done", "engine", "finished", "got_usage", "last_choice_usage", "rid", "sink")
 
     def __init__(self, engine: OpenAICompletionsEngine, rid: str, sink: ChunkSink) -> None:
         self.engine, self.rid, self.sink = engine, rid, sink
         self.done = self.got_usage = False
+        #: A choice gave its finish_reason: the answer is complete, whether or not [DONE] follows.
+        self.finished = False
         self.completed = 0  # output tokens the engine reported so far
         #: The totals on the last choice event, kept until [DONE]: a usage event of its own has the last word.
         self.last_choice_usage: tuple[float, Usage] | None = None
+
+    def end(self) -> None:
+        """After the response: a stream closed after its finish_reason without ``data: [DONE]`` has ended all the
+        same (``transformers serve`` 5.19 sends none: ``cli/serving/completion.py``, ``sse_gen``); one closed before
+        its answer finished has not."""
+        if not self.done:
+            if not self.finished:
+                raise StreamProtocolError(self.engine.name, "stream ended before [DONE]", request_id=self.rid)
+            self.read(b"[DONE]", 0.0)
 
     def read(self, data: bytes, t: float) -> None:
         if self.done:  # after [DONE] nothing is the engine's answer
@@ -201,6 +211,7 @@ class _CompletionEvents:
             finish = choices[0].get("finish_reason") or None
         else:
             finish = next((c.get("finish_reason") for c in choices if c.get("finish_reason")), None)
+        self.finished = self.finished or finish is not None
         self.sink.tokens(t, n_tokens, finish)
         if finish is not None and isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             # The engine's totals on its last choice event rather than on one of their own (llama.cpp's server,

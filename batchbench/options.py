@@ -302,18 +302,18 @@ def with_chat_tokenizer(options: EngineOptions, served: ServedModel | None = Non
     """On a chat endpoint, the options with the tokenizer that sends a token-id workload as text of the same
     lengths (:func:`served_tokenizer`; where nothing names the model, the embedded model's). For the suites and the
     main job, whose designs are token ids. ValueError where the one chosen does not load."""
-    if options.endpoint != "chat" or options.chat_tokenizer is not None:
+    if options.endpoint != "chat" or options.text_tokenizer is not None:
         return options
     tok = served_tokenizer(options.model, served, "--endpoint chat sends text, tokenised as the served model does",
                            at_url=False, remedy="give --model (its folder or hub id)")
-    return dataclasses.replace(options, chat_tokenizer=tok)
+    return dataclasses.replace(options, text_tokenizer=tok)
 
 
 def sent_as(options: EngineOptions) -> Callable[[Workload], Workload]:
     """How a token-id workload (the main job's, a suite's) is sent: on a chat endpoint (``--endpoint chat``) as chat
     messages of the same token lengths under :func:`with_chat_tokenizer`'s tokenizer (:func:`as_chat`, each
     workload made once), else as it is."""
-    tok = options.chat_tokenizer
+    tok = options.text_tokenizer
     if options.endpoint != "chat" or tok is None:
         return lambda workload: workload
     made: dict[str, Workload] = {}

@@ -148,7 +148,7 @@ async def test_a_server_that_sends_no_usage_is_counted_and_the_parity_check_says
         assert server.url is not None
         wl = as_chat(WorkloadSpec("u", 3, prompt=Lengths.fixed(6), output=Lengths.fixed(5),
                                   arrival=Arrival("closed", concurrency=1)).build(), tiny_tokenizer)
-        extra = {"chat_tokenizer": tiny_tokenizer} if with_tokenizer else {}
+        extra = {"text_tokenizer": tiny_tokenizer} if with_tokenizer else {}
         async with _chat_engine(OpenAIServerEngine, server.url, startup_timeout=5, **extra) as engine:
             records = await LoadGenerator(engine, wl).run()
     finally:
@@ -164,7 +164,7 @@ async def test_a_server_that_sends_no_usage_is_counted_and_the_parity_check_says
 
 
 async def test_token_id_requests_go_as_text_the_tokenizer_decodes(tiny_tokenizer: tokenizer.Tokenizer) -> None:
-    engine = _chat_engine(chat_tokenizer=tiny_tokenizer)
+    engine = _chat_engine(text_tokenizer=tiny_tokenizer)
     ids = tuple(tiny_tokenizer.encode(" the engine run"))
     body = engine.chat_payload(Request("w", ids, 3))
     assert body["messages"] == [{"role": "user", "content": " the engine run"}]

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from batchbench.adapters.launch import gguf, llamacpp_build
+from batchbench.adapters.launch import gguf, llamacpp_build, weights
 from batchbench.adapters.launch.local import free_port
 from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.core.config import BatchingConfig
@@ -170,7 +170,7 @@ def test_greedy_outputs_agree_with_transformers_on_the_same_weights(server: str)
     theirs = [httpx.post(f"{server}/completion", json={
         "prompt": p, "n_predict": 12, "temperature": 0, "ignore_eos": True, "return_tokens": True,
         "cache_prompt": False}, timeout=60).json()["tokens"] for p in prompts]
-    model, _ = build_model(tiny_model_dir(), seed=gguf.SEED, dtype=gguf.DTYPE, threads=1)
+    model, _ = build_model(tiny_model_dir(), seed=weights.SEED, dtype=weights.DTYPE, threads=1)
     model = model.float()
     model.generation_config.eos_token_id = None
     ours = []

@@ -1,9 +1,9 @@
 """A model as GGUF, the file llama.cpp serves: converted once by llama.cpp's own converter and cached.
 
 The shipped tiny Llama gets the seeded random weights hf-static and hf-continuous serve
-(:func:`batchbench.adapters.hf_server.build_model`, seed 0, bf16), written once as safetensors and converted to
-f32 GGUF (bf16 widens to f32 exactly, so llama.cpp computes with the very same weights). A folder of the user's
-with a config and safetensors is converted likewise; a ``.gguf`` file is served as it is.
+(:func:`batchbench.adapters.launch.weights.write_seeded`), written once as safetensors and converted to f32 GGUF
+(bf16 widens to f32 exactly, so llama.cpp computes with the very same weights). A folder of the user's with a
+config and safetensors is converted likewise; a ``.gguf`` file is served as it is.
 
 The converter is the one in the sdist llama.cpp's server is built from
 (:mod:`batchbench.adapters.launch.llamacpp_build`), run unchanged in a subprocess with one exception: it names a
@@ -21,18 +21,16 @@ import hashlib
 import logging
 import os
 import runpy
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from batchbench.adapters.launch.llamacpp_build import Say, cache_root, converter_dir, ensure_server, to_stderr
+from batchbench.adapters.launch.weights import model_key, write_seeded
 
 #: The pre-tokenizer name given where the converter does not recognise the tokenizer (module docstring).
 PRE_TOKENIZER = "gpt-2"
-#: The seed and dtype of the weights the HF engines build (:class:`batchbench.adapters.hf_engine.HFEngine`).
-SEED, DTYPE = 0, "bfloat16"
 
 
 class ConversionError(RuntimeError):
@@ -44,13 +42,13 @@ def ensure_gguf(model: Path, *, seeded: bool, say: Say = to_stderr) -> Path:
     models) or with its own safetensors, converted once and cached under ``CACHE/models/``."""
     if model.suffix == ".gguf":
         return model
-    out = cache_root() / "models" / f"{model.name}-{_key(model, seeded)}.gguf"
+    out = cache_root() / "models" / f"{model.name}-{model_key(model, seeded)}.gguf"
     if out.is_file():
         return out
     ensure_server(say=say)  # the converter comes with the CPU build
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gguf-", dir=out.parent) as tmp:
-        source = _seeded_weights(model, Path(tmp) / "hf") if seeded else model
+        source = write_seeded(model, Path(tmp) / "hf") if seeded else model
         say(f"batchbench: converting {model.name} to GGUF (once) with llama.cpp's converter")
         done = subprocess.run([sys.executable, "-m", "batchbench.adapters.launch.gguf", str(converter_dir()),
                                str(source), str(Path(tmp) / "model.gguf")], capture_output=True, text=True,
@@ -60,34 +58,6 @@ def ensure_gguf(model: Path, *, seeded: bool, say: Say = to_stderr) -> Path:
             raise ConversionError(f"llama.cpp's converter could not convert {model}: {last}")
         os.replace(Path(tmp) / "model.gguf", out)
     return out
-
-
-def _key(model: Path, seeded: bool) -> str:
-    """What the GGUF depends on: the config and tokenizer (and, for a seeded model, the seed and dtype; else the
-    weights files' names, sizes and times)."""
-    digest = hashlib.sha256()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        path = model / name
-        digest.update(path.read_bytes() if path.is_file() else b"-")
-    if seeded:
-        digest.update(f"seed={SEED} dtype={DTYPE}".encode())
-    else:
-        for path in sorted(model.glob("*.safetensors")):
-            stat = path.stat()
-            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:12]
-
-
-def _seeded_weights(model: Path, into: Path) -> Path:
-    """The model's config with the HF engines' seeded random weights, written as safetensors beside its tokenizer."""
-    from batchbench.adapters.hf_server import build_model
-
-    built, _ = build_model(model, seed=SEED, dtype=DTYPE, threads=None, device="cpu")
-    built.save_pretrained(into, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (model / name).is_file():
-            shutil.copy2(model / name, into / name)
-    return into
 
 
 def _convert(converter: Path, source: Path, out: Path) -> None:

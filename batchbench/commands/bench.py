@@ -202,7 +202,7 @@ def main(args: BenchArgs) -> int:
         served = served_models_at_urls(engines, options)
         work = prepare_workload(w, profile, kind=kind, levels=levels, served=served)
         check_lora_specs(w.loras, engines, batching)
-        options = dataclasses.replace(options, chat_tokenizer=work.tokenizer)
+        options = dataclasses.replace(options, text_tokenizer=work.tokenizer)
         options = with_load_processes(options, args.engine.cpus, work.most_workers(kind, levels))
     except ValueError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)

@@ -187,7 +187,7 @@ def main(args: CapacityArgs) -> int:
         served = served_models_at_urls(engines, options)
         work = prepare_workload(w, profile, kind=kind, levels=[args.start, args.max_level], served=served)
         check_lora_specs(w.loras, engines, batching)
-        options = dataclasses.replace(options, chat_tokenizer=work.tokenizer)
+        options = dataclasses.replace(options, text_tokenizer=work.tokenizer)
         options = with_load_processes(options, args.engine.cpus,
                                       work.most_workers(kind, [args.start, args.max_level]))
     except ValueError as exc:

@@ -140,6 +140,10 @@ def served_models_at_urls(engines: Sequence[str], options: EngineOptions) -> Ser
         if served is None:
             continue
         model = pick_served_model(options.model, served, f"{name} at {url}")
+        if not model.listed:
+            print(f"batchbench: {name} at {url}: /v1/models does not list --model {model.name} (it lists none); "
+                  "requests name it as given, and the first request decides")
+            continue
         given = f" (--model {options.model})" if options.model and options.model != model.name else ""
         print(f"batchbench: {name} at {url} serves {model.text()}; requests name {model.name}{given}")
         first = first or model

@@ -164,7 +164,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                         help=f"prompt tokens per hash id (default {traces.MOONCAKE_BLOCK_SIZE}, the published "
                              "Mooncake traces')")
     parser.add_argument("--tokenizer", default=None, metavar="PATH_OR_HF_ID",
-                        help="tokenizer for text datasets (default: --model's, or the embedded model's)")
+                        help="the served model's tokenizer: for text datasets, chat prompts, and text prompts where a "
+                             "server refuses token ids (default: --model's, or the embedded model's)")
     parser.add_argument("--num-requests", type=positive_int, default=None,
                         help="requests per run (default: the profile's, raised to what the --slo percentiles need, "
                              "e.g. 200 for a p99; with --duration, a ceiling)")
@@ -241,8 +242,8 @@ class PreparedWorkload:
     stages: tuple[stages.Stage, ...] = ()
     #: The trace replayed, if the workload is one (its requests carry their own send times).
     trace: traces.Trace | None = None
-    #: The served model's tokenizer where the workload is text (a chat endpoint's): the engines count a stream
-    #: that carries no usage with it.
+    #: The served model's tokenizer where the workload is text (a chat endpoint's) or ``--tokenizer`` names it: the
+    #: engines count a stream that carries no usage with it, and send text where a server refuses token ids.
     tokenizer: tokenizer.Tokenizer | None = None
     _built: dict[int, Workload] = field(default_factory=dict)
 
@@ -386,12 +387,14 @@ def _prepare_workload(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
             raise ValueError(f"--input-len/--output-len: up to {prompt.max_value} + {output.max_value} tokens"
                              f"{per_turn} exceeds the model's max length {max_len} (--profile {profile.name})")
 
-        tok = _tokenizer(args, served, "--endpoint chat sends text") if chat else None
+        # --tokenizer given: loaded for the engines even where prompts are token ids (a server that refuses them is
+        # sent text of the same lengths under it).
+        tok = _tokenizer(args, served, "--endpoint chat sends text") if chat or args.tokenizer else None
 
         def synthetic(n: int) -> Workload:
             built = WorkloadSpec("bench", n, prompt=prompt, output=output, seed=args.seed, vocab_size=DEFAULT_VOCAB,
                                  loras=tuple(a.name for a in loras), lora_weights=weights, **sessions).build()
-            return as_chat(built, tok) if tok is not None else built
+            return as_chat(built, tok) if chat and tok is not None else built
 
         result = PreparedWorkload("bench", num_requests, args.duration, args.warmup, args.arrival, args.burstiness,
                               args.seed, synthetic, workers=args.workers.count, slice_s=args.slice,
@@ -415,7 +418,7 @@ def _prepare_workload(args: WorkloadArgs, profile: Profile, *, kind: LevelKind,
 
     result = PreparedWorkload(f"dataset-{args.dataset.stem}", num_requests, args.duration, args.warmup, args.arrival,
                           args.burstiness, args.seed, from_dataset, workers=args.workers.count, slice_s=args.slice,
-                          tokenizer=tok if chat else None)
+                          tokenizer=tok if chat or args.tokenizer else None)
     if dataset.skipped:
         result.notes.append(f"{args.dataset}: skipped {dataset.skipped} conversation(s) without a human turn "
                             "and a reply")

@@ -11,7 +11,9 @@ counts is the length.
 
 from __future__ import annotations
 
+import hashlib
 import random
+from collections.abc import Sequence
 from functools import cached_property
 
 from batchbench.workload.tokenizer import Tokenizer
@@ -64,3 +66,16 @@ class TextMaker:
                 pieces.append(rng.choice(self.words))
         raise ValueError(f"tokenizer {self.tokenizer.source!r}: no text of exactly {n} tokens found from its "
                          "one-token words (it merges across them)")
+
+    def like(self, token_ids: Sequence[int]) -> str:
+        """Text that the server tokenising it counts as ``len(token_ids)`` prompt tokens, special tokens it adds
+        (a BOS: :attr:`Tokenizer.added`) included: for a server that refuses token-id prompts. A word per id where
+        that tokenises one each, so prompts that share a prefix of ids share a prefix of text (a prefix cache
+        still sees it); else seeded by the ids, so the same prompt is the same text on every engine."""
+        n = max(1, len(token_ids) - self.tokenizer.added)
+        words = self.words
+        text = "".join(words[t % len(words)] for t in token_ids[:n])
+        if len(self.tokenizer.encode(text)) == n:
+            return text
+        seed = hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()
+        return self.text(n, random.Random(seed))[0]

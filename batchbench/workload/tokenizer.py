@@ -44,6 +44,12 @@ class Tokenizer:
         """How many tokens ``text`` is (a chat stream's text, where the engine sends no usage)."""
         return len(self.encode(text))
 
+    @property
+    def added(self) -> int:
+        """How many tokens the tokenizer adds to any text of its own accord (a BOS): what a server that tokenises a
+        text prompt itself counts beyond the text's own tokens."""
+        return len(self.hf("a", add_special_tokens=True)["input_ids"]) - len(self.encode("a"))
+
 
 def load(source: str) -> Tokenizer:
     """AutoTokenizer for a model folder or Hugging Face id; ValueError saying why it cannot be loaded."""
