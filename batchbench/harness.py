@@ -2,7 +2,8 @@
 
 Suites use only the public methods: :meth:`Harness.engine` (shared, cached engines),
 :meth:`Harness.private_engine` (an unshared engine with its own options, always stopped),
-:meth:`Harness.measure` (a recorded run), :meth:`Harness.replay` (an unrecorded one) and
+:meth:`Harness.measure` (a recorded run), :meth:`Harness.repeat` (recorded runs of one workload, whose
+estimates have an interval), :meth:`Harness.replay` (an unrecorded one) and
 :meth:`Harness.scrape` (the engine's server metrics now). The event loop underneath is the
 harness's own business.
 
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.launch.cleanup import REGISTRY as LAUNCHED
 from batchbench.adapters.registry import EngineOptions, make_engine
+from batchbench.analysis.repeats import Repeats
 from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, LoadConfig
 from batchbench.core.records import RequestRecord
@@ -204,6 +206,19 @@ class Harness:
             "summary": codec.encode(result.summary),
         })
         return result
+
+    def repeat(self, engine: Engine, workload: Workload, times: int = 3, *, tag: str = "",
+               labels: dict[str, Any] | None = None) -> Repeats[MeasuredRun]:
+        """``workload`` on ``engine`` ``times`` times, each run recorded (labelled with its ``repeat``): a figure's
+        estimate over them (:meth:`Repeats.estimate`) has a 95% interval, which
+        :class:`~batchbench.pytest_plugin.IntervalChecks` decides a claim by; one run's figure has none."""
+        if times < 2:
+            raise ValueError(f"times={times}: an interval needs at least two runs")
+        runs: Repeats[MeasuredRun] = Repeats()
+        for repeat in range(times):
+            result = self.measure(engine, workload, tag=tag, labels={**(labels or {}), "repeat": repeat})
+            runs.add(result, result.machine)
+        return runs
 
     def close(self) -> None:
         try:

@@ -8,21 +8,30 @@ always stopped at the end.
 
 Fixtures: ``bench`` (the session's choices), ``harness`` (started engines, measured runs),
 ``start_engine(name, batching=None)``; tests that take ``engine_name`` or ``batching`` are
-parametrized over the selected engines and the ``--batching`` grid.
+parametrized over the selected engines and the ``--batching`` grid. A claim on a figure is decided by
+the interval of repeated runs (:meth:`Harness.repeat`, :class:`IntervalChecks`).
+
+A session's results go to a folder of its own, ``RESULTS_DIR/pytest-YYYYmmdd-HHMMSS-xxxx`` (as each CLI
+command's do), named at the end of the run; ``--batchbench-report`` builds its report there, and
+``--baseline`` with ``--fail-on-regression`` gates the session on it, as ``batchbench report`` does.
 """
 
 from __future__ import annotations
 
+import os
+import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
 from batchbench.analysis.repeats import Estimate, Expect, Repeats, decide, why_no_estimate
+from batchbench.commands.report import add_gate_arguments
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
 from batchbench.options import (
@@ -35,6 +44,7 @@ from batchbench.options import (
     gpu_options,
     with_chat_tokenizer,
 )
+from batchbench.reports.build import ReportError, build_report
 from batchbench.workload.profiles import Profile, get_profile
 
 
@@ -48,6 +58,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--require-engines", action="store_true",
                     help="fail (instead of skip) the tests of a selected engine that cannot run here: a nightly "
                          "job must not pass with nothing measured")
+    group.addoption("--batchbench-report", action="store_true",
+                    help="at the end, build the session's report (report.html, .md, .json) in its results folder")
+    group.addoption("--baseline", type=Path, default=None, metavar="EARLIER",
+                    help="compare the session's report against an earlier results folder, results document or "
+                         "report.json (implies --batchbench-report)")
+    add_gate_arguments(group.addoption)
 
 
 @dataclass(frozen=True)
@@ -56,20 +72,37 @@ class BenchConfig:
 
     engines: tuple[str, ...]
     engine_options: EngineOptions
+    #: This session's own folder under ``--results-dir``, made when the first run is written.
     results_dir: Path
     profile: Profile
     batching: tuple[BatchingConfig | None, ...]
 
 
 BENCH_KEY = pytest.StashKey[BenchConfig]()
+#: What the session's end has to say (the results folder, the report, regressions), for the terminal summary.
+SUMMARY_KEY = pytest.StashKey[list[str]]()
+#: pytest-asyncio's option that it warns about, in every run, where a configuration leaves it unset.
+ASYNCIO_LOOP_SCOPE = "asyncio_default_fixture_loop_scope"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    """Before the other plugins configure: pytest-asyncio (in batchbench's dev extra) warns in every run of a
+    repository that does not set its fixture loop scope. batchbench's fixtures are synchronous, so where the
+    user's configuration leaves it unset it is set to ``function``, the default pytest-asyncio announces. pytest has
+    no public way for one plugin to default another's ini value: the value ``getini`` caches is set."""
+    if config.pluginmanager.hasplugin("asyncio") and not config.getini(ASYNCIO_LOOP_SCOPE):
+        config._inicache[ASYNCIO_LOOP_SCOPE] = "function"
+    _configure(config)
+
+
+def _configure(config: pytest.Config) -> None:
     """Check the options once, before anything runs: a bad value or combination is a usage error."""
     if config.option.help:
         return
     profile = get_profile(config.getoption("--profile"))
     results_dir: Path = config.getoption("--results-dir")
+    session_dir = results_dir / f"pytest-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     try:
         engines, options = engine_options(
             config.getoption("--engine"), engine_urls=config.getoption("--engine-url"),
@@ -83,7 +116,59 @@ def pytest_configure(config: pytest.Config) -> None:
         grid = tuple(batching_grid(config.getoption("--batching")))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
-    config.stash[BENCH_KEY] = BenchConfig(engines, options, results_dir, profile, grid)
+    config.stash[BENCH_KEY] = BenchConfig(engines, options, session_dir, profile, grid)
+    config.stash[SUMMARY_KEY] = []
+    CLAIMS.clear()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The session's results folder said, its report built where asked (``--batchbench-report``, ``--baseline``),
+    and with ``--fail-on-regression`` a regression against the baseline fails the session. Runs after the session's
+    fixtures are torn down (every engine stopped), before the terminal summary that shows what it found."""
+    config = session.config
+    bench, said = config.stash.get(BENCH_KEY, None), config.stash.get(SUMMARY_KEY, None)
+    if bench is None or said is None:
+        return
+    folder = bench.results_dir
+    written = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not written:
+        return
+    baseline: Path | None = config.getoption("--baseline")
+    if not (config.getoption("--batchbench-report") or baseline is not None):
+        said.append(f"{len(written)} results documents in {folder}; their report: batchbench report {folder}")
+        return
+    threshold: float = config.getoption("--threshold")
+    try:
+        built = build_report(folder, folder / "report", baseline=baseline, threshold_pct=threshold,
+                             warn=lambda message: said.append(f"warning: {message}"))
+    except ReportError as exc:
+        said.append(f"{len(written)} results documents in {folder}; no report: {exc}")
+        return
+    said.append(f"{len(written)} results documents in {folder}; report: {folder / 'report' / 'report.html'}")
+    if built.baseline is not None:
+        said.append(f"{built.regressions} regressions beyond {threshold:g}% against {baseline}")
+        if built.regressions and config.getoption("--fail-on-regression"):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    for line in [*claims_summary(CLAIMS), *config.stash.get(SUMMARY_KEY, [])]:
+        terminalreporter.write_line(f"batchbench: {line}")
+
+
+def claims_summary(claims: Sequence[Claim]) -> list[str]:
+    """The session's claims counted by outcome, then each undecided or not made, by test: a claim that skipped
+    undecided, or was not made on this hardware, is seen at the end of the run, not only in a skip reason."""
+    if not claims:
+        return []
+    counts = {outcome: sum(c.outcome == outcome for c in claims) for outcome in ("held", "failed", "undecided",
+                                                                               "not made")}
+    lines = [f"claims: {len(claims) - counts['not made']} made, {counts['held']} held, {counts['failed']} failed, "
+             f"{counts['undecided']} undecided (interval straddles its limit), {counts['not made']} not made on "
+             "this hardware"]
+    lines += [f"  {c.outcome}: {c.test}: {c.what.splitlines()[0]}" for c in claims
+              if c.outcome in ("undecided", "not made")]
+    return lines
 
 
 @pytest.fixture(scope="session")
@@ -124,15 +209,37 @@ def start_engine(harness: Harness, pytestconfig: pytest.Config) -> Callable[...,
     return start
 
 
+Outcome = Literal["held", "failed", "undecided", "not made"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim a test made (or could not make here), with its figures, and what became of it."""
+
+    test: str
+    what: str
+    outcome: Outcome
+
+
+#: Every claim of the session, recorded as each test's :class:`IntervalChecks` finishes: a test makes its checks
+#: with no handle on the session, so they are gathered here (emptied when a session is configured) for the
+#: terminal summary's count.
+CLAIMS: list[Claim] = []
+
+
 @dataclass
 class IntervalChecks:
     """A suite's claims about an engine's speed, each a repeated, paired estimate decided by its interval
     (:func:`batchbench.analysis.repeats.decide`). :meth:`finish` fails the test when any claim's interval lies on
     the wrong side of its limit, else skips it, with every figure, when any straddles its limit after the repeats
-    the suite allowed (the machine could not tell), else passes. Never decided on one pair of runs."""
+    the suite allowed (the machine could not tell), else passes. Never decided on one pair of runs. Every claim,
+    and each one this hardware cannot make (:meth:`not_made`), is counted in the session's summary."""
 
     failed: list[str] = field(default_factory=list)
     undecided: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    #: Claims the test has but cannot make here (a GPU-only claim on a CPU), each with why.
+    unmade: list[str] = field(default_factory=list)
 
     def check(self, what: str, found: Estimate | None, limit: float, expect: Expect,
               of: Sequence[Repeats[Any]] = ()) -> bool | None:
@@ -148,7 +255,14 @@ class IntervalChecks:
             self.undecided.append(text)
         elif not verdict:
             self.failed.append(text)
+        else:
+            self.held.append(text)
         return verdict
+
+    def not_made(self, what: str, why: str) -> None:
+        """A claim this test would make where the hardware allows, not made here: said in the summary, so a
+        passing run does not read as if it had been."""
+        self.unmade.append(f"{what}: {why}")
 
     @property
     def decided(self) -> bool:
@@ -156,6 +270,10 @@ class IntervalChecks:
         return not self.undecided
 
     def finish(self, context: str = "") -> None:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+        outcomes: tuple[tuple[Outcome, list[str]], ...] = (
+            ("held", self.held), ("failed", self.failed), ("undecided", self.undecided), ("not made", self.unmade))
+        CLAIMS.extend(Claim(test, what, outcome) for outcome, claims in outcomes for what in claims)
         where = f" ({context})" if context else ""
         if self.failed:
             pytest.fail("; ".join(self.failed) + where)

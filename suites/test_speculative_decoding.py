@@ -183,7 +183,8 @@ def test_speculation_against_batch_size(
         measured, predicted = tokens_per_chunk(r), predicted_tokens_per_chunk(r, c)
         assert abs(measured / predicted - 1) <= CHUNK_SLACK, (
             f"batch 1: {measured:.2f} tokens per chunk, {predicted:.2f} predicted from the engine's accepted tokens")
-    if not on_gpu:
-        return  # TPOT on two vCPUs is reported (findings, the report), not asserted: see the module docstring
     checks, gain = judged()
+    if not on_gpu:  # TPOT on two vCPUs is reported (findings, the report), not asserted: see the module docstring
+        checks.not_made("batch 1: TPOT speedup with speculation, no more than the tokens per drafted step",
+                        "GPU only: TPOT on two shared vCPUs is too noisy to assert (reported in the findings)")
     checks.finish("batch 1" if gain is None else f"batch 1: speedup {gain.format(lambda v: f'x{v:.2f}')}")

@@ -109,6 +109,9 @@ def test_static_waves_vs_continuous(
             if on_gpu:
                 checks.check("the refilled slots raised throughput (continuous over static)", ratio, threshold,
                              "above", of=of)
+            else:
+                checks.not_made("the refilled slots raised throughput (continuous over static)",
+                                "GPU only: on a CPU a fuller batch runs proportionally slower steps (reported)")
         else:
             # A static engine pads and waits engine-side: keeping N in flight cannot fill the idle slots.
             checks.check(f"{engine_name} is static: occupancy, continuous over static", occupancy, threshold, "below",

@@ -226,6 +226,6 @@ def test_the_suites_run_on_a_key_protected_server_over_chat_and_skip_with_the_re
     assert done.returncode == 0, tail
     assert int(re.search(r"(\d+) passed", tail).group(1)) >= 10, tail  # type: ignore[union-attr]
     assert "openai exposes no server metrics" in tail  # skipped where it cannot, with the reason
-    docs = list(tmp_path.glob("openai_*.json"))
+    docs = list(tmp_path.glob("pytest-*/openai_*.json"))
     assert docs and all(json.loads(p.read_text())["engine"]["endpoint"] == "chat" for p in docs)
     assert not _files_holding(tmp_path, KEY) and KEY not in done.stdout + done.stderr

@@ -54,7 +54,7 @@ def test_pytest_engine_vllm_runs_a_users_suite(user_repo: Path) -> None:
     proc = _pytest(user_repo, "--engine", "vllm", "--results-dir", "out", "-q", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout
-    assert list((user_repo / "out").glob("vllm_*mine*.json"))
+    assert list((user_repo / "out").glob("pytest-*/vllm_*mine*.json"))  # the session's own folder
 
 
 def test_an_engine_that_cannot_run_skips_or_with_require_engines_fails(user_repo: Path) -> None:

@@ -42,4 +42,4 @@ def test_suites_pass_against_protocol_servers(servers: dict[str, str], tmp_path:
     assert passed >= 10, tail
     # Every engine produced results documents of its own.
     for engine in servers:
-        assert list(tmp_path.glob(f"{engine}_*.json")), f"no results written for {engine}"
+        assert list(tmp_path.glob(f"pytest-*/{engine}_*.json")), f"no results written for {engine}"

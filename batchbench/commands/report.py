@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,12 @@ def _threshold(text: str) -> float:
     return value
 
 
-def _gate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threshold", type=_threshold, default=DEFAULT_THRESHOLD_PCT, metavar="PCT",
-                   help=f"percent change that counts as a change (default {DEFAULT_THRESHOLD_PCT:g})")
-    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when any metric regressed")
+def add_gate_arguments(add: Callable[..., Any]) -> None:
+    """``--threshold`` and ``--fail-on-regression``: on ``report``, ``compare`` and the pytest plugin (``add``: a
+    parser's ``add_argument`` or a pytest group's ``addoption``)."""
+    add("--threshold", type=_threshold, default=DEFAULT_THRESHOLD_PCT, metavar="PCT",
+        help=f"percent change that counts as a change (default {DEFAULT_THRESHOLD_PCT:g})")
+    add("--fail-on-regression", action="store_true", help="exit 1 when any metric regressed")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("--records-csv", action="store_true",
                      help=f"also write {RECORDS_CSV}: every request record of every run, a row each (CSV only: "
                           "Parquet would need pyarrow, which batchbench does not depend on)")
-    _gate_arguments(rep)
+    add_gate_arguments(rep.add_argument)
     rep.set_defaults(handler=main, options=ReportArgs)
 
     cmp = sub.add_parser("compare", help="two result folders side by side: the change per metric, and whether "
@@ -87,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("b", type=Path, metavar="B", help="the later results, compared against A")
     cmp.add_argument("--json", action="store_true",
                      help="print the comparison as JSON (the table's rows, each with its verdict) instead of a table")
-    _gate_arguments(cmp)
+    add_gate_arguments(cmp.add_argument)
     cmp.set_defaults(handler=main_compare, options=CompareArgs)
 
 
