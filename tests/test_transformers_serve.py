@@ -142,7 +142,7 @@ def test_continuous_batching_against_its_own_sequential_mode(serve: Serve, model
         out = tmp_path / mode
         out.mkdir()
         done, _ = _bench(out, "--engine", "openai", "--engine-url", f"openai={serve(mode)}", "--model", str(model),
-                         "--concurrency", "8", "--num-requests", "32", "--input-len", "32", "--output-len", "32",
+                         "--concurrency", "8", "--num-requests", "16", "--input-len", "32", "--output-len", "16",
                          "--repeats", "3")
         assert done.returncode == 0, done.stderr
         (folder,) = out.glob("bench-*")
