@@ -32,7 +32,9 @@ Step = int | str
 
 @dataclass
 class BatchStat:
-    """Accounting for one padded batch, in token slots."""
+    """Accounting for one padded batch, in token slots. ``size`` and ``padded_prompt_len`` are first the batch as
+    formed, then the shape of the prompt tensor ``generate()`` handed its streamer (the model's own input): the pad
+    fraction is what the model was given, not what the batcher meant to give it."""
 
     size: int
     prompt_lens: list[int]
@@ -152,7 +154,7 @@ class StaticBatcher:
                              decode_steps=max(olens), started_s=started - self._t0, duration_s=None)
             self.batches.append(stat)
             try:
-                await asyncio.to_thread(self._generate, batch, loop)
+                await asyncio.to_thread(self._generate, batch, loop, stat)
             except Exception as exc:  # whatever generate() raised is the error of the batch's requests
                 if stat in self.batches:  # it was not served: it is no batch of the accounting
                     self.batches.remove(stat)
@@ -177,8 +179,9 @@ class StaticBatcher:
                 break
         return batch
 
-    def _generate(self, batch: list[Pending], loop: asyncio.AbstractEventLoop) -> None:
-        """Run one padded batch (in a worker thread); each decode step is handed to the loop as it ends."""
+    def _generate(self, batch: list[Pending], loop: asyncio.AbstractEventLoop, stat: BatchStat) -> None:
+        """Run one padded batch (in a worker thread); each decode step is handed to the loop as it ends, and the
+        prompt tensor's shape to ``stat``."""
         import torch
         from transformers.generation.streamers import BaseStreamer
 
@@ -192,6 +195,9 @@ class StaticBatcher:
                 if step <= pending.max_tokens:
                     pending.steps.put_nowait(step)
 
+        def given(rows: int, width: int) -> None:
+            stat.size, stat.padded_prompt_len = rows, width
+
         class PerStep(BaseStreamer):
             """Called once per decode step with the batch's new tokens; the first call is the prompt."""
 
@@ -202,6 +208,8 @@ class StaticBatcher:
                 self.step += 1
                 if self.step:
                     loop.call_soon_threadsafe(stepped, self.step)
+                else:  # the prompt as the model got it: [rows, width]
+                    loop.call_soon_threadsafe(given, *value.shape)
 
             def end(self) -> None:
                 pass

@@ -4,6 +4,11 @@ What an operator needs from a run, per engine: TTFT p50/p99 by batch-size
 bucket, tokens/s per accelerator, KV-cache usage over time, queue depth and
 rejection rate. And the run must flag when the KV cache enters the danger
 zone (>= 85% used), where the next burst preempts or queues.
+
+Measured against an independent prediction: the engine's own KV usage, sampled through the run, peaks past 85% in
+a cache sized by arithmetic to be too small for the load, and stays below it in the default cache the same
+arithmetic says is roomy. Arithmetic, not claimed here: that the flag (``kv_danger_entered``) follows from those
+samples, which tests/test_results.py unit-tests.
 """
 
 from __future__ import annotations
@@ -96,8 +101,8 @@ def test_kv_danger_zone_is_flagged_when_entered(harness: Harness, start_engine: 
         flags[tag] = results.load(result.path).guardrails()
     harness.release(engine_name, tight)
     tight_kv, roomy_kv = flags["tight"], flags["roomy"]
-    assert tight_kv.kv_danger_entered is True
+    # The engine's samples against the sizes' prediction (the flags themselves are the samples' arithmetic).
     assert tight_kv.kv_usage_peak is not None and tight_kv.kv_usage_peak >= KV_DANGER
     assert tight_kv.kv_danger_time_s is not None and tight_kv.kv_danger_time_s > 0
-    assert roomy_kv.kv_danger_entered is False
     assert roomy_kv.kv_usage_peak is not None and roomy_kv.kv_usage_peak < KV_DANGER
+    assert (tight_kv.kv_danger_entered, roomy_kv.kv_danger_entered) == (True, False)  # and the run says so

@@ -20,6 +20,13 @@ are compared, exactly, with the capacity the engine reports
   workload stops fitting: regime 3's onset, checked against the sweep.
 
 Engines that do not report their KV capacity are skipped, with the reason.
+
+What each engine test measures: the capacity the engine itself reports, against the calculator's prediction. For a
+KV space in bytes the whole chain is checked (bytes per token from the config, whole blocks). For a cache of N
+blocks the prediction is N x the block size, so it checks the engine's own accounting of its cache (blocks kept
+back, rounding, capacity in full-length requests), not the bytes-per-token arithmetic; that arithmetic is checked
+there only where the server logs the blocks the same memory would have held (vLLM), and otherwise by the pure
+tests here and the KV-space test.
 """
 
 from __future__ import annotations

@@ -117,7 +117,8 @@ def test_adapters_beyond_the_slots_wait_for_one(
             series: dict[str, Repeats[MeasuredRun]] = {split: Repeats() for split in wls}
             # Every split each pass, again while a claim's interval straddles its limit.
             for split, repeat in RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, alternate=True,
-                                                together=True, settled=lambda _: claims(wls, series).decided
+                                                together=True, look_once=True,
+                                                settled=lambda _: claims(wls, series).decided
                                                 ).schedule(series):
                 result = measure(split, repeat)
                 series[split].add(result, result.machine)

@@ -163,7 +163,7 @@ def test_conversations_wait_for_answers_and_ttft_follows_the_context(
         return checks, grown, cached
 
     # Every engine each pass, again while a claim's interval straddles its limit.
-    for on, repeat in RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True,
+    for on, repeat in RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True, look_once=True,
                                      settled=lambda _: judged()[0].decided).schedule(series):
         result = measure(on, repeat)
         series[on].add(result, result.machine)

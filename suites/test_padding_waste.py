@@ -4,13 +4,18 @@ A static batch is a rectangle: every prompt is padded to the longest one. The
 classic case, one 4096-token prompt among thirty-one 100-token prompts,
 leaves 31 x (4096 - 100) / (32 x 4096) = 94.5% of the prefill slots as
 padding. The quick profile keeps that ratio at half its context (the main
-job's padding pair, :func:`batchbench.analysis.main_job.padding_pair`). An engine that pads must report exactly the
-analytic pad fraction and pay for it in latency; an engine that packs
+job's padding pair, :func:`batchbench.analysis.main_job.padding_pair`). An engine that pads must pad exactly the
+analytic fraction and pay for it in latency; an engine that packs
 variable-length sequences (continuous batching over paged KV) pays only for
 the real tokens. Both batches run side by side in each pass, at least three
 times (the repeat protocol, :mod:`batchbench.analysis.repeats`), and the cost
 ratio is paired pass by pass and decided by its interval
 (:class:`batchbench.pytest_plugin.IntervalChecks`).
+
+Measured against an independent prediction: the pad fraction of the prompt tensor the padding engine's model was
+given (hf-static reads its shape from ``generate()``'s streamer), against the arithmetic of the prompt lengths
+alone; the latency cost ratio, against the padded and real token ratios. The arithmetic itself
+(:func:`batchbench.analysis.theory.padding_fraction`) is unit-tested in tests/test_metrics.py.
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ def test_padding_cost(harness: Harness, start_engine: Callable[..., Engine], eng
         return checks, cost
 
     def measure_all() -> None:
-        protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True,
+        protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True, look_once=True,
                                   settled=lambda _: judged()[0].decided)
         for tag, repeat in protocol.schedule(series):
             result = harness.measure(engine, work[tag], tag=tag, labels={"suite": "padding", "batch": tag,

@@ -108,7 +108,7 @@ def test_prefix_caching_serves_shared_prefixes_from_the_cache(
         return checks, ratio
 
     # Both engines in every pass, again while the TTFT ratio's interval straddles its limit.
-    for on, repeat in RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True,
+    for on, repeat in RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True, look_once=True,
                                      settled=lambda _: judged()[0].decided).schedule(series):
         result = measure(on, repeat)
         series[on].add(result, result.machine)

@@ -44,6 +44,12 @@ test is skipped, saying so, rather than asserting on the machine's load.
 
 The sweep of the KV-limited engine is shared with ``suites/test_kv_sizing.py``
 (measured once per session, by whichever test needs it first).
+
+Measured, each against what the engine could get wrong: regime 3 reached inside the sweep; the knee no later than
+one step past the fit (the KV planner's or the batch cap's prediction); every point past the fit memory-bound by
+the engine's own KV and preemption counters (saturated, with the queue the static engine reports, where it has no
+KV data); the TTFT spike against Little's law, by the interval of its ratio. Arithmetic, not claimed here: the
+order of the labels, which the detector gives any curve (unit-tested in tests/test_regimes.py).
 """
 
 from __future__ import annotations
@@ -62,7 +68,6 @@ import pytest
 from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import get_spec, specs
 from batchbench.analysis.regimes import (
-    REGIME_RANK,
     RegimeReport,
     SweepPoint,
     classify_regimes,
@@ -304,11 +309,9 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
         pytest.skip(f"{engine_name}: other processes took over {BUSY_SHARE:.0%} of the CPU during the runs of "
                     f"concurrency {sorted(busy)} (shares: {shares}); the curve cannot be measured now")
 
-    # Regime order: under-utilised*, exactly one sweet spot, then regime 3 (the detector's contract,
-    # checked here on real data).
-    ranks = [REGIME_RANK[p.regime] for p in report.points]
-    assert ranks == sorted(ranks), table
-    assert [p.regime for p in report.points].count("sweet-spot") == 1, table
+    # The labels' order (under-utilised*, exactly one sweet spot, then regime 3) is the detector's own contract,
+    # true of any curve by construction: unit-tested over generated sweeps (tests/test_regimes.py,
+    # test_labels_never_go_back), not claimed here. What the engine decides: that regime 3 is reached at all.
     third = report.in_regime("memory-bound", "compute-saturated", "saturated")
     assert third, f"{engine_name}: regime 3 not reached by concurrency {max(harness.profile.sweep)}\n{table}"
 

@@ -145,7 +145,7 @@ def test_speculation_against_batch_size(
 
     # Every key each pass; on a GPU, again while the speedup's interval straddles a limit.
     for key, repeat in RepeatProtocol(repeats=GPU_REPEATS if on_gpu else REPEATS, max_repeats=MAX_REPEATS,
-                                      alternate=True, together=True,
+                                      alternate=True, together=True, look_once=True,
                                       settled=lambda _: judged()[0].decided).schedule(series):
         result = measure(key, repeat)
         series[key].add(result, result.machine)

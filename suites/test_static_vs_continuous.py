@@ -121,7 +121,7 @@ def test_static_waves_vs_continuous(
         return checks, occupancy, ratio
 
     # Both layouts each pass, again while a claim's interval straddles its limit.
-    protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True,
+    protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True, look_once=True,
                               settled=lambda _: judged()[0].decided)
 
     def measure_all() -> None:

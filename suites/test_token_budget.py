@@ -296,7 +296,7 @@ class CellRunner:
         cells = {a.name: a, b.name: b}
         engines = {a.name: self.engine(a), b.name: self.engine(b)}
         series: dict[str, Repeats[MeasuredRun]] = {a.name: Repeats(), b.name: Repeats()}
-        protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True,
+        protocol = RepeatProtocol(repeats=REPEATS, max_repeats=MAX_REPEATS, together=True, look_once=True,
                                   settled=lambda _: judge(series[a.name], series[b.name]).decided)
         for name, i in protocol.schedule(series):
             result = self.measure(cells[name], engines[name], benchmark if name == b.name and i == 0 else None)

@@ -11,7 +11,9 @@ the same way:
   first ``repeats`` passes, more passes (up to ``max_repeats``; no run starts once ``budget_s`` has
   passed) measure again what is not yet ``settled`` (:func:`precise`: its interval is narrow enough)
   among what is in ``focus`` (what decides the caller's answer); with ``together``, all of them again
-  while any is not, so a comparison stays paired.
+  while any is not, so a comparison stays paired. A claim decided by its interval (a suite's) is looked at twice
+  with ``look_once``: after ``repeats`` passes, and, where that did not decide it, after ``max_repeats``; looking
+  after every pass until the interval clears its limit would make each look another chance of a wrong verdict.
 - **Quiet runs.** Each run carries the machine's load during it
   (:class:`batchbench.measures.machine_load.MachineLoad`); a *disturbed* run (other processes took over
   :data:`batchbench.measures.machine_load.BUSY_SHARE` of the CPU) is reported but not used:
@@ -352,6 +354,12 @@ class RepeatProtocol:
     settled: Callable[[Repeats[Any]], bool] = has_quiet_run
     #: Measure every measurement again while any is not settled (a paired comparison).
     together: bool = False
+    #: Consult ``settled`` once, after the first ``repeats`` passes; where anything is unsettled then, run every
+    #: pass up to ``max_repeats`` without looking again. For a claim decided on its interval: two looks in all
+    #: (then, and the caller's after the last pass), each wrong in one direction at most 2.5% of the time, so at
+    #: most 5% a direction over both, where stopping at the first pass whose interval clears the limit gives every
+    #: pass another chance (simulated in tests/test_verdicts.py).
+    look_once: bool = False
     #: Reverse the order on odd passes.
     alternate: bool = False
     #: No run past the first ``repeats`` passes starts after this many seconds of measuring.
@@ -376,10 +384,13 @@ class RepeatProtocol:
         stands then: the caller adds each run to ``series[key]`` before asking for the next. ``started``: when
         the budget began (default: now)."""
         started = time.perf_counter() if started is None else started
+        looked: tuple[list[K], bool] | None = None  # look_once: what the one look sent on, and in which order
         for r in range(self.max_repeats or self.repeats):
             todo, extra = list(series), r >= self.repeats
             ordered = False
-            if extra:
+            if extra and looked is not None:
+                todo, ordered = list(looked[0]), looked[1]  # every pass to the last, nothing looked at again
+            elif extra:
                 eligible = self.focus(series) if self.focus is not None else todo
                 ordered = isinstance(eligible, Sequence) and not self.together
                 wanted = list(eligible) if ordered else [key for key in todo if key in eligible]
@@ -387,6 +398,8 @@ class RepeatProtocol:
                 if not unsettled:
                     return
                 todo = todo if self.together else unsettled
+                if self.look_once:
+                    looked = (todo, ordered)
             if self.alternate and r % 2 == 1 and not ordered:
                 todo.reverse()
             started_any = False
