@@ -167,7 +167,7 @@ class Progress:
         self.live = console.is_terminal
         self._starts: list[EngineStart] = []
         self._runs: list[RunProgress] = []
-        self._sweep: tuple[int, int, str] | None = None
+        self._sweep: tuple[int, int, str, bool] | None = None
         #: When the sweep's time limit ends (time.monotonic), for the live countdown.
         self._deadline: float | None = None
         self._display: Live | None = None
@@ -194,9 +194,10 @@ class Progress:
     def _render(self) -> Group:
         parts: list[Text] = []
         if self._sweep is not None:
-            i, n, label = self._sweep
+            i, n, label, extra = self._sweep
             left = f", {_clock(self._deadline - time.monotonic())} left" if self._deadline is not None else ""
-            parts.append(Text(f"sweep: point {i} of {n}" + (f" ({label}{left})" if label else ""), style="bold"))
+            parts.append(Text(f"sweep: {_point(i, n, extra)}" + (f" ({label}{left})" if label else ""),
+                              style="bold"))
         parts += [start.render() for start in self._starts]
         parts += [run.render() for run in self._runs]
         return Group(*parts)
@@ -252,13 +253,19 @@ class Progress:
             self._runs.remove(bar)
         self.print(bar.line if bar.line is not None else f"{label}: {bar.counts()}")
 
-    def sweep(self, i: int, n: int, label: str = "", *, left_s: float | None = None) -> None:
-        """The sweep is at point ``i`` of ``n`` (``left_s``: seconds left of its time limit, counted down live):
-        shown live on a terminal, a line in a log."""
-        self._sweep = (i, n, label)
+    def sweep(self, i: int, n: int, label: str = "", *, left_s: float | None = None, extra: bool = False) -> None:
+        """The sweep is at point ``i`` of the ``n`` planned (``left_s``: seconds left of its time limit, counted
+        down live), or with ``extra`` at a repeat beyond the plan that the time allows, after point ``i``: shown
+        live on a terminal, a line in a log. The total is the plan's and never grows as the sweep goes."""
+        self._sweep = (i, n, label, extra)
         self._deadline = None if left_s is None else time.monotonic() + left_s
         if not self.live:
             left = f" ({_clock(left_s)} left)" if left_s is not None else ""
-            self.print(f"batchbench: point {i} of {n}" + (f": {label}" if label else "") + left)
+            self.print(f"batchbench: {_point(i, n, extra)}" + (f": {label}" if label else "") + left)
         else:
             self.refresh()
+
+
+def _point(i: int, n: int, extra: bool) -> str:
+    """``point 3 of 8``, or for a repeat beyond the plan ``extra repeat after point 3 of 8``."""
+    return f"extra repeat after point {i} of {n}" if extra else f"point {i} of {n}"

@@ -122,3 +122,16 @@ def test_a_start_says_what_it_waits_for_live_and_in_a_log() -> None:
         engines.phase("its health check at http://host:8000", 20)
     assert log.getvalue().splitlines()[0] == "batchbench: vllm: waiting for its health check at http://host:8000 " \
                                              "(at most 20s)"
+
+
+def test_the_total_is_the_plan_s_and_an_extra_repeat_says_so() -> None:
+    out = io.StringIO()
+    with Progress.for_terminal(out) as progress:
+        progress.sweep(18, 36, "vllm continuous c=1 #1")
+        progress.sweep(18, 36, "vllm continuous c=8 #2", extra=True)
+        progress.sweep(19, 36, "hf-static continuous c=1 #0")
+    assert out.getvalue().splitlines() == [
+        "batchbench: point 18 of 36: vllm continuous c=1 #1",
+        "batchbench: extra repeat after point 18 of 36: vllm continuous c=8 #2",
+        "batchbench: point 19 of 36: hf-static continuous c=1 #0",
+    ]

@@ -210,6 +210,8 @@ class Outcome:
 
     results: list[MeasuredRun] = field(default_factory=list)
     engine_problems: dict[str, str] = field(default_factory=dict)
+    #: Runs of the plan (every measurement ``repeats`` times) started so far: the progress line's count.
+    planned_done: int = 0
 
 
 #: How far past its share an engine's mandatory runs may go (a machine slower than its calibration said): the later
@@ -297,8 +299,10 @@ class EngineMeasurement:
         protocol = repetition.protocol(sweep, slo, self.share, lambda key: self.fits(key, limit))
         # Driven by hand rather than protocol.run: the runs are awaited on this loop.
         for (layout, c), repeat in protocol.schedule(self.series, started=self.measuring):
-            progress.sweep(len(outcome.results) + 1, max(planned, len(outcome.results) + 1),
-                           f"{name} {layout} c={c} #{repeat}", left_s=limit.left())
+            extra = repeat >= repetition.repeats
+            outcome.planned_done += not extra
+            progress.sweep(outcome.planned_done, planned, f"{name} {layout} c={c} #{repeat}", left_s=limit.left(),
+                           extra=extra)
             workload = workloads[(layout, c)]
             with progress.run(len(workload.requests), f"{layout:>13} c={c:<3} #{repeat}") as bar:
                 result = await run(self.engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
