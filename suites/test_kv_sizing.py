@@ -25,8 +25,8 @@ What each engine test measures: the capacity the engine itself reports, against 
 KV space in bytes the whole chain is checked (bytes per token from the config, whole blocks). For a cache of N
 blocks the prediction is N x the block size, so it checks the engine's own accounting of its cache (blocks kept
 back, rounding, capacity in full-length requests), not the bytes-per-token arithmetic; that arithmetic is checked
-there only where the server logs the blocks the same memory would have held (vLLM), and otherwise by the pure
-tests here and the KV-space test.
+there only where the server logs the blocks the same memory would have held (``Engine.kv_block_override``), and
+otherwise by the pure tests here and the KV-space test.
 """
 
 from __future__ import annotations

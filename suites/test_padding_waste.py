@@ -13,8 +13,8 @@ ratio is paired pass by pass and decided by its interval
 (:class:`batchbench.pytest_plugin.IntervalChecks`).
 
 Measured against an independent prediction: the pad fraction of the prompt tensor the padding engine's model was
-given (hf-static reads its shape from ``generate()``'s streamer), against the arithmetic of the prompt lengths
-alone; the latency cost ratio, against the padded and real token ratios. The arithmetic itself
+given (its engine report's ``prompt_pad_fraction``, taken from the prompt tensor's shape), against the arithmetic
+of the prompt lengths alone; the latency cost ratio, against the padded and real token ratios. The arithmetic itself
 (:func:`batchbench.analysis.theory.padding_fraction`) is unit-tested in tests/test_metrics.py.
 """
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ class Tokenizer:
         """How many tokens ``text`` is (a chat stream's text, where the engine sends no usage)."""
         return len(self.encode(text))
 
-    @property
+    @cached_property
     def added(self) -> int:
         """How many tokens the tokenizer adds to any text of its own accord (a BOS): what a server that tokenises a
         text prompt itself counts beyond the text's own tokens."""
