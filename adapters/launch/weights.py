@@ -8,14 +8,13 @@ once as safetensors beside the model's config and tokenizer, so every such serve
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from batchbench.adapters.launch.llamacpp_build import cache_root
-from batchbench.fixtures import chat_template
+from batchbench.fixtures import chat_template, has_chat_template
 
 #: The seed and dtype of the weights the HF engines build (:class:`batchbench.adapters.hf_engine.HFEngine`).
 SEED, DTYPE = 0, "bfloat16"
@@ -58,16 +57,9 @@ def seeded_folder(model: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="weights-", dir=out.parent) as tmp:
         made = write_seeded(model, Path(tmp) / "model")
-        if not _has_chat_template(model):
+        if not has_chat_template(str(model)):
             shutil.copy2(chat_template(), made / "chat_template.jinja")
         shutil.rmtree(out, ignore_errors=True)
         os.replace(made, out)
     return out
 
-
-def _has_chat_template(model: Path) -> bool:
-    """Whether the folder's tokenizer carries a chat template (in ``tokenizer_config.json`` or a file of its own)."""
-    if (model / "chat_template.jinja").is_file():
-        return True
-    config = model / "tokenizer_config.json"
-    return config.is_file() and bool(json.loads(config.read_text()).get("chat_template"))
