@@ -19,8 +19,6 @@ command's do), named at the end of the run; ``--batchbench-report`` builds its r
 from __future__ import annotations
 
 import os
-import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ import pytest
 from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
 from batchbench.analysis.repeats import Estimate, Expect, Repeats, decide, why_no_estimate
+from batchbench.commands.common import run_dir_name
 from batchbench.commands.report import add_gate_arguments
 from batchbench.core.config import BatchingConfig
 from batchbench.harness import Harness
@@ -102,7 +101,7 @@ def _configure(config: pytest.Config) -> None:
         return
     profile = get_profile(config.getoption("--profile"))
     results_dir: Path = config.getoption("--results-dir")
-    session_dir = results_dir / f"pytest-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    session_dir = run_dir_name(results_dir, "pytest")
     try:
         engines, options = engine_options(
             config.getoption("--engine"), engine_urls=config.getoption("--engine-url"),

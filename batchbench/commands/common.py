@@ -200,13 +200,18 @@ def place_client(options: EngineOptions) -> Iterator[None]:
         yield
 
 
+def run_dir_name(results_dir: Path, prefix: str) -> Path:
+    """``RESULTS_DIR/PREFIX-YYYYmmdd-HHMMSS-xxxx``: one invocation's folder (a command's, a pytest session's)."""
+    return results_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
 def make_run_dir(results_dir: Path, prefix: str) -> Path | None:
     """A fresh folder ``RESULTS_DIR/PREFIX-YYYYmmdd-HHMMSS-xxxx`` for one invocation, announced; None (and why,
     on stderr) when it cannot be made, which the caller turns into a usage error before any engine starts.
 
     One folder per invocation, and reports built from that folder alone, so runs of different invocations
     are never merged by accident."""
-    run_dir = results_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run_dir = run_dir_name(results_dir, prefix)
     try:
         run_dir.mkdir(parents=True)
     except OSError as exc:
