@@ -179,16 +179,21 @@ class _CompletionEvents:
         if not self.done:
             if not self.finished:
                 raise StreamProtocolError(self.engine.name, "stream ended before [DONE]", request_id=self.rid)
-            self.read(b"[DONE]", 0.0)
+            self._close()
+
+    def _close(self) -> None:
+        """The stream's end: the totals kept from the last choice event are the engine's usage, unless a usage
+        event of its own came."""
+        self.done = True
+        if not self.got_usage and self.last_choice_usage is not None:
+            self.got_usage = True
+            self.sink.usage(*self.last_choice_usage)
 
     def read(self, data: bytes, t: float) -> None:
         if self.done:  # after [DONE] nothing is the engine's answer
             return
         if data == b"[DONE]":
-            self.done = True
-            if not self.got_usage and self.last_choice_usage is not None:
-                self.got_usage = True
-                self.sink.usage(*self.last_choice_usage)
+            self._close()
             return
         name, rid = self.engine.name, self.rid
         event = parse_json_event(name, data, rid)

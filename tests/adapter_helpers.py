@@ -4,7 +4,10 @@ recorded body."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from batchbench.adapters.base import Chunk, Engine
@@ -13,6 +16,7 @@ from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.stream_client import StreamClient, _Connection
 from batchbench.core.clock import now
 from batchbench.core.server_metrics import ServerMetrics
+from batchbench.results import document as results
 from batchbench.workload.requests import Request
 
 
@@ -107,3 +111,10 @@ def replay(engine: Engine, body: bytes, status: int = 200) -> None:
     engine.client = recorded(body, status)  # type: ignore[attr-defined]
     if isinstance(engine, OpenAICompletionsEngine):
         engine.streams = RecordedStreams(engine.name, body, status)
+
+def bench_openai(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], list[results.RunDocument]]:
+    """``batchbench bench ARGV`` run as a user runs it, its results in ``tmp_path``: how it ended, and the generic
+    engine's results documents (for the tests of real servers reached as ``--engine openai``)."""
+    done = subprocess.run([sys.executable, "-m", "batchbench", "bench", *argv, "--results-dir", str(tmp_path),
+                           "--no-report"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    return done, [results.load(p) for p in sorted(tmp_path.glob("bench-*/openai_*.json"))]

@@ -29,9 +29,8 @@ from batchbench.adapters.launch.local import free_port
 from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.core.config import BatchingConfig
 from batchbench.fixtures import tiny_model_dir
-from batchbench.results import document as results
 from batchbench.workload.requests import Request
-from tests.adapter_helpers import collect
+from tests.adapter_helpers import bench_openai, collect
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -74,16 +73,11 @@ def server() -> Iterator[str]:
         proc.wait()
 
 
-def _bench(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], list[results.RunDocument]]:
-    done = subprocess.run([sys.executable, "-m", "batchbench", "bench", *argv, "--results-dir", str(tmp_path),
-                           "--no-report"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    return done, [results.load(p) for p in sorted(tmp_path.glob("bench-*/openai_*.json"))]
-
-
 def test_the_generic_engine_reads_usage_from_llama_servers_last_choice_event(server: str, tmp_path: Path) -> None:
     """Issue 46's first command: llama-server sends usage on its last choice event, not on one of its own."""
-    done, docs = _bench(tmp_path, "--engine", "openai", "--engine-url", f"openai={server}", "--model", "tiny.gguf",
-                        "--concurrency", "1,4,8", "--num-requests", "32", "--input-len", "64", "--output-len", "32")
+    done, docs = bench_openai(tmp_path, "--engine", "openai", "--engine-url", f"openai={server}", "--model",
+                              "tiny.gguf", "--concurrency", "1,4,8", "--num-requests", "32", "--input-len", "64",
+                              "--output-len", "32")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "sent no token usage" not in done.stdout + done.stderr  # its counts are its own: no parity note
     records = [r for d in docs for r in d.records]
@@ -100,9 +94,9 @@ def test_the_generic_engine_reads_usage_from_llama_servers_last_choice_event(ser
 def test_the_generic_engine_over_chat_loses_no_request_to_closed_connections(server: str, tmp_path: Path) -> None:
     """Issue 46's second command: llama-server closes each connection after a stream although it answers
     keep-alive; a request written on such a connection is sent again on a fresh one, never recorded failed."""
-    done, docs = _bench(tmp_path, "--engine", "openai", "--engine-url", f"openai={server}", "--endpoint", "chat",
-                        "--model", "tiny.gguf", "--tokenizer", str(tiny_model_dir()), "--concurrency", "8",
-                        "--num-requests", "16", "--input-len", "64", "--output-len", "16")
+    done, docs = bench_openai(tmp_path, "--engine", "openai", "--engine-url", f"openai={server}", "--endpoint",
+                              "chat", "--model", "tiny.gguf", "--tokenizer", str(tiny_model_dir()), "--concurrency",
+                              "8", "--num-requests", "16", "--input-len", "64", "--output-len", "16")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (doc,) = docs
     assert len(doc.records) == 16 and all(r.ok and r.completion_tokens == 16 for r in doc.records)

@@ -28,7 +28,7 @@ from batchbench.adapters.generic import AS_TEXT, REFUSED
 from batchbench.adapters.launch.local import free_port
 from batchbench.adapters.launch.weights import seeded_folder
 from batchbench.fixtures import tiny_model_dir
-from batchbench.results import document as results
+from tests.adapter_helpers import bench_openai
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -87,19 +87,13 @@ def serve(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
             proc.wait()
 
 
-def _bench(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], list[results.RunDocument]]:
-    done = subprocess.run([sys.executable, "-m", "batchbench", "bench", *argv, "--results-dir", str(tmp_path),
-                           "--no-report"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    return done, [results.load(p) for p in sorted(tmp_path.glob("bench-*/openai_*.json"))]
-
-
 @pytest.mark.parametrize("mode", ["continuous-batching", "no-continuous-batching"])
 def test_the_issue_command_measures_both_modes(serve: Serve, model: Path, tmp_path: Path, mode: str) -> None:
     url = serve(mode)
     listing = httpx.get(url + "/v1/models")
     assert (listing.status_code, listing.json()["data"]) == (200, []) if mode == "continuous-batching" \
         else listing.status_code == 500
-    done, docs = _bench(tmp_path, *BENCH, "--engine-url", f"openai={url}", "--model", str(model))
+    done, docs = bench_openai(tmp_path, *BENCH, "--engine-url", f"openai={url}", "--model", str(model))
     assert done.returncode == 0, done.stderr
     assert "does not list --model" in done.stdout
     assert len(docs) == 2  # c=1 and c=8
@@ -114,9 +108,9 @@ def test_the_issue_command_measures_both_modes(serve: Serve, model: Path, tmp_pa
 
 
 def test_chat_through_the_model_s_template(serve: Serve, model: Path, tmp_path: Path) -> None:
-    done, docs = _bench(tmp_path, "--engine", "openai", "--engine-url", f"openai={serve('continuous-batching')}",
-                        "--model", str(model), "--endpoint", "chat", "--concurrency", "4", "--num-requests", "8",
-                        "--input-len", "32", "--output-len", "8")
+    done, docs = bench_openai(tmp_path, "--engine", "openai", "--engine-url",
+                              f"openai={serve('continuous-batching')}", "--model", str(model), "--endpoint", "chat",
+                              "--concurrency", "4", "--num-requests", "8", "--input-len", "32", "--output-len", "8")
     assert done.returncode == 0, done.stderr
     (doc,) = docs
     assert len(doc.records) == 8 and all(r.ok for r in doc.records)
@@ -127,8 +121,8 @@ def test_chat_through_the_model_s_template(serve: Serve, model: Path, tmp_path: 
 def test_a_wrong_model_ends_in_one_line_within_seconds(serve: Serve, model: Path, tmp_path: Path) -> None:
     url = serve("continuous-batching")
     started = time.monotonic()
-    done, docs = _bench(tmp_path, *BENCH, "--engine-url", f"openai={url}", "--model", "org/not-served",
-                        "--tokenizer", str(model))
+    done, docs = bench_openai(tmp_path, *BENCH, "--engine-url", f"openai={url}", "--model", "org/not-served",
+                              "--tokenizer", str(model))
     assert time.monotonic() - started < 30
     assert done.returncode == 3 and not docs
     said = [line for line in done.stderr.splitlines() if "cannot run" in line]
@@ -141,9 +135,9 @@ def test_continuous_batching_against_its_own_sequential_mode(serve: Serve, model
     for mode in ("no-continuous-batching", "continuous-batching"):
         out = tmp_path / mode
         out.mkdir()
-        done, _ = _bench(out, "--engine", "openai", "--engine-url", f"openai={serve(mode)}", "--model", str(model),
-                         "--concurrency", "8", "--num-requests", "16", "--input-len", "32", "--output-len", "16",
-                         "--repeats", "3")
+        done, _ = bench_openai(out, "--engine", "openai", "--engine-url", f"openai={serve(mode)}", "--model",
+                               str(model), "--concurrency", "8", "--num-requests", "16", "--input-len", "32",
+                               "--output-len", "16", "--repeats", "3")
         assert done.returncode == 0, done.stderr
         (folder,) = out.glob("bench-*")
         folders.append(folder)
