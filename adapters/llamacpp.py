@@ -1,5 +1,9 @@
 """llama.cpp's C++ server (``llama-server``): built here from the pinned sdist, a local process, a container, or a URL.
 
+In a container (``--launch docker``; the default on a GPU host) the GGUF is made here as for a local run and its
+folder mounted read-only: the image is llama.cpp's own CUDA server image on a GPU host, and on a CPU host
+``batchbench-llamacpp`` (``docker/images.sh llamacpp``: Debian 12 with the build this machine made).
+
 Flags, request fields, stream fields, routes and metric names were checked against llama.cpp 0c1e57098 (the
 ``vendor/llama.cpp`` of llama-cpp-python 0.3.36; :mod:`batchbench.adapters.launch.llamacpp_build`), the paths below
 relative to it; ``fixtures/wire/llamacpp/`` holds the recorded exchanges:
@@ -42,6 +46,7 @@ from typing import Any, ClassVar
 from batchbench.adapters.base import EngineError, EngineHTTPError
 from batchbench.adapters.http import get_json
 from batchbench.adapters.launch import gguf, llamacpp_build
+from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec, LocalRun
@@ -139,9 +144,21 @@ class LlamaCppEngine(OpenAICompletionsEngine):
             args += ["-b", str(batching.max_batched_tokens), "-ub", str(batching.max_batched_tokens)]
         if self.cpus:
             args += ["-t", str(len(self.cpus)), "-tb", str(len(self.cpus))]
+        if self.on_gpu():
+            args += ["-ngl", "all"]  # every layer on the GPU: its default, "auto", fits what memory allows
         if self.endpoint == "chat" and shipped_model_dir(Path(self.model.path).name) is not None:
             args += ["--chat-template-file", CHAT_TEMPLATE_FILE]
         return args
+
+    def on_gpu(self) -> bool:
+        """The server runs on a GPU: the local CUDA build (:data:`llamacpp_build.CUDA_ENV`), or a container given
+        GPUs (the CUDA image)."""
+        if self.launch is None:  # at a URL: started by someone else
+            return False
+        if isinstance(self.launch, LocalProcess):
+            return llamacpp_build.cuda_archs_from_env() is not None
+        gpus = getattr(self.launch, "gpus", [])  # a container's: None is every GPU
+        return gpus is None or bool(gpus)
 
     def server_files(self, batching: BatchingConfig) -> dict[str, str]:
         if self.endpoint == "chat" and shipped_model_dir(Path(self.model.path).name) is not None:
@@ -157,6 +174,16 @@ class LlamaCppEngine(OpenAICompletionsEngine):
             except (gguf.ConversionError, llamacpp_build.BuildError) as exc:
                 raise EngineError(self.name, str(exc), permanent=True) from exc
         return self.gguf
+
+    @classmethod
+    def container_model(cls, local: Path, *, seeded: bool) -> tuple[Path, str | None]:
+        """The GGUF, made here (once, as for a local run) and mounted by its folder: the server reads one file, not
+        a model folder."""
+        try:
+            made = gguf.ensure_gguf(local, seeded=seeded)
+        except (gguf.ConversionError, llamacpp_build.BuildError) as exc:
+            raise EngineError(cls.name, str(exc), permanent=True) from exc
+        return made.parent, made.name
 
     async def wait_healthy(self, timeout: float) -> None:
         await super().wait_healthy(timeout)
@@ -234,15 +261,16 @@ class LlamaCppEngine(OpenAICompletionsEngine):
 
 
 def _server_program() -> tuple[str, ...]:
-    """The cached build's path (built by ``bootstrap.sh`` or on first use: :func:`prepare`)."""
-    return (str(llamacpp_build.server_path()),)
+    """The cached build's path (built by ``bootstrap.sh`` or on first use: :func:`prepare`); the CUDA build's where
+    :data:`llamacpp_build.CUDA_ENV` names its architectures."""
+    return (str(llamacpp_build.server_path(llamacpp_build.cuda_archs_from_env())),)
 
 
 def prepare() -> None:
     """Build the server here if the cache has none (minutes, once per version); raise EngineError in one line
     where it cannot be (no compiler, no network)."""
     try:
-        llamacpp_build.ensure_server()
+        llamacpp_build.ensure_server(cuda_archs=llamacpp_build.cuda_archs_from_env())
     except llamacpp_build.BuildError as exc:
         raise EngineError("llamacpp", str(exc), permanent=True) from exc
 
@@ -255,7 +283,7 @@ SPEC = EngineSpec(
             "continuous/static switch",
     embedded=True,
     local=LocalRun(program=_server_program(), prepare=prepare, env_unset=("LLAMA_ARG_",)),
-    container=False,  # no image yet: a local process here, or --engine-url
+    container=True,  # images.toml: llama.cpp's own CUDA image on a GPU host, docker/images.sh's CPU image here
     start_estimate_s=5.0,
 )
 

@@ -153,6 +153,11 @@ def model_dir(model: str | None) -> Path | None:
     return Path(model) if model is not None and Path(model).is_dir() else None
 
 
+def _model_file(model: str | None) -> Path | None:
+    """``--model`` where it names a file here (a GGUF), else None."""
+    return Path(model) if model is not None and Path(model).is_file() else None
+
+
 def prepare_local(name: str, options: EngineOptions) -> None:
     """Make, once, what the engine needs here where it will run as a local process (:attr:`LocalRun.prepare`: a
     build): before a time limit's clock starts, so the build is not the job's time. Raises its EngineError."""
@@ -206,11 +211,14 @@ def make_engine(name: str, batching: BatchingConfig | None, options: EngineOptio
             raise ValueError(f"engine {name!r} has no container; give --engine-url or use --launch local")
         from batchbench.adapters.launch.docker import MODEL_MOUNT, DockerLaunch
 
-        folder = model_dir(options.model)
-        if folder is not None:
-            # A folder here (a shipped model's config, or the user's model) is mounted read-only into the
+        here = model_dir(options.model) or _model_file(options.model)
+        folder = None
+        if here is not None:
+            # A model here (a shipped model's config, the user's folder or file) is mounted read-only into the
             # container, and the engine is given the path it has there; requests still name it as given.
-            model = replace(model, path=MODEL_MOUNT, served_name=model.served_name or options.model)
+            folder, inside = cls.container_model(here, seeded=model.dummy_weights)
+            path = MODEL_MOUNT if inside is None else f"{MODEL_MOUNT}/{inside}"
+            model = replace(model, path=path, served_name=model.served_name or options.model)
         gpu = _gpu_host()
         launch = DockerLaunch.for_engine(name, cpus=cpus, image=options.image_for(name), cpu_build=not gpu,
                                          model_dir=folder, gpus=None if gpu else "none")

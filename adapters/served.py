@@ -196,6 +196,13 @@ class ServedEngine(Engine):
         """Files the engine's server reads at start (e.g. an options YAML), path → content."""
         return {}
 
+    @classmethod
+    def container_model(cls, local: Path, *, seeded: bool) -> tuple[Path, str | None]:
+        """What a container launch mounts for a model that is on this machine, and the file in it the engine is
+        given (None: the mounted folder itself). A folder is mounted as it is, a file by its folder; an engine that
+        serves another format from it (llama.cpp: GGUF) makes that file here first."""
+        return (local, None) if local.is_dir() else (local.parent, local.name)
+
     def launch_key(self) -> Hashable:
         """The server's own arguments, environment and files at a stand-in address (the port is a fresh one each
         start): batching configs that differ only where the server is told nothing (``None`` and the defaults

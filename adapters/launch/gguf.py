@@ -26,7 +26,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from batchbench.adapters.launch.llamacpp_build import Say, cache_root, converter_dir, ensure_server, to_stderr
+from batchbench.adapters.launch.llamacpp_build import (
+    Say,
+    cache_root,
+    converter_dir,
+    cuda_archs_from_env,
+    ensure_server,
+    to_stderr,
+)
 from batchbench.adapters.launch.weights import model_key, write_seeded
 
 #: The pre-tokenizer name given where the converter does not recognise the tokenizer (module docstring).
@@ -45,7 +52,8 @@ def ensure_gguf(model: Path, *, seeded: bool, say: Say = to_stderr) -> Path:
     out = cache_root() / "models" / f"{model.name}-{model_key(model, seeded)}.gguf"
     if out.is_file():
         return out
-    ensure_server(say=say)  # the converter comes with the CPU build
+    if not (converter_dir() / "convert_hf_to_gguf.py").is_file():
+        ensure_server(cuda_archs=cuda_archs_from_env(), say=say)  # the converter comes with the build
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gguf-", dir=out.parent) as tmp:
         source = write_seeded(model, Path(tmp) / "hf") if seeded else model

@@ -18,6 +18,12 @@ the Hugging Face hub during the build), no tests, examples or the unified app. T
 libstdc++, libgcc_s and libgomp. With ``cuda_archs`` the same build adds ``GGML_CUDA=ON`` and
 ``CMAKE_CUDA_ARCHITECTURES`` (a GPU host with the CUDA toolkit, cuBLAS included).
 
+A machine that reaches no package index (a lent GPU host) builds from a packed source instead of the sdist:
+``python -m batchbench.adapters.launch.llamacpp_build pack DIR`` writes the tree the build reads (8 MB, its origin
+in a ``BATCHBENCH_SOURCE`` file inside), and :data:`SOURCE_ENV` names it there. :data:`CUDA_ENV` makes the
+``llamacpp`` engine run the CUDA build of those architectures as its local process (``docker/device-check.sh
+--llamacpp-cuda``).
+
 Building by hand rather than through llama-cpp-python's own ``pip install``: that builds the Python binding's
 shared library, not the server, and its own Python server serves one request at a time.
 """
@@ -64,6 +70,12 @@ CMAKE_FLAGS = (
 )
 #: What a build needs on PATH, and the Debian packages that give it.
 _TOOLS = {"cmake": "cmake", "c++": "g++", "make": "make"}
+#: A packed source (:func:`pack_source`) to build from instead of downloading the sdist.
+SOURCE_ENV = "BATCHBENCH_LLAMACPP_SOURCE"
+#: CUDA architectures (e.g. ``90``) whose build the ``llamacpp`` engine runs as its local process.
+CUDA_ENV = "BATCHBENCH_LLAMACPP_CUDA_ARCHS"
+#: What a packed source says of where it came from (checked before a build from it).
+_ORIGIN = "BATCHBENCH_SOURCE"
 #: The converter's parts, kept beside the binary (:mod:`batchbench.adapters.launch.gguf`).
 CONVERTER = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
@@ -151,8 +163,7 @@ def ensure_server(*, cuda_archs: str | None = None, say: Say = to_stderr, jobs: 
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="build-", dir=folder) as tmp:
             work = Path(tmp)
-            sdist = fetch_sdist(work, say)
-            source = unpack(sdist, work / "src")
+            source = _source(work / "src", say)
             jobs = jobs or os.cpu_count() or 1
             say(f"batchbench: building llama.cpp {LLAMA_CPP_COMMIT}'s server from {SDIST} {VERSION} "
                 f"({variant(cuda_archs)}, {jobs} jobs; once per version, several minutes on 2 CPUs)")
@@ -164,7 +175,7 @@ def ensure_server(*, cuda_archs: str | None = None, say: Say = to_stderr, jobs: 
             binary = work / "build" / "bin" / "llama-server"
             shutil.copy2(binary, folder / "llama-server.tmp")
             os.replace(folder / "llama-server.tmp", server_path(cuda_archs))
-            if not cuda_archs:
+            if not (converter_dir() / "convert_hf_to_gguf.py").is_file():
                 _keep_converter(source, converter_dir())
         seconds = time.monotonic() - started
         (folder / "build.json").write_text(json.dumps({
@@ -174,8 +185,50 @@ def ensure_server(*, cuda_archs: str | None = None, say: Say = to_stderr, jobs: 
         return server_path(cuda_archs)
 
 
+def cuda_archs_from_env() -> str | None:
+    """The CUDA architectures :data:`CUDA_ENV` names, or None: the CPU build."""
+    return os.environ.get(CUDA_ENV) or None
+
+
 def _cuda_flags(archs: str) -> list[str]:
-    return ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}", "-DGGML_CUDA_NCCL=OFF"]
+    """One GPU's architectures only, and no FlashAttention kernels: their template instances are most of the CUDA
+    compile (a short run on a lent GPU must build in minutes); llama.cpp then attends without them."""
+    return ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}", "-DGGML_CUDA_NCCL=OFF", "-DGGML_CUDA_FA=OFF"]
+
+
+def _source(into: Path, say: Say) -> Path:
+    """llama.cpp's source unpacked into ``into``: from the packed source :data:`SOURCE_ENV` names, else from the
+    sdist (downloaded and checked)."""
+    packed = os.environ.get(SOURCE_ENV)
+    if not packed:
+        return unpack(fetch_sdist(into.parent, say), into)
+    into.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(packed) as tar:
+            tar.extractall(into, filter="data")
+    except (OSError, tarfile.TarError) as exc:
+        raise BuildError(f"{SOURCE_ENV}={packed}: cannot unpack it: {exc}") from exc
+    origin = (into / _ORIGIN).read_text(encoding="utf-8") if (into / _ORIGIN).is_file() else ""
+    if f"{SDIST} {VERSION} {SHA256}" not in origin:
+        raise BuildError(f"{SOURCE_ENV}={packed} is not llama.cpp's source from {SDIST} {VERSION} "
+                         f"(make one: python -m batchbench.adapters.launch.llamacpp_build pack DIR)")
+    say(f"batchbench: llama.cpp's source from {packed}")
+    return into
+
+
+def pack_source(out_dir: Path, say: Say = to_stderr) -> Path:
+    """The tree a build reads (the sdist's ``vendor/llama.cpp`` without what no build reads), as one ``.tar.gz`` in
+    ``out_dir``, for a machine without a package index; its origin is written inside."""
+    out = out_dir / f"llama.cpp-{LLAMA_CPP_COMMIT}-src.tar.gz"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pack-") as tmp:
+        source = unpack(fetch_sdist(Path(tmp), say), Path(tmp) / "src")
+        (source / _ORIGIN).write_text(f"{SDIST} {VERSION} {SHA256} vendor/llama.cpp {LLAMA_CPP_COMMIT}\n",
+                                      encoding="utf-8")
+        with tarfile.open(out.with_suffix(".tmp"), "w:gz") as tar:
+            tar.add(source, arcname=".")
+        os.replace(out.with_suffix(".tmp"), out)
+    return out
 
 
 def fetch_sdist(into: Path, say: Say = to_stderr) -> Path:
@@ -255,3 +308,27 @@ def _run(cmd: list[str], log: Path, say: Say, what: str) -> None:
     if proc.returncode != 0:
         raise BuildError(f"llama.cpp's {what} failed (exit {proc.returncode}); its output is in {log}")
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m batchbench.adapters.launch.llamacpp_build pack DIR | build [--cuda-archs A]``: pack the source for
+    a machine without an index, or build (once) the CPU or CUDA server; one line and exit 1 where it cannot."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m batchbench.adapters.launch.llamacpp_build")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("pack", help="write llama.cpp's source as one .tar.gz").add_argument("dir", type=Path)
+    build = commands.add_parser("build", help="build the server (cached by version and variant)")
+    build.add_argument("--cuda-archs", help="a CUDA build for these architectures, e.g. 90")
+    args = parser.parse_args(argv)
+    try:
+        path = pack_source(args.dir) if args.command == "pack" else ensure_server(cuda_archs=args.cuda_archs)
+    except BuildError as exc:
+        print(f"batchbench: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
