@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
@@ -44,6 +44,7 @@ from batchbench.options import (
     with_chat_tokenizer,
 )
 from batchbench.reports.build import ReportError, build_report
+from batchbench.results.claims import Claim, Outcome, write_claims
 from batchbench.workload.profiles import Profile, get_profile
 
 
@@ -132,6 +133,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     written = sorted(folder.glob("*.json")) if folder.is_dir() else []
     if not written:
         return
+    if CLAIMS:  # beside the documents, for the report's list of undecided and failed claims
+        write_claims(folder, CLAIMS)
     baseline: Path | None = config.getoption("--baseline")
     if not (config.getoption("--batchbench-report") or baseline is not None):
         said.append(f"{len(written)} results documents in {folder}; their report: batchbench report {folder}")
@@ -206,18 +209,6 @@ def start_engine(harness: Harness, pytestconfig: pytest.Config) -> Callable[...,
             pytest.skip(str(exc))
 
     return start
-
-
-Outcome = Literal["held", "failed", "undecided", "not made"]
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One claim a test made (or could not make here), with its figures, and what became of it."""
-
-    test: str
-    what: str
-    outcome: Outcome
 
 
 #: Every claim of the session, recorded as each test's :class:`IntervalChecks` finishes: a test makes its checks

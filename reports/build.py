@@ -9,6 +9,7 @@ report leads with the findings (``batchbench.analysis.findings``) when they can 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -117,6 +118,8 @@ def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_a
         },
         "warnings": inputs.warnings,
         "ignored_files": inputs.ignored,
+        # A pytest session's claims (claims.json), with their intervals in the text; absent for other folders.
+        "claims": [dataclasses.asdict(c) for c in inputs.claims],
     }
 
 

@@ -18,7 +18,7 @@ from batchbench.core import codec
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.metrics import ttft_by_bucket
 from batchbench.reports import answer, answer_plots, fmt, plots
-from batchbench.reports.blocks import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Table
+from batchbench.reports.blocks import Block, Bullets, Cell, Details, Document, Para, Plot, Section, Style, Table
 from batchbench.reports.compare import BaselineComparison, best_by_metric
 from batchbench.reports.inputs import Inputs
 from batchbench.reports.model import (
@@ -31,6 +31,7 @@ from batchbench.reports.model import (
     display_name,
 )
 from batchbench.reports.series import group_series, series_labels
+from batchbench.results.claims import OUTCOMES, Claim
 from batchbench.results.document import Placement
 
 _UNIT_FORMAT: dict[str, Callable[[object], str]] = {"ms": fmt.ms, "rate": fmt.rate, "fraction": fmt.pct}
@@ -464,6 +465,8 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
             findings, answer_plots.headlines(findings, colors) if with_plots else None))
     workloads = group_by_workload(runs)
     doc.sections.append(_overview(inputs, workloads, generated_at, baseline))
+    if inputs.claims:
+        doc.sections.append(_claims_section(inputs.claims))
     if with_plots and findings is not None:
         doc.sections.append(answer_plots.figures_section(findings, runs, colors))
     elif with_plots:
@@ -483,6 +486,26 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     if inputs.warnings or inputs.ignored:
         doc.sections.append(_skipped_section(inputs))
     return doc
+
+
+#: The order claims are listed in: what a reader must act on first.
+_CLAIM_ORDER = {"failed": 0, "undecided": 1, "not made": 2, "held": 3}
+
+
+def _claims_section(claims: list[Claim]) -> Section:
+    """The pytest session's claims, each with its interval: the undecided ones (their tests skipped) and those
+    not made here are listed as plainly as the failed and held ones."""
+    counts = {o: sum(c.outcome == o for c in claims) for o in OUTCOMES}
+    made = len(claims) - counts["not made"]
+    text = (f"The suites made {made} claim{'s' if made != 1 else ''}: {counts['held']} held, {counts['failed']} "
+            f"failed, {counts['undecided']} undecided (the interval straddles its limit after the repeats allowed: "
+            f"the test skipped); {counts['not made']} not made on this hardware.")
+    style: Style = "bad" if counts["failed"] else "warn" if counts["undecided"] else ""
+    ordered = sorted(claims, key=lambda c: _CLAIM_ORDER[c.outcome])
+    marks: dict[str, Style] = {"failed": "bad", "undecided": "warn"}
+    rows = [[Cell(c.outcome, marks.get(c.outcome, "")), Cell(c.test), Cell(c.what)] for c in ordered]
+    table = Table(["outcome", "test", "claim, its estimate and interval"], rows, prose=True)
+    return Section("Claims", blocks=[Para(text, style), table])
 
 
 def _overview(inputs: Inputs, workloads: list[tuple[tuple[str, str], list[ReportedRun]]], generated_at: str,

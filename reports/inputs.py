@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchbench.reports.model import ReportedRun, build_run
+from batchbench.results.claims import Claim, read_claims
 from batchbench.results.document import RunDocument, unreadable_reason
 from batchbench.results.document import discover as discover_documents
 
@@ -26,6 +27,8 @@ class Inputs:
     warnings: list[str] = field(default_factory=list)
     #: JSON/JSONL files that are not batchbench results (reported as a count only).
     ignored: list[str] = field(default_factory=list)
+    #: A pytest session's claims (its ``claims.json``), where the folder is one.
+    claims: list[Claim] = field(default_factory=list)
 
 
 def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") -> Inputs:
@@ -34,7 +37,7 @@ def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") 
     ``exclude`` (the report's own output folder) is not read; ``what`` prefixes warnings (e.g. "baseline: ").
     """
     found = discover_documents(results_dir, exclude=exclude, what=what)
-    inputs = Inputs(warnings=found.warnings, ignored=found.ignored)
+    inputs = Inputs(warnings=found.warnings, ignored=found.ignored, claims=read_claims(results_dir))
     for rel, doc in found.documents:
         try:
             inputs.runs.append(build_run(rel, doc))

@@ -33,6 +33,7 @@ from batchbench.measures.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.reports.build import build, build_report
 from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
+from batchbench.results.claims import Claim, read_claims, write_claims
 from batchbench.results.document import JournalWriter, RunDocument, RunFooter, RunHeader, RunLabels, ScrapeStats
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec, WorkloadSummary
 
@@ -632,3 +633,28 @@ def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(tmp_path:
         build_module._write_all(tmp_path, {"report.json": '{"new": 1}\n', "report.md": "# new\n",
                                            "report.html": "<p>new</p>" * 100})
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == old
+
+
+def test_a_sessions_undecided_and_failed_claims_are_listed_with_their_intervals(two_engines: Path,
+                                                                                  tmp_path: Path) -> None:
+    claims = [Claim("suites/test_a.py::test_x[vllm]", "continuous/static at 8: x1.04 [0.93-1.16] (n=6), "
+                    "expected above 1.1", "undecided"),
+              Claim("suites/test_b.py::test_y[vllm]", "budget/cap: x2.1 [1.9-2.3] (n=3), expected above 1.2", "held"),
+              Claim("suites/test_c.py::test_z[vllm]", "TPOT speedup: needs a GPU", "not made")]
+    write_claims(two_engines, claims)
+    _, warnings = build_quiet(two_engines, tmp_path / "out")
+    assert warnings == []
+    md = (tmp_path / "out" / "report.md").read_text()
+    table = md_table_after(md, "## Claims")
+    assert [row[0] for row in table[1:]] == ["undecided", "not made", "held"]
+    assert "x1.04 [0.93-1.16] (n=6), expected above 1.1" in table[1][2]
+    assert "1 held, 0 failed, 1 undecided" in md and "1 not made on this hardware" in md
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [c["outcome"] for c in report["claims"]] == ["undecided", "held", "not made"]
+    assert report["ignored_files"] == []  # the claims file is the session's, not a foreign file
+    assert read_claims(tmp_path) == []  # a folder without one: none
+
+
+def test_a_folder_without_claims_has_no_claims_section(two_engines: Path, tmp_path: Path) -> None:
+    build_quiet(two_engines, tmp_path / "out")
+    assert "## Claims" not in (tmp_path / "out" / "report.md").read_text()

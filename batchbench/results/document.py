@@ -77,6 +77,7 @@ from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import Summary
 from batchbench.measures.slices import Slice
 from batchbench.measures.slo import Slo
+from batchbench.results.claims import CLAIMS_FILE
 from batchbench.workload.requests import WorkloadSummary
 
 SCHEMA = "batchbench.results"
@@ -655,7 +656,7 @@ def discover(results_dir: str | os.PathLike[str], *, exclude: str | os.PathLike[
     for path in paths:
         if excluded is not None and path.resolve().is_relative_to(excluded):
             continue
-        if path.suffix == ".jsonl" and path.with_suffix(".json").exists():
+        if (path.suffix == ".jsonl" and path.with_suffix(".json").exists()) or path.name == CLAIMS_FILE:
             continue
         rel = _relative(path, root)
         try:
