@@ -22,6 +22,7 @@ from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
 from batchbench.core.environment import cuda_visible_devices
 from batchbench.core.eventloop import cancel_and_wait
+from batchbench.core.greedy import GreedyOutputs
 from batchbench.core.placement import EngineCpus
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.workload.lora import Lora
@@ -435,6 +436,12 @@ class Engine(ABC):
         :class:`EngineError` when the engine refuses (e.g. requests still running).
         """
         return False
+
+    async def greedy(self, prompts: Sequence[Sequence[int]], n: int) -> GreedyOutputs | None:
+        """Each prompt's first ``n`` greedy output token ids as this engine computes them, with the weights it
+        computes with (the report's agreement between engines, :mod:`batchbench.core.greedy`). Optional: None where
+        the engine cannot say (the default)."""
+        return None
 
     async def report(self) -> dict[str, Any]:
         """Engine-side accounting gathered since :meth:`begin_run` (e.g. padding), JSON-able.

@@ -63,6 +63,8 @@ class Pending:
     steps: asyncio.Queue[Step]
     #: Called when the client goes away: a continuous batcher frees the request's slot; a static batch cannot.
     cancel: Callable[[], None] | None = None
+    #: The token ids generated, where asked for (a list: ``POST /batchbench/greedy``); None: only counted.
+    tokens: list[int] | None = None
 
 
 class Batcher(Protocol):
@@ -72,7 +74,7 @@ class Batcher(Protocol):
     def running(self) -> int: ...
     @property
     def num_waiting(self) -> int: ...
-    def submit(self, prompt: list[int], max_tokens: int) -> Pending: ...
+    def submit(self, prompt: list[int], max_tokens: int, *, keep_tokens: bool = False) -> Pending: ...
     def kv_usage(self) -> float | None: ...
     def kv_capacity_tokens(self) -> int | None: ...
     def failure(self) -> str | None: ...
@@ -100,8 +102,8 @@ class StaticBatcher:
         self.batches: list[BatchStat] = []
         self._t0 = now()
 
-    def submit(self, prompt: list[int], max_tokens: int) -> Pending:
-        pending = Pending(prompt, max_tokens, asyncio.Queue())
+    def submit(self, prompt: list[int], max_tokens: int, *, keep_tokens: bool = False) -> Pending:
+        pending = Pending(prompt, max_tokens, asyncio.Queue(), tokens=[] if keep_tokens else None)
         self.waiting.put_nowait(pending)
         return pending
 
@@ -190,10 +192,14 @@ class StaticBatcher:
         mask = [[0] * (width - len(p.prompt)) + [1] * len(p.prompt) for p in batch]
         steps = max(p.max_tokens for p in batch)
 
-        def stepped(step: int) -> None:
-            for pending in batch:
+        def stepped(step: int, new: list[int] | None) -> None:
+            for row, pending in enumerate(batch):
                 if step <= pending.max_tokens:
+                    if pending.tokens is not None and new is not None:
+                        pending.tokens.append(new[row])
                     pending.steps.put_nowait(step)
+
+        keep = any(p.tokens is not None for p in batch)
 
         def given(rows: int, width: int) -> None:
             stat.size, stat.padded_prompt_len = rows, width
@@ -207,7 +213,7 @@ class StaticBatcher:
             def put(self, value: Any) -> None:
                 self.step += 1
                 if self.step:
-                    loop.call_soon_threadsafe(stepped, self.step)
+                    loop.call_soon_threadsafe(stepped, self.step, value.reshape(-1).tolist() if keep else None)
                 else:  # the prompt as the model got it: [rows, width]
                     loop.call_soon_threadsafe(given, *value.shape)
 
@@ -256,8 +262,8 @@ class ContinuousBatcher:
         self._started = 0
         self._finished = 0
 
-    def submit(self, prompt: list[int], max_tokens: int) -> Pending:
-        pending = Pending(prompt, max_tokens, asyncio.Queue())
+    def submit(self, prompt: list[int], max_tokens: int, *, keep_tokens: bool = False) -> Pending:
+        pending = Pending(prompt, max_tokens, asyncio.Queue(), tokens=[] if keep_tokens else None)
         request_id = f"r{next(self._ids)}"
         pending.cancel = lambda: self.manager.cancel_request(request_id)
 
@@ -265,6 +271,8 @@ class ContinuousBatcher:
             if output.error is not None:
                 pending.steps.put_nowait(f"generation failed: {output.error}")
             elif output.generated_tokens:
+                if pending.tokens is not None:
+                    pending.tokens[:] = output.generated_tokens
                 pending.steps.put_nowait(len(output.generated_tokens))
             if output.is_finished():
                 self._finished += 1

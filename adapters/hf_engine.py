@@ -10,17 +10,19 @@ from __future__ import annotations
 import importlib.util
 import sys
 from abc import abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import EngineCannotRunHere, EngineError, EngineHTTPError, EngineNotHealthy
-from batchbench.adapters.http import get_json, post_text
-from batchbench.adapters.launch import Launch
+from batchbench.adapters.http import get_json, post_json, post_text
+from batchbench.adapters.launch import Launch, weights
 from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, ModelRef
+from batchbench.core.greedy import GreedyOutputs
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.fixtures import tiny_model_dir
 from batchbench.workload.requests import Request
@@ -147,6 +149,18 @@ class HFServerEngine(OpenAICompletionsEngine):
             "versions": info.get("versions", {}),
             "server_build_s": {"import": info.get("import_s"), "model": info.get("build_s")},
         }
+
+    async def greedy(self, prompts: Sequence[Sequence[int]], n: int) -> GreedyOutputs | None:
+        """``POST /batchbench/greedy``: the prompts batched by this engine's own batcher, greedily. The source is the
+        seeded weights' key where the server built the shipped seed and dtype (weights.SEED, weights.DTYPE)."""
+        assert self.client is not None, "greedy() before start()"
+        answer = await post_json(self.client, self.name, "/batchbench/greedy",
+                                 {"prompts": [list(p) for p in prompts], "max_tokens": n}, timeout_s=120)
+        seed, dtype = answer.get("seed"), answer.get("dtype")
+        own = seed == weights.SEED and dtype == weights.DTYPE and (self.model_dir / "config.json").is_file()
+        return GreedyOutputs(self.name, f"seeded (seed {seed}), {dtype}",
+                             weights.model_key(self.model_dir, seeded=True) if own else None,
+                             tuple(tuple(t) for t in answer["tokens"]))
 
     async def begin_run(self) -> None:
         """``POST /batchbench/begin_run``: the server's accounting starts afresh."""

@@ -231,6 +231,16 @@ def make_app(batcher: Batcher, info: ServerInfo) -> web.Application:
     async def describe(_: web.Request) -> web.Response:
         return web.json_response(asdict(info), dumps=_dumps)
 
+    async def greedy(request: web.Request) -> web.Response:
+        try:
+            prompts, n = _parse_greedy(orjson.loads(await request.read()), info.vocab_size)
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            return _bad_request(str(exc))
+        tokens = await _greedy_tokens(batcher, prompts, n)
+        body = _error_body(500, tokens, "InternalServerError") if isinstance(tokens, str) else \
+            {"tokens": tokens, "dtype": info.dtype, "seed": info.seed}
+        return web.json_response(body, status=500 if isinstance(tokens, str) else 200, dumps=_dumps)
+
     async def batching(app: web.Application) -> Any:
         task = asyncio.create_task(batcher.run(), name=f"hf-{info.batching}-batcher")
         yield
@@ -241,9 +251,30 @@ def make_app(batcher: Batcher, info: ServerInfo) -> web.Application:
     app.add_routes([web.post("/v1/completions", completions), web.get("/health", health),
                     web.get("/v1/models", models), web.get("/metrics", metrics),
                     web.get("/batchbench/report", report), web.post("/batchbench/begin_run", begin_run),
-                    web.get("/batchbench/info", describe)])
+                    web.get("/batchbench/info", describe), web.post("/batchbench/greedy", greedy)])
     app.cleanup_ctx.append(batching)
     return app
+
+
+def _parse_greedy(body: Any, vocab_size: int) -> tuple[list[list[int]], int]:
+    """``{prompts: [[ids]], max_tokens: n}``; ValueError naming what is wrong."""
+    prompts, n = (body.get("prompts"), body.get("max_tokens")) if isinstance(body, dict) else (None, None)
+    if not (isinstance(prompts, list) and prompts and all(isinstance(p, list) and p and all(
+            type(t) is int and 0 <= t < vocab_size for t in p) for p in prompts)):
+        raise ValueError(f"prompts must be a non-empty list of non-empty lists of token ids in [0, {vocab_size})")
+    if type(n) is not int or n < 1:
+        raise ValueError("max_tokens must be a positive integer")
+    return prompts, n
+
+
+async def _greedy_tokens(batcher: Batcher, prompts: list[list[int]], n: int) -> list[list[int]] | str:
+    """The prompts' first ``n`` tokens, submitted at once and batched as any requests are; or why they failed."""
+    asked = [batcher.submit(p, n, keep_tokens=True) for p in prompts]
+    for pending in asked:
+        while (step := await pending.steps.get()) != n:
+            if isinstance(step, str):
+                return step
+    return [list(p.tokens or []) for p in asked]
 
 
 async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:

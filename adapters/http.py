@@ -278,11 +278,15 @@ async def sse_data(pieces: AsyncIterable[bytes]) -> AsyncIterator[str]:
 
 
 async def _call(client: HttpClient, engine: str, method: str, path: str, *,
-                params: Mapping[str, Any] | None = None, timeout_s: float = CALL_TIMEOUT_S) -> bytes:
-    """One whole request, answered within ``timeout_s``; anything but a 200 is an EngineError (the body
-    shortened, never a whole HTML page)."""
+                params: Mapping[str, Any] | None = None, body: Any = None,
+                timeout_s: float = CALL_TIMEOUT_S) -> bytes:
+    """One whole request (with ``body`` as JSON where given), answered within ``timeout_s``; anything but a 200
+    is an EngineError (the body shortened, never a whole HTML page)."""
+    data = None if body is None else dumps(body)
+    headers = None if body is None else {"Content-Type": "application/json"}
     try:
-        async with asyncio.timeout(timeout_s), client.request(method, path, params=params) as response:
+        async with asyncio.timeout(timeout_s), client.request(method, path, params=params, body=data,
+                                                              headers=headers) as response:
             status, body = response.status, await response.read()
     except aiohttp.ClientConnectorError as exc:
         raise connect_failure(engine, client.base_url, exc) from exc
@@ -306,6 +310,16 @@ async def get_json(client: HttpClient, engine: str, path: str) -> Any:
         return loads(body)
     except ValueError as exc:
         raise StreamProtocolError(engine, f"{path} did not return JSON: {body[:200]!r}") from exc
+
+
+async def post_json(client: HttpClient, engine: str, path: str, body: Any, *,
+                    timeout_s: float = CALL_TIMEOUT_S) -> Any:
+    """POST a JSON document and read the JSON answer, mapping failures to EngineError types."""
+    answer = await _call(client, engine, "POST", path, body=body, timeout_s=timeout_s)
+    try:
+        return loads(answer)
+    except ValueError as exc:
+        raise StreamProtocolError(engine, f"{path} did not return JSON: {answer[:200]!r}") from exc
 
 
 async def get_text(client: HttpClient, engine: str, path: str, *, timeout_s: float = CALL_TIMEOUT_S) -> str:

@@ -39,19 +39,22 @@ the memory limit a waiting request meets.
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import EngineError, EngineHTTPError
-from batchbench.adapters.http import get_json
-from batchbench.adapters.launch import gguf, llamacpp_build
+from batchbench.adapters.http import get_json, post_json
+from batchbench.adapters.launch import gguf, llamacpp_build, weights
 from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec, LocalRun
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
+from batchbench.core.greedy import GreedyOutputs
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.fixtures import chat_template, shipped_model_dir, tiny_model_dir
 from batchbench.workload.requests import Request
@@ -207,6 +210,24 @@ class LlamaCppEngine(OpenAICompletionsEngine):
                 self.kv_capacity_tokens = slots * n_ctx
         if isinstance(props.get("build_info"), str):
             self.version = props["build_info"]
+
+    async def greedy(self, prompts: Sequence[Sequence[int]], n: int) -> GreedyOutputs | None:
+        """``POST /completion`` with ``return_tokens``, the prompts at once (the server's slots batch them). The
+        source is the seeded weights' key where the GGUF was made here from a shipped model's seeded weights."""
+        assert self.client is not None, "greedy() before start()"
+
+        async def one(prompt: Sequence[int]) -> tuple[int, ...]:
+            assert self.client is not None
+            answer = await post_json(self.client, self.name, "/completion", {
+                "prompt": list(prompt), "n_predict": n, "temperature": 0, "ignore_eos": True, "return_tokens": True,
+                "cache_prompt": False}, timeout_s=120)
+            return tuple(int(t) for t in answer["tokens"])
+
+        tokens = tuple(await asyncio.gather(*(one(p) for p in prompts)))
+        folder = Path(self.model.path)
+        seeded = self.model.dummy_weights and (folder / "config.json").is_file()
+        return GreedyOutputs(self.name, "seeded bf16, widened to f32 in a GGUF" if seeded else "the GGUF's own",
+                             weights.model_key(folder, seeded=True) if seeded else None, tokens)
 
     # ------------------------------------------------------------------ requests
 

@@ -76,16 +76,18 @@ import json
 import math
 import re
 import sys
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 from batchbench.adapters.base import EngineError, EngineHTTPError
-from batchbench.adapters.http import post_text
+from batchbench.adapters.http import post_json, post_text
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.spec import EngineSpec, LocalRun
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig, Capabilities, KVLayout
+from batchbench.core.greedy import GreedyOutputs
 from batchbench.core.placement import format_cpu_list
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.fixtures import chat_template, has_chat_template, shipped_tokenizer_dir
@@ -326,6 +328,24 @@ class VLLMEngine(OpenAICompletionsEngine):
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
+
+    async def greedy(self, prompts: Sequence[Sequence[int]], n: int) -> GreedyOutputs | None:
+        """``POST /v1/completions`` with ``return_token_ids`` (vLLM 0.32's CompletionRequest: the choice's
+        ``token_ids``), the prompts in one request (vLLM batches them). Dummy weights are vLLM's own random ones,
+        never the seeded ones: compared with no other engine; a model it loads is compared with any engine that
+        loads the same path."""
+        assert self.client is not None, "greedy() before start()"
+        answer = await post_json(self.client, self.name, "/v1/completions", {
+            "model": self.model.request_name, "prompt": [list(p) for p in prompts], "max_tokens": n,
+            "min_tokens": n, "ignore_eos": True, "temperature": 0.0, "return_token_ids": True}, timeout_s=120)
+        try:
+            choices = sorted(answer["choices"], key=lambda c: c["index"])
+            tokens = tuple(tuple(int(t) for t in c["token_ids"]) for c in choices)
+        except (KeyError, TypeError, ValueError):
+            return None  # a server that does not return token ids (before vLLM 0.10.2, or a stand-in)
+        if self.model.dummy_weights:
+            return GreedyOutputs(self.name, "vLLM's dummy weights (--load-format dummy)", None, tokens)
+        return GreedyOutputs(self.name, f"loaded from {self.model.path}", f"model:{self.model.path}", tokens)
 
     def request_headers(self, request: Request) -> dict[str, str]:
         return {"X-Request-Id": request.request_id}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.analysis.accelerators import Accelerator
+from batchbench.analysis.agreement import agreements
 from batchbench.analysis.findings import Findings, findings_from_documents
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.slo import Slo
@@ -120,6 +121,12 @@ def report_json(inputs: Inputs, baseline: BaselineComparison | None, generated_a
         "ignored_files": inputs.ignored,
         # A pytest session's claims (claims.json), with their intervals in the text; absent for other folders.
         "claims": [dataclasses.asdict(c) for c in inputs.claims],
+        # The main job's greedy answers compared, engine pair by pair (greedy.json); absent for other folders.
+        "greedy_agreement": [{
+            "engines": [p.a.engine, p.b.engine], "weights": [p.a.weights, p.b.weights],
+            "tokens_agree": p.same_tokens, "tokens": p.tokens, "outputs_identical": p.same_outputs,
+            "outputs": p.outputs, "first_difference_median": p.first_difference,
+        } for p in agreements(inputs.greedy)[0]],
     }
 
 

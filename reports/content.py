@@ -13,8 +13,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from batchbench.analysis.agreement import agreements
 from batchbench.analysis.findings import Findings
 from batchbench.core import codec
+from batchbench.core.greedy import N_TOKENS, PROMPTS, GreedyOutputs
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.metrics import ttft_by_bucket
 from batchbench.reports import answer, answer_plots, fmt, plots
@@ -478,6 +480,8 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     if findings is not None:
         doc.sections.append(answer.details_section(findings))
         doc.sections += answer.evidence_sections(findings)
+    if inputs.greedy:  # that the engines computed the same thing: beside the evidence, before the raw tables
+        doc.sections.append(_agreement_section(inputs.greedy, sorted({r.engine for r in runs})))
     doc.sections += [_workload_section(name, digest, members, colors if with_plots else None)
                      for (name, digest), members in workloads]
     if baseline is not None:
@@ -506,6 +510,33 @@ def _claims_section(claims: list[Claim]) -> Section:
     rows = [[Cell(c.outcome, marks.get(c.outcome, "")), Cell(c.test), Cell(c.what)] for c in ordered]
     table = Table(["outcome", "test", "claim, its estimate and interval"], rows, prose=True)
     return Section("Claims", blocks=[Para(text, style), table])
+
+
+def _agreement_section(answers: list[GreedyOutputs], engines: list[str]) -> Section:
+    """How far the engines' greedy answers agree where they computed with the same weights: identical workloads
+    shown by identical work (a correctness check beside the speeds)."""
+    pairs, alone = agreements(answers)
+    intro = (f"Each engine answered the same {len(PROMPTS)} prompts with {N_TOKENS} greedy tokens, batched its own "
+             "way. On the same weights two engines should agree but for near-ties their kernels round apart, and "
+             "after a first difference the two continuations differ; a narrower dtype on one side makes more ties.")
+    blocks: list[Block] = [Para(intro)]
+    if pairs:
+        rows: list[list[Cell]] = [[
+            Cell(f"{p.a.engine} / {p.b.engine}"), Cell(f"{p.a.weights} / {p.b.weights}"),
+            Cell(f"{p.share:.0%} ({p.same_tokens} of {p.tokens})", "" if p.share >= 0.5 else "warn"),
+            Cell(f"{p.same_outputs} of {p.outputs}"),
+            Cell("none" if p.first_difference is None else f"token {p.first_difference + 1:g}"),
+        ] for p in pairs]
+        blocks.append(Table(["engines", "weights", "tokens that agree", "outputs identical",
+                             "first difference (median)"], rows))
+    lines = [f"{a.engine}: {a.weights}: compared with no other engine (no other on the same weights)"
+             for a in alone]
+    answered = {a.engine for a in answers}
+    lines += [f"{e}: no greedy answer (its adapter cannot ask this engine for token ids)"
+              for e in engines if e not in answered]
+    if lines:
+        blocks.append(Bullets(lines))
+    return Section("Greedy agreement", blocks=blocks)
 
 
 def _overview(inputs: Inputs, workloads: list[tuple[tuple[str, str], list[ReportedRun]]], generated_at: str,

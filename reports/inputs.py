@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchbench.core.greedy import GreedyOutputs
 from batchbench.reports.model import ReportedRun, build_run
 from batchbench.results.claims import Claim, read_claims
 from batchbench.results.document import RunDocument, unreadable_reason
 from batchbench.results.document import discover as discover_documents
+from batchbench.results.greedy import read_greedy
 
 
 @dataclass
@@ -29,6 +31,8 @@ class Inputs:
     ignored: list[str] = field(default_factory=list)
     #: A pytest session's claims (its ``claims.json``), where the folder is one.
     claims: list[Claim] = field(default_factory=list)
+    #: The main job's greedy answers (its ``greedy.json``), for the agreement between engines.
+    greedy: list[GreedyOutputs] = field(default_factory=list)
 
 
 def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") -> Inputs:
@@ -37,7 +41,8 @@ def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") 
     ``exclude`` (the report's own output folder) is not read; ``what`` prefixes warnings (e.g. "baseline: ").
     """
     found = discover_documents(results_dir, exclude=exclude, what=what)
-    inputs = Inputs(warnings=found.warnings, ignored=found.ignored, claims=read_claims(results_dir))
+    inputs = Inputs(warnings=found.warnings, ignored=found.ignored, claims=read_claims(results_dir),
+                    greedy=read_greedy(results_dir))
     for rel, doc in found.documents:
         try:
             inputs.runs.append(build_run(rel, doc))

@@ -4,14 +4,18 @@ recorded body."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from batchbench.adapters.base import Chunk, Engine
 from batchbench.adapters.http import HttpClient
+from batchbench.adapters.launch import llamacpp_build
 from batchbench.adapters.openai_compat import OpenAICompletionsEngine
 from batchbench.adapters.stream_client import StreamClient, _Connection
 from batchbench.core.clock import now
@@ -118,3 +122,14 @@ def bench_openai(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProces
     done = subprocess.run([sys.executable, "-m", "batchbench", "bench", *argv, "--results-dir", str(tmp_path),
                            "--no-report"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     return done, [results.load(p) for p in sorted(tmp_path.glob("bench-*/openai_*.json"))]
+
+
+def llamacpp_server() -> Path:
+    """The llama.cpp server built here; skips where it is not (fails with ``BATCHBENCH_REQUIRE_LLAMACPP=1``, which
+    ``.ci/run`` sets: there its tests must run)."""
+    if llamacpp_build.built() is None:
+        reason = "llama.cpp's server is not built here (./bootstrap.sh builds it)"
+        if os.environ.get("BATCHBENCH_REQUIRE_LLAMACPP") == "1":
+            pytest.fail(f"BATCHBENCH_REQUIRE_LLAMACPP=1, but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return llamacpp_build.server_path()

@@ -30,26 +30,14 @@ from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.core.config import BatchingConfig
 from batchbench.fixtures import tiny_model_dir
 from batchbench.workload.requests import Request
-from tests.adapter_helpers import bench_openai, collect
+from tests.adapter_helpers import bench_openai, collect, llamacpp_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-
-REQUIRED = os.environ.get("BATCHBENCH_REQUIRE_LLAMACPP") == "1"
-
-
-def _built() -> Path:
-    if llamacpp_build.built() is None:
-        reason = "llama.cpp's server is not built here (./bootstrap.sh builds it)"
-        if REQUIRED:
-            pytest.fail(f"BATCHBENCH_REQUIRE_LLAMACPP=1, but {reason}", pytrace=False)
-        pytest.skip(reason)
-    return llamacpp_build.server_path()
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """A llama-server as a user starts one: 8 slots of 512 tokens over the tiny model as GGUF, metrics on."""
-    binary = _built()
+    binary = llamacpp_server()
     model = gguf.ensure_gguf(tiny_model_dir(), seeded=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
@@ -118,7 +106,7 @@ def test_llama_server_tokenizes_as_hugging_face_does(server: str) -> None:
 async def test_the_llamacpp_engine_streams_exact_counts_with_its_own_switch(mode: str) -> None:
     """The adapter's own launch: slots and cache from the config, the batching switch by mode, exact output
     lengths counted from the server's ``timings``, and its metrics under batchbench's names."""
-    _built()
+    llamacpp_server()
     batching = BatchingConfig(mode=mode, max_batch_size=4, kv_capacity_tokens=4 * 256)  # type: ignore[arg-type]
     engine = make_engine("llamacpp", batching, EngineOptions(max_model_len=256))
     async with engine:

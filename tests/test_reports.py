@@ -26,6 +26,7 @@ from batchbench.analysis.repeats import Estimate
 from batchbench.cli import main
 from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, EngineDescription, LoadConfig
+from batchbench.core.greedy import GreedyOutputs
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.guardrails import server_summary
@@ -35,6 +36,7 @@ from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
 from batchbench.results.claims import Claim, read_claims, write_claims
 from batchbench.results.document import JournalWriter, RunDocument, RunFooter, RunHeader, RunLabels, ScrapeStats
+from batchbench.results.greedy import write_greedy
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec, WorkloadSummary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -658,3 +660,19 @@ def test_a_sessions_undecided_and_failed_claims_are_listed_with_their_intervals(
 def test_a_folder_without_claims_has_no_claims_section(two_engines: Path, tmp_path: Path) -> None:
     build_quiet(two_engines, tmp_path / "out")
     assert "## Claims" not in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_main_jobs_greedy_answers_are_compared_pair_by_pair(two_engines: Path, tmp_path: Path) -> None:
+    write_greedy(two_engines, [
+        GreedyOutputs("hf-static", "seeded (seed 0), bfloat16", "k", ((1, 2, 3, 4), (5, 6, 7, 8))),
+        GreedyOutputs("vllm", "vLLM's dummy weights (--load-format dummy)", None, ((9, 9, 9, 9), (9, 9, 9, 9))),
+        GreedyOutputs("llamacpp", "seeded bf16, widened to f32 in a GGUF", "k", ((1, 2, 3, 4), (5, 6, 0, 0))),
+    ])
+    _, warnings = build_quiet(two_engines, tmp_path / "out")
+    assert warnings == []
+    md = (tmp_path / "out" / "report.md").read_text()
+    table = md_table_after(md, "## Greedy agreement")
+    assert table[1][0] == "hf-static / llamacpp" and table[1][2:] == ["75% (6 of 8)", "1 of 2", "token 3"]
+    assert "vllm: vLLM's dummy weights (--load-format dummy): compared with no other engine" in md
+    (pair,) = json.loads((tmp_path / "out" / "report.json").read_text())["greedy_agreement"]
+    assert pair["engines"] == ["hf-static", "llamacpp"] and pair["tokens_agree"] == 6

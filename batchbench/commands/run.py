@@ -89,6 +89,7 @@ from batchbench.commands.common import (
 )
 from batchbench.core import eventloop
 from batchbench.core.config import LoadConfig
+from batchbench.core.greedy import N_TOKENS, PROMPTS, GreedyOutputs
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.runner import MeasuredRun, run
 from batchbench.measures.gpu import GpuOptions
@@ -106,6 +107,8 @@ from batchbench.options import (
     with_chat_tokenizer,
 )
 from batchbench.progress import Progress
+from batchbench.results.document import ResultsWriteError
+from batchbench.results.greedy import GREEDY_FILE, write_greedy
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import Workload
 
@@ -212,6 +215,8 @@ class Outcome:
     engine_problems: dict[str, str] = field(default_factory=dict)
     #: Runs of the plan (every measurement ``repeats`` times) started so far: the progress line's count.
     planned_done: int = 0
+    #: Each engine's greedy answer to the agreement probe, where it gives one (:mod:`batchbench.core.greedy`).
+    greedy: list[GreedyOutputs] = field(default_factory=list)
 
 
 #: How far past its share an engine's mandatory runs may go (a machine slower than its calibration said): the later
@@ -251,6 +256,7 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
             started = time.perf_counter()
             await LoadGenerator(engine, sent(design.workload(design.fit, design.fit)), config=load).run()
             calibration = Calibration(time.perf_counter() - started)
+            await _probe_greedy(name, engine, results_dir, outcome, progress)
             share = limit.share(len(order) - i, sum(_start_estimate(n, options) for n in order[i + 1:]))
             sweep = dataclasses.replace(sweep, generations=generations_for(sweep, calibration, share,
                                                                            repetition.repeats))
@@ -264,6 +270,22 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
                                outcome=outcome, progress=progress, planned=planned)
         finally:
             await cache.close()
+
+
+async def _probe_greedy(name: str, engine: Engine, results_dir: Path, outcome: Outcome, progress: Progress) -> None:
+    """The engine's greedy answer to the fixed prompts, kept beside the results (``greedy.json``) for the report's
+    agreement between engines on the same weights. Not a measurement: an engine that cannot answer is said once."""
+    try:
+        answer = await engine.greedy(PROMPTS, N_TOKENS)
+    except EngineError as exc:
+        progress.print(f"batchbench: {name}: no greedy answer for the agreement check: {exc}", err=True)
+        return
+    if answer is not None:
+        outcome.greedy.append(answer)
+        try:
+            write_greedy(results_dir, outcome.greedy)
+        except OSError as exc:
+            raise ResultsWriteError(results_dir / GREEDY_FILE, exc) from None
 
 
 @dataclass
