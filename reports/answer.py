@@ -17,6 +17,7 @@ from batchbench.analysis.bound_share import percent
 from batchbench.analysis.findings import QUESTIONS, Findings, LayoutFindings, PointFindings
 from batchbench.analysis.findings.decisions import slo_text
 from batchbench.analysis.findings.invalid import by_kind
+from batchbench.analysis.findings.pick import Pick
 from batchbench.analysis.findings.speculation import Speculation
 from batchbench.analysis.regimes import PEAK_SHARE
 from batchbench.analysis.repeats import CONFIDENCE, MIN_DECIDING_REPEATS, Estimate
@@ -74,6 +75,27 @@ def decisions_table(findings: Findings, links: dict[tuple[str, str], str]) -> Ta
                          "decides nothing (too few repeats). " + VOCABULARY, prose=True)
 
 
+def standings_table(found: Pick) -> Table:
+    """Every engine on its continuous curve, beside the pick: its best throughput, its best goodput within the SLO,
+    and its figure against the pick's."""
+    unit = "goodput" if found.metric == "max goodput under the SLO" else "throughput"
+    rows = []
+    for s in found.standings:
+        against = "the pick" if s.engine == found.engine else fmt.NA if s.to_pick is None else \
+            f"{_ratio(s.to_pick)}" + ("" if s.to_pick.differs_from_one else " (within noise)"
+                                      if s.to_pick.differs_from_one is False else " (no interval)")
+        rows.append([Cell(s.engine, "best" if s.engine == found.engine else ""),
+                     Cell(fmt.NA if s.throughput is None else f"{interval(s.throughput, fmt.rate)} at batch "
+                                                              f"{s.throughput_at}"),
+                     Cell("none meets it" if s.goodput is None else f"{interval(s.goodput, fmt.rate)} at batch "
+                                                                   f"{s.goodput_at}"),
+                     Cell(against)])
+    return Table(["Engine", "Most output tok/s", "Most goodput within the SLO (req/s)", f"Its {unit} over the pick's"],
+                 rows, caption="Each engine's continuous-load curve: the mean [95% interval] over its repeats; ratios "
+                               "by the delta method, unpaired (the engines ran one after another)."
+                               + (f" Measured {found.scope}." if found.scope else ""))
+
+
 def invalid_table(findings: Findings) -> Table:
     rows = [[Cell(f"{r.engine} {r.layout} c={r.concurrency}"), Cell(r.kind, "bad"), Cell(r.run_id),
              Cell("; ".join(r.reasons))] for r in findings.invalid_runs]
@@ -113,9 +135,14 @@ def answer_section(findings: Findings, headlines: list[Block] | None = None) -> 
     if not findings.engines:
         sec.blocks.append(Para("No finding could be drawn from these runs."))
         return sec
+    lead = findings.pick.sentences() if findings.pick is not None else []
+    if findings.pick is not None:
+        sec.blocks.append(Para(" ".join(lead), "best" if findings.pick.engine is not None else "warn"))
+        if len(findings.pick.standings) > 1:
+            sec.blocks.append(standings_table(findings.pick))
     sec.blocks.append(decisions_table(findings, anchors(findings)))
-    if findings.answer:
-        sec.blocks.append(Bullets(list(findings.answer)))
+    if rest := list(findings.answer[len(lead):]):
+        sec.blocks.append(Bullets(rest))
     if findings.invalid_runs:
         kinds = ", ".join(f"{kind}: {n}" for kind, n in by_kind(findings.invalid_runs).items())
         sec.blocks.append(Table(["Runs left out", "By cause"], [[

@@ -342,16 +342,18 @@ def test_engines_are_compared_at_their_best_with_an_interval() -> None:
     assert (c.metric, c.layout, c.a, c.b, c.verdict) == ("most throughput", "continuous", "alpha", "beta",
                                                          "alpha ahead")
     assert c.ratio.value == pytest.approx(2.0) and c.ratio.differs_from_one
-    assert found.answer[0].startswith("Under continuous load, alpha gives x2.00 [")
-    assert found.answer[0].endswith("; on a CPU: framework overhead decides this, it does not carry over to a GPU or "
-                                    "a real model.")
-    assert "the output tokens/s of beta, each at its best batch size (" in found.answer[0]
+    assert c.sentence().startswith("Under continuous load, alpha gives x2.00 [")
+    assert c.sentence().endswith("; on a CPU: framework overhead decides this, it does not carry over to a GPU or "
+                                 "a real model.")
+    assert "the output tokens/s of beta, each at its best batch size (" in c.sentence()
+    # In the details the pair is said without the scope: the pick says it once for every engine.
+    assert c.sentence(caveat=False) in found.details and c.sentence() not in found.details
     # The other way round, the winner is named first and the ratio inverted with its interval.
     flipped = findings_from_documents(sweep(fit=8, repeats=3, per_slot=50.0) + sweep(fit=8, repeats=3, engine="beta"))
     (f,) = flipped.comparisons
     assert f.verdict == "beta ahead" and f.ratio.value == pytest.approx(0.5)
-    assert flipped.answer[0].startswith("Under continuous load, beta gives x2.00 [")
-    assert "of alpha, each at" in flipped.answer[0]
+    assert f.sentence().startswith("Under continuous load, beta gives x2.00 [")
+    assert "of alpha, each at" in f.sentence()
 
 
 def test_engines_that_cannot_be_told_apart_say_the_largest_difference_left_open() -> None:

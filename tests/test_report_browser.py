@@ -67,11 +67,12 @@ def test_the_report_renders_without_console_errors_and_leads_with_the_answer(
     assert console == []
     assert dom.count("<svg ") >= 4 and "<img" not in dom
     assert dom.index('id="answer"') < first_figure(dom)
-    # the first screen: the decisions, each linking to its evidence, then the engines against each other
+    # the first screen: the pick across engines, then the decisions, each linking to its evidence
     answer = dom[dom.index('id="answer"'):dom.index("Overview</h2>")]
-    assert result.findings is not None
+    assert result.findings is not None and result.findings.pick is not None
     first = result.findings.decisions[0].answers(SLO)["throughput"]
-    assert first in answer and answer.index(first) < answer.index(result.findings.answer[0])
+    assert first in answer and answer.index(result.findings.answer[0]) < answer.index(first)
+    assert result.findings.answer[0].startswith(("Pick: ", "No pick: "))
     assert 'href="#evidence-1"' in answer and 'id="evidence-1"' in dom
 
 

@@ -84,8 +84,12 @@ def test_the_answer_comes_first_as_decisions_linked_to_their_evidence(cited_runs
     assert "| 1 of 40 | [failed requests: 1](#runs-left-out) |" in answer
     assert "## In detail" in md and "### Runs left out" in md
     assert "beta continuous c=16 | failed requests | beta-continuous-c16-r0" in md
-    # The engines against each other, with the interval and at which batch sizes.
-    assert "- Under continuous load, alpha gives x" in answer and ", each at its best batch size (" in answer
+    # The engines against each other: the pick first, its runner-up with the ratio, one table of every engine;
+    # each pair's sentence in the details.
+    assert answer.index("Pick: alpha at batch ") < answer.index("| Engine | Most output tok/s |")
+    assert answer.index("| Engine | Most output tok/s |") < answer.index("| Question")
+    assert "Runner-up: beta at batch " in answer
+    assert "- Under continuous load, alpha gives x" in md and ", each at its best batch size (" in md
     # The evidence sections the decisions link to.
     assert "## Evidence: alpha, continuous" in md and "## Evidence: beta, continuous" in md
     stored = json.loads((tmp_path / "out" / "report.json").read_text())["findings"]

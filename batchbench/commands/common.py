@@ -265,14 +265,15 @@ def connection_notes(result: MeasuredRun) -> list[str]:
 
 
 def answer_lines(findings: Findings) -> list[str]:
-    """The answer as the report's first screen gives it: per engine, each question's one line; then the engines
-    against each other and what was left out."""
-    lines = []
+    """The answer as the report's first screen gives it: the pick across engines, then per engine each question's
+    one line, then what was left out."""
+    lead = findings.pick.sentences() if findings.pick is not None else []
+    lines = list(lead)
     for d in findings.decisions:
         lines.append(f"{d.engine}:")
         answers = d.answers(findings.slo)
         lines += [f"  {QUESTIONS[key]}: {answers[key]}" for key in QUESTIONS]
-    lines += [f"- {sentence}" for sentence in findings.answer]
+    lines += [f"- {sentence}" for sentence in findings.answer[len(lead):]]
     return lines
 
 

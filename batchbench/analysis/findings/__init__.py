@@ -44,6 +44,7 @@ from batchbench.analysis.findings import (
     loras,
     memory,
     padding,
+    pick,
     speculation,
     turns,
 )
@@ -55,6 +56,7 @@ from batchbench.analysis.findings.invalid import InvalidRun
 from batchbench.analysis.findings.limit import AgainstLimit, against_limit, no_row_sentence
 from batchbench.analysis.findings.memory import MemoryBound
 from batchbench.analysis.findings.padding import PaddingCost
+from batchbench.analysis.findings.pick import Pick
 from batchbench.analysis.findings.points import (
     LAYOUTS,
     PADDING_LAYOUTS,
@@ -161,6 +163,8 @@ class Findings:
     #: (:mod:`batchbench.measures.parity`).
     parity: dict[str, Parity] = field(default_factory=dict)
     speculation: tuple[Speculation, ...] = ()
+    #: The engine and batch size to run for the SLO, against the runner-up (None: no engine curve).
+    pick: Pick | None = None
 
     def layout(self, engine: str, layout: str) -> LayoutFindings | None:
         found = self.engines.get(engine)
@@ -184,6 +188,7 @@ class Findings:
             **codec.encode({"comparisons": self.comparisons, "runs": self.runs, "invalid_runs": self.invalid_runs}),
             "invalid_by_kind": invalid.by_kind(self.invalid_runs),
             **codec.encode({"skipped": self.skipped, "parity": self.parity, "speculation": self.speculation}),
+            "pick": self.pick.to_json() if self.pick is not None else None,
             "intervals": f"the mean of a point's valid repeats with its {CONFIDENCE:.0%} Student-t interval (on the "
                          "log scale for positive figures); ratios: "
                          f"the ratio of the means, {CONFIDENCE:.0%} interval by the delta method on the log scale, "
@@ -320,13 +325,18 @@ def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, ski
     parities = {name: parity.check([r for p in points if p.engine == name for run in p.runs for r in run.records])
                 for name in names}
     speculated = tuple(speculation.speculation(points))
-    # The answer's sentences: the engines against each other on the curve a server runs, then what was left out.
-    answer = [c.sentence() for c in compared if c.layout == "continuous"] or [c.sentence() for c in compared][:4]
+    # The answer's sentences: the pick across engines (the scope said once there), then what was left out; each
+    # pair of engines goes to the details, without the scope where it is the pick's.
+    everywhere = comparisons.caveat(comparisons.scope(r for p in points for r in p.runs))
+    curves = {name: e.layouts[pick.LAYOUT] for name, e in engines.items() if pick.LAYOUT in e.layouts}
+    picked = pick.pick(curves, compared, has_slo=slo is not None, scope=everywhere)
+    answer = picked.sentences() if picked is not None else []
     answer += [text for text in (invalid.sentence(gone, runs), precision_sentence([e.decisions
                                                                                     for e in engines.values()]))
                if text is not None]
     details = _details(engines, slo)
-    details += [c.sentence() for c in compared if c.layout != "continuous"]
+    details += [c.sentence(caveat=picked is None or c.caveat != everywhere)
+                for c in sorted(compared, key=lambda c: c.layout != pick.LAYOUT)]
     details += [speculation.sentence(sp) for sp in speculated]
     details += energy.sentences(points)
     details += loras.sentences(points)
@@ -334,7 +344,7 @@ def findings_from_points(points: Sequence[Point], *, slo: Slo | None = None, ski
     if skipped:
         details.append(f"{len(skipped)} document(s) not used: {'; '.join(skipped)}.")
     return Findings(slo, engines, tuple(compared), tuple(answer), tuple(details), gone, runs, tuple(skipped),
-                    parities, speculated)
+                    parities, speculated, picked)
 
 
 def measured_slo(docs: Iterable[RunDocument]) -> Slo | None:

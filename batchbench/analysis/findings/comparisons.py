@@ -82,9 +82,10 @@ class Comparison:
             return f"{self.a if self.ratio.value > 1 else self.b} ahead"
         return "within noise"
 
-    def sentence(self) -> str:
+    def sentence(self, *, caveat: bool = True) -> str:
         """``Under continuous load, hf-static gives x2.33 [1.95–2.78] the output tokens/s of vllm, each at its best
-        batch size (8 against 16).``, or the largest difference the data leaves open; the caveat after it."""
+        batch size (8 against 16).``, or the largest difference the data leaves open; the caveat after it (unless
+        said once elsewhere)."""
         what, where = (("output tokens/s", "each at its best batch size") if self.metric == "most throughput"
                        else ("goodput", "each at its most goodput under the SLO"))
         layout = LAYOUT_WORDS.get(self.layout, f"In {self.layout}")
@@ -101,7 +102,7 @@ class Comparison:
                     f"detected ({ratio_text(self.ratio)})")
         else:
             text = f"{layout}, {self.a} gives {ratio_text(self.ratio)} the {what} of {self.b}, {where} (n=1)"
-        return f"{text}; {self.caveat}." if self.caveat else f"{text}."
+        return f"{text}; {self.caveat}." if self.caveat and caveat else f"{text}."
 
     JSON_DERIVED: ClassVar[tuple[str, ...]] = ("verdict",)
 
