@@ -27,7 +27,7 @@ from batchbench.measures.guardrails import Guardrails
 from batchbench.measures.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.measures.slices import Slice
 from batchbench.reports.fmt import num
-from batchbench.results.document import Placement, RunDocument
+from batchbench.results.document import Placement, RunDocument, RunLabels
 from batchbench.workload.requests import WorkloadSummary
 
 #: Batch-size bucket edges for TTFT: buckets 1, 2-3, 4-7, 8-15, 16+.
@@ -97,6 +97,16 @@ class ReportedRun:
     slices: list[Slice] = field(default_factory=list)
     #: A staged load's stages, each its own window (empty: not staged).
     stages: list[Slice] = field(default_factory=list)
+    #: The labels typed, as the document has them (what the design asked of the run: its fit, its suite).
+    run_labels: RunLabels = field(default_factory=RunLabels)
+
+    @property
+    def fills_by_design(self) -> bool:
+        """A main-job run at or past the batch size its KV cache was sized to hold (the fit): its cache is meant to
+        fill there (the knee and the memory-bound end of the curve the sweep measures on purpose)."""
+        labels = self.run_labels
+        return labels.suite == "main" and labels.kv_fit is not None and labels.concurrency is not None \
+            and labels.concurrency >= labels.kv_fit
 
     @property
     def partial(self) -> bool:
@@ -298,6 +308,7 @@ def build_run(source: str, doc: RunDocument) -> ReportedRun:
         ttfts=ttfts,
         notes=notes,
         placement=header.placement,
+        run_labels=header.labels,
         slices=footer.slices if footer is not None else [],
         stages=footer.stages if footer is not None else [],
     )

@@ -694,3 +694,17 @@ def test_how_it_was_measured_is_one_block_with_the_command_that_reproduces_it(tm
     assert rows["Engine vllm"].startswith("1.0: ") or "vllm 1.0" in rows["Engine vllm"]
     assert {"Hardware", "Placement", "batchbench", "Workloads"} <= rows.keys()
     assert md.index("## How this was measured") < md.index("## Environment")
+
+
+def test_the_kv_cache_filled_by_the_sweeps_design_is_evidence_not_an_alarm(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    main = {"suite": "main", "layout": "continuous", "kv_fit": 8}
+    write_run(results, engine="vllm", concurrency=16, peak_kv=0.99, labels={**main, "concurrency": 16}, name="fit16")
+    write_run(results, engine="vllm", concurrency=4, peak_kv=0.99, labels={**main, "concurrency": 4}, name="under4")
+    build_quiet(results, tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    overview = md[md.index("## Overview"):md.index("## How this was measured")]
+    assert "As designed, the sweep filled the KV cache at and past its fit (vllm at batch 16; peak 99.0%)" in overview
+    # Below the fit nobody asked for a full cache: that one stays an alarm.
+    (alarm,) = [line for line in overview.splitlines() if line.startswith("- ⚠")]
+    assert "concurrency=4" in alarm and "entered the KV danger zone" in alarm

@@ -99,17 +99,30 @@ def padding_cost(mixed: list[PointFindings], homogeneous: list[PointFindings], m
 
 
 def decision(cost: PaddingCost | None) -> str:
-    """The answer to "what does padding cost?", one line."""
+    """The answer to "what does padding cost?", one line, in the engine's own terms: an engine that reports its
+    padding (it pads prompts to the batch's longest) is told what the padded slots cost it; one that reports none
+    (it packs sequences: continuous batchers, llama.cpp's slots) is told what the one long prompt cost it instead,
+    beside what padding would have made of it."""
     if cost is None:
         return "not measured (no valid padding pair)"
     p = cost.headline
-    pad = f"{p.padded_fraction_predicted:.0%} of its prompt slots are padding"
-    if p.measured_pad_fraction is not None:
-        pad += f" (the engine reports {p.measured_pad_fraction:.0%})"
+    pads = p.measured_pad_fraction is not None
+    if pads:
+        pad = (f"{p.padded_fraction_predicted:.0%} of its prompt slots are padding (the engine reports "
+               f"{p.measured_pad_fraction:.0%})")
+    else:
+        pad = "it reports no padding"
     if p.latency_ratio is None:
         return f"one long prompt in a batch of {cost.concurrency}: {pad}; latency not measured"
-    verdict = {True: "it pays for the padded slots", False: "no more than its real tokens explain",
-               None: "too few repeats to say whether it pays for them"}[p.pays_for_padding]
-    return (f"one long prompt in a batch of {cost.concurrency} takes {ratio_text(p.latency_ratio)} the latency of "
-            f"a homogeneous batch ({p.real_token_ratio:.1f}x the real tokens, {p.padded_token_ratio:.1f}x padded); "
-            f"{pad}: {verdict}")
+    if pads:
+        verdict = {True: "it pays for the padded slots", False: "no more than its real tokens explain",
+                   None: "too few repeats to say whether it pays for them"}[p.pays_for_padding]
+        return (f"one long prompt in a batch of {cost.concurrency} takes {ratio_text(p.latency_ratio)} the latency "
+                f"of a homogeneous batch ({p.real_token_ratio:.1f}x the real tokens, {p.padded_token_ratio:.1f}x "
+                f"padded); {pad}: {verdict}")
+    verdict = {True: "more than those tokens explain, as if it padded",
+               False: "what those tokens explain: it does not pay for padding",
+               None: "too few repeats to say what it pays for"}[p.pays_for_padding]
+    return (f"one long prompt in a batch of {cost.concurrency} takes {ratio_text(p.latency_ratio)} the latency of a "
+            f"homogeneous batch for {p.real_token_ratio:.1f}x its real prompt tokens ({pad}; padded to the longest "
+            f"they would be {p.padded_token_ratio:.1f}x): {verdict}")
