@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from batchbench.analysis.findings import findings_from_documents, points_from_documents
+from batchbench.analysis.findings import batching, findings_from_documents, points_from_documents
 from batchbench.analysis.repeats import Estimate
 from batchbench.analysis.theory import continuous_idle_fraction, waves_idle_fraction
 from batchbench.core.config import ModelDescription
@@ -320,8 +320,14 @@ def test_overlapping_layouts_are_within_noise_with_the_largest_difference_left_o
     assert cos.headline.within_noise
     assert found.to_dict()["engines"]["alpha"]["continuous_over_static"]["headline"]["within_noise"] is True
     open_share = cos.headline.ratio.largest_undetected
+    # Wider than the ±5% asked (the default): undecided, not "no difference", with its cause.
     assert decisions(found).answers(None)["batching"].startswith(
-        f"no difference larger than {open_share:.0%} detected at batch 8 (x1.05 [")
+        "at batch 8, undecided: x1.05 [")
+    assert f"holds 1 but leaves open differences up to {open_share:.0%}, more than the ±5% asked (the runs' own " \
+        "spread over n=3); more repeats would decide it" in decisions(found).answers(None)["batching"]
+    # At a precision that wide, the same ratio is a finding: no difference beyond it.
+    loose = dataclasses.replace(cos, at={8: dataclasses.replace(cos.headline, precision=0.7)})
+    assert batching.decision(loose).startswith(f"no difference larger than {open_share:.0%} detected at batch 8")
     assert cos.headline.ratio.method == "t-ratio-paired"
     # Continuous kept more requests decoding (0.1 of the run each, against 0.06), for no throughput: the TPOTs
     # say each step cost more.
@@ -359,8 +365,10 @@ def test_engines_are_compared_at_their_best_with_an_interval() -> None:
 def test_engines_that_cannot_be_told_apart_say_the_largest_difference_left_open() -> None:
     docs = sweep(fit=8, repeats=3) + sweep(fit=8, repeats=3, engine="beta", per_slot=101.0)
     (c,) = findings_from_documents(docs).comparisons
-    assert c.verdict == "within noise"
-    assert "no difference larger than" in c.sentence()
+    # Within ±5% (the precision asked) the interval leaves more open: undecided, and said with its cause.
+    assert c.verdict == "undecided" and "undecided: x" in c.sentence() and "more than the ±5% asked" in c.sentence()
+    loose = dataclasses.replace(c, precision=0.5)
+    assert loose.verdict == "within noise" and "no difference larger than" in loose.sentence()
 
 
 def test_padding_cost_predicted_and_measured() -> None:

@@ -3,6 +3,8 @@ within noise, every engine's standing, the scope said once; from synthetic sweep
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from batchbench.analysis.findings import findings_from_documents
@@ -31,14 +33,22 @@ def test_the_engine_with_the_most_goodput_within_the_slo_is_picked_and_the_runne
     assert as_json["figure"]["low"] <= as_json["figure"]["value"] <= as_json["figure"]["high"]
 
 
-def test_two_engines_within_noise_are_said_to_be_with_what_would_separate_them() -> None:
+def test_two_engines_not_told_apart_are_undecided_at_the_precision_asked_with_what_would_decide() -> None:
     docs = sweep(fit=8, repeats=3) + sweep(fit=8, repeats=3, engine="beta", per_slot=101.0)
     found = findings_from_documents(docs)
-    assert found.pick is not None and found.pick.verdict == "within noise"
+    assert found.pick is not None and found.pick.verdict == "undecided"
     assert found.pick.metric == "most throughput"  # no SLO given: ranked by throughput, and said
     assert "(no SLO given)" in found.answer[0]
-    assert "within noise of the pick" in found.answer[1] and "--repeats" in found.answer[1]
-    assert found.to_dict()["pick"]["verdict"] == "within noise"
+    assert "the pick against it is undecided: x" in found.answer[1] and "--repeats" in found.answer[1]
+    assert found.to_dict()["pick"]["verdict"] == "undecided"
+
+
+def test_two_engines_within_the_precision_asked_are_within_noise() -> None:
+    docs = sweep(fit=8, repeats=3) + sweep(fit=8, repeats=3, engine="beta", per_slot=101.0)
+    found = findings_from_documents(docs)
+    assert found.pick is not None and found.pick.ratio is not None
+    loose = dataclasses.replace(found.pick, verdict="within noise", precision=0.5)
+    assert "within noise of the pick" in loose.sentences()[1] and "±50% asked" in loose.sentences()[1]
 
 
 def test_no_engine_within_the_slo_is_no_pick_and_says_why() -> None:

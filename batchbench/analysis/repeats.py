@@ -221,6 +221,11 @@ class Estimate:
             return None
         return max(self.high - 1, 1 - self.low, 0.0)
 
+    def undecided_at(self, precision: float) -> bool:
+        """For a ratio: its interval holds 1 yet leaves open a difference larger than ``precision`` (a share, 0.05
+        for ±5%): it shows neither a difference nor its absence at the precision asked, so it is no finding."""
+        return self.differs_from_one is False and (self.largest_undetected or 0.0) > precision
+
     def describe(self) -> str:
         """What the interval is, in words, for a caption: ``95% t-interval, n=5``."""
         if self.low is None:

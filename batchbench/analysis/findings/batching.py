@@ -16,7 +16,8 @@ from typing import ClassVar
 from batchbench.analysis.findings.points import Measurement, Point, PointFindings
 from batchbench.analysis.findings.points import ratio as points_ratio
 from batchbench.analysis.findings.text import ratio as ratio_text
-from batchbench.analysis.repeats import Estimate
+from batchbench.analysis.findings.text import undecided as undecided_text
+from batchbench.analysis.repeats import DEFAULT_PRECISION, Estimate
 from batchbench.analysis.theory import continuous_idle_fraction, waves_idle_fraction
 
 
@@ -35,6 +36,8 @@ class Occupancy:
     #: more requests decoding bought no throughput, each step cost more with more requests in it.
     tpot_p50_s: float | None = None
     static_tpot_p50_s: float | None = None
+    #: The precision the points were measured to: a ratio that holds 1 but is wider decides nothing.
+    precision: float = DEFAULT_PRECISION
 
     @property
     def within_noise(self) -> bool:
@@ -82,9 +85,11 @@ def continuous_over_static(continuous: list[PointFindings], static: list[PointFi
         ideal = _ideal_decoding(points[p.concurrency].used[0])
         md, smd = p.figure("mean_decoding"), s.figure("mean_decoding")
         tpot, stpot = p.figure("tpot_p50_s"), s.figure("tpot_p50_s")
+        asked = [t for t in (p.precision_target, s.precision_target) if t is not None]
         at[p.concurrency] = Occupancy(ratio, md.value if md else None, smd.value if smd else None,
                                       ideal[0] if ideal else None, ideal[1] if ideal else None, p.run_ids + s.run_ids,
-                                      tpot.value if tpot else None, stpot.value if stpot else None)
+                                      tpot.value if tpot else None, stpot.value if stpot else None,
+                                      max(asked, default=DEFAULT_PRECISION))
     if not at:
         return None
     return ContinuousOverStatic(at, sweet_spot if sweet_spot in at else max(at))
@@ -105,7 +110,9 @@ def mechanism(o: Occupancy) -> str:
     busier = o.static_mean_decoding > 0 and o.mean_decoding > OCCUPANCY_GAIN * o.static_mean_decoding
     if busier and not o.ratio.differs_from_one and o.tpot_p50_s is not None and o.static_tpot_p50_s is not None:
         text += (f", but at TPOT p50 {o.tpot_p50_s * 1000:.1f} ms vs {o.static_tpot_p50_s * 1000:.1f} ms: each step "
-                 "cost more with more requests in it (compute-bound), so the fuller batch bought no throughput")
+                 "cost more with more requests in it (compute-bound)")
+        if not o.ratio.undecided_at(o.precision):
+            text += ", so the fuller batch bought no throughput"
     return text
 
 
@@ -122,6 +129,8 @@ def decision(c: ContinuousOverStatic | None, missing: str | None = None) -> str:
         else:
             text = (f"static waves at batch {c.concurrency}: continuous gives only {ratio_text(o.ratio)} their "
                     "throughput")
+    elif o.ratio.undecided_at(o.precision):
+        text = f"at batch {c.concurrency}, {undecided_text(o.ratio, o.precision)}"
     elif o.ratio.largest_undetected is not None:
         text = (f"no difference larger than {o.ratio.largest_undetected:.0%} detected at batch {c.concurrency} "
                 f"({ratio_text(o.ratio)})")

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from batchbench.analysis.findings.points import Measurement, ModelScale, layout_rank
 from batchbench.analysis.findings.text import ratio as ratio_text
-from batchbench.analysis.repeats import Estimate
+from batchbench.analysis.findings.text import undecided as undecided_text
+from batchbench.analysis.repeats import DEFAULT_PRECISION, Estimate
 
 if TYPE_CHECKING:  # the layouts' findings are assembled from every topic, this one included
     from batchbench.analysis.findings import LayoutFindings
@@ -74,13 +75,15 @@ class Comparison:
     at_b: int
     #: Why the ranking does not carry over (None: nothing known says so).
     caveat: str | None = None
+    #: The precision the points were measured to (a share): a ratio that holds 1 but is wider is undecided.
+    precision: float = DEFAULT_PRECISION
 
     @property
     def verdict(self) -> str:
-        """``vllm ahead``, ``hf-static ahead`` or ``within noise``."""
+        """``vllm ahead``, ``hf-static ahead``, ``within noise`` or ``undecided`` (wider than the precision)."""
         if self.ratio.differs_from_one:
             return f"{self.a if self.ratio.value > 1 else self.b} ahead"
-        return "within noise"
+        return "undecided" if self.ratio.undecided_at(self.precision) else "within noise"
 
     def sentence(self, *, caveat: bool = True) -> str:
         """``Under continuous load, hf-static gives x2.33 [1.95–2.78] the output tokens/s of vllm, each at its best
@@ -96,6 +99,9 @@ class Comparison:
             shown = self.ratio.inverse() if flip else self.ratio
             text = (f"{layout}, {winner} gives {ratio_text(shown)} the {what} of {loser}, {where} "
                     f"({at[0]} against {at[1]})")
+        elif self.ratio.undecided_at(self.precision):
+            text = f"{layout}, {self.a} against {self.b}, {where} ({self.at_a} and {self.at_b}): " \
+                f"{undecided_text(self.ratio, self.precision)}"
         elif self.ratio.largest_undetected is not None:
             text = (f"{layout}, {self.a} and {self.b} give the same {what} within noise, {where} "
                     f"({self.at_a} and {self.at_b}): no difference larger than {self.ratio.largest_undetected:.0%} "
@@ -121,12 +127,15 @@ def comparisons(engines: Mapping[str, Mapping[str, LayoutFindings]],
                 both = caveat(Scope(min(models, default=None), sa.on_cpu or sb.on_cpu))
             for layout in sorted(set(engines[a]) & set(engines[b]), key=layout_rank):
                 fa, fb = engines[a][layout], engines[b][layout]
+                asked = [t for p in (*fa.points, *fb.points) if (t := p.precision_target) is not None]
+                precision = max(asked, default=DEFAULT_PRECISION)
                 ta, tb = fa.most_throughput, fb.most_throughput
                 if ta is not None and tb is not None and (r := ta.output_tok_s.ratio(tb.output_tok_s)) is not None:
-                    found.append(Comparison("most throughput", layout, a, b, r, ta.concurrency, tb.concurrency, both))
+                    found.append(Comparison("most throughput", layout, a, b, r, ta.concurrency, tb.concurrency, both,
+                                            precision))
                 ga, gb = fa.max_goodput, fb.max_goodput
                 if ga is not None and gb is not None and ga.goodput_req_s is not None and gb.goodput_req_s is not None \
                         and (r := ga.goodput_req_s.ratio(gb.goodput_req_s)) is not None:
                     found.append(Comparison("max goodput under the SLO", layout, a, b, r, ga.concurrency,
-                                            gb.concurrency, both))
+                                            gb.concurrency, both, precision))
     return found

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Literal
 from batchbench.analysis.findings.comparisons import Comparison, Metric
 from batchbench.analysis.findings.text import ratio as ratio_text
 from batchbench.analysis.findings.text import tok
-from batchbench.analysis.repeats import Estimate
+from batchbench.analysis.findings.text import undecided as undecided_text
+from batchbench.analysis.repeats import DEFAULT_PRECISION, Estimate
 
 if TYPE_CHECKING:  # the layouts' findings are assembled from every topic, this one included
     from batchbench.analysis.findings import LayoutFindings
 
 #: The curve the pick is read from: the load a server runs.
 LAYOUT = "continuous"
-Verdict = Literal["ahead", "within noise", "no interval", "alone"]
+Verdict = Literal["ahead", "within noise", "undecided", "no interval", "alone"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class Pick:
     scope: str | None
     #: Why there is no pick (no engine meets the SLO at any batch size measured); None when there is one.
     none_because: str | None = None
+    #: The precision the runner-up's ratio is judged at (that of the comparison it comes from).
+    precision: float = DEFAULT_PRECISION
 
     @property
     def noun(self) -> str:
@@ -86,11 +89,13 @@ class Pick:
             if self.verdict == "ahead":
                 out.append(f"Runner-up: {self.runner_up} at batch {self.runner_up_batch_size}; {self.engine} gives "
                            f"{shown} the {self.noun} of {self.runner_up} (the interval excludes 1).")
+            elif self.verdict == "undecided":
+                out.append(f"Runner-up: {self.runner_up} at batch {self.runner_up_batch_size}; the pick against it is "
+                           f"{undecided_text(self.ratio, self.precision)} (--repeats, or a longer --time-limit).")
             elif self.verdict == "within noise":
                 out.append(f"Runner-up: {self.runner_up} at batch {self.runner_up_batch_size}, within noise of the "
-                           f"pick ({shown}: the interval holds 1). Either will do at this precision; more repeats "
-                           "of both (--repeats) or a longer --time-limit would narrow the interval enough to "
-                           "separate them, if they differ.")
+                           f"pick ({shown}: no difference beyond the ±{self.precision:.0%} asked). Either will do; "
+                           "only a finer precision (--precision, more --repeats) could separate them.")
             else:
                 out.append(f"Runner-up: {self.runner_up} at batch {self.runner_up_batch_size} ({shown}): too few "
                            "runs for an interval; run again with --repeats 3 to compare them.")
@@ -112,12 +117,14 @@ class Pick:
                                "goodput_at": s.goodput_at, "to_pick": interval(s.to_pick)} for s in self.standings]}
 
 
+def _comparison(compared: Sequence[Comparison], metric: Metric, a: str, b: str) -> Comparison | None:
+    return next((c for c in compared if c.metric == metric and c.layout == LAYOUT and {c.a, c.b} == {a, b}), None)
+
+
 def _ratio_of(compared: Sequence[Comparison], metric: Metric, a: str, b: str) -> Estimate | None:
     """``a / b`` of one metric on the continuous curve, from the pair's comparison (which is named in order)."""
-    for c in compared:
-        if c.metric == metric and c.layout == LAYOUT and {c.a, c.b} == {a, b}:
-            return c.ratio if c.a == a else c.ratio.inverse()
-    return None
+    c = _comparison(compared, metric, a, b)
+    return None if c is None else c.ratio if c.a == a else c.ratio.inverse()
 
 
 def pick(curves: Mapping[str, LayoutFindings], compared: Sequence[Comparison], *, has_slo: bool,
@@ -145,10 +152,12 @@ def pick(curves: Mapping[str, LayoutFindings], compared: Sequence[Comparison], *
                     scope, why)
     second = next(((name, at) for name, value, at in ranked[1:] if value is not None), None)
     ratio = _ratio_of(compared, metric, best, second[0]) if second is not None else None
+    found = _comparison(compared, metric, best, second[0]) if second is not None else None
+    precision = found.precision if found is not None else DEFAULT_PRECISION
     verdict: Verdict = "alone" if second is None else "no interval" if ratio is None or ratio.differs_from_one is None \
-        else "ahead" if ratio.differs_from_one else "within noise"
+        else "ahead" if ratio.differs_from_one else "undecided" if ratio.undecided_at(precision) else "within noise"
     return Pick(metric, best, best_at, best_figure, second[0] if second else None, second[1] if second else None,
-                ratio, verdict, _standings(curves, compared, metric, best), scope)
+                ratio, verdict, _standings(curves, compared, metric, best), scope, None, precision)
 
 
 def _standings(curves: Mapping[str, LayoutFindings], compared: Sequence[Comparison], metric: Metric,

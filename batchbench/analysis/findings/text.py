@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from batchbench.analysis.repeats import Estimate
+from batchbench.analysis.repeats import MIN_DECIDING_REPEATS, Estimate, t_quantile
 
 
 def tok(v: float) -> str:
@@ -38,6 +38,19 @@ def ratio(r: Estimate) -> str:
     if r.low is None or r.high is None:
         return f"{times(r.value)} (n={r.n}, no interval)"
     return f"{times(r.value)} [{times(r.low)[1:]}–{times(r.high)[1:]}]"
+
+
+def undecided(r: Estimate, precision: float) -> str:
+    """A ratio too wide to decide at the precision asked (:meth:`Estimate.undecided_at`), with its cause where
+    known: ``undecided: x0.91 [0.46–1.81] holds 1 but leaves open differences up to 81%, more than the ±5% asked
+    (n=2: ...); more repeats would decide it``."""
+    if r.n < MIN_DECIDING_REPEATS:
+        cause = (f"n={r.n}: with {r.n - 1} degree{'s' if r.n != 2 else ''} of freedom Student's t puts "
+                 f"{t_quantile(r.n - 1):.1f} standard errors on each side")
+    else:
+        cause = f"the runs' own spread over n={r.n}"
+    return (f"undecided: {ratio(r)} holds 1 but leaves open differences up to {r.largest_undetected or 0.0:.0%}, "
+            f"more than the ±{precision:.0%} asked ({cause}); more repeats would decide it")
 
 
 def estimate(e: Estimate, unit: str = "tok/s") -> str:
