@@ -179,7 +179,68 @@ def per_user(findings: Findings, colors: dict[str, str], accelerators: dict[str,
     return to_svg(fig)
 
 
-def _accelerators(runs: list[ReportedRun]) -> dict[str, int]:
+def frontier(findings: Findings, colors: dict[str, str], accelerators: dict[str, int]) -> Plot | None:
+    """The headline across engines: each engine's continuous-load curve as output tokens/s per accelerator against
+    output tokens/s per user (its throughput over the batch size), intervals on both axes, the points that fail
+    the SLO hollow, the pick starred, a TPOT limit drawn as the per-user speed it allows, and on a GPU each
+    engine's limit on paper dashed. None with fewer than two engines or nothing to draw."""
+    curves = {e: f.layouts["continuous"] for e, f in sorted(findings.engines.items()) if "continuous" in f.layouts}
+    if len(curves) < 2:
+        return None
+    fig = Figure(figsize=(8, 4.8))
+    ax = fig.add_subplot()
+    drawn = False
+    for engine, f in curves.items():
+        n, color = max(1, accelerators.get(engine, 1)), colors.get(engine, "C0")
+        points = [(p, tok) for p in sorted(f.valid_points, key=lambda p: p.concurrency)
+                  if (tok := _iv("output_tok_s")(p)) is not None]
+        if not points:
+            continue
+        drawn = True
+        xs = [(t[0] / p.concurrency, t[1] / p.concurrency, t[2] / p.concurrency) for p, t in points]
+        ys = [(t[0] / n, t[1] / n, t[2] / n) for _, t in points]
+        ax.errorbar([x[0] for x in xs], [y[0] for y in ys], xerr=[[x[0] - x[1] for x in xs], [x[2] - x[0] for x in xs]],
+                    yerr=[[y[0] - y[1] for y in ys], [y[2] - y[0] for y in ys]], fmt="-", color=color, capsize=2,
+                    linewidth=1.5, label=engine)
+        for (p, _), x, y in zip(points, xs, ys, strict=True):
+            slo = f.slo_points.get(p.concurrency)
+            hollow = slo is not None and slo.judgement != "meets"
+            ax.plot([x[0]], [y[0]], "o", color=color, markersize=6, markerfacecolor="white" if hollow else color)
+            ax.annotate(f"c={p.concurrency}", (x[0], y[0]), textcoords="offset points", xytext=(5, 4), fontsize=7,
+                        color=color)
+        pick = findings.pick
+        if pick is not None and pick.engine == engine and pick.batch_size is not None:
+            at = next(((x, y) for (p, _), x, y in zip(points, xs, ys, strict=True)
+                       if p.concurrency == pick.batch_size), None)
+            if at is not None:
+                ax.plot([at[0][0]], [at[1][0]], "*", color=color, markersize=16, markeredgecolor="black",
+                        label=f"the pick: {engine} at batch {pick.batch_size}")
+        if f.limit is not None and f.limit.points:
+            bound = sorted(f.limit.points.items())
+            ax.plot([s.bound.output_tok_s / c for c, s in bound], [s.bound.output_tok_s / n for c, s in bound], "--",
+                    color=color, linewidth=1, alpha=0.7, label=f"{engine}: limit on paper")
+    if not drawn:
+        return None
+    tpot = next((o.limit_s for o in findings.slo.objectives if o.metric == "tpot"), None) \
+        if findings.slo is not None else None
+    if tpot:
+        ax.axvline(1 / tpot, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"TPOT SLO: {1 / tpot:,.0f} tokens/s per user", (1 / tpot, ax.get_ylim()[1]), fontsize=7,
+                    rotation=90, va="top", ha="right", color="grey")
+    ax.set_xlabel("output tokens/s per user (throughput over batch size)")
+    ax.set_ylabel("output tokens/s per accelerator")
+    ax.set_title("Every engine's continuous-load curve: up and to the right is better")
+    ax.grid(True, alpha=0.3)
+    _legend(fig, ax, halos=False)
+    return Plot("The engines on one frontier: output tokens/s per accelerator against output tokens/s per user, one "
+                "line per engine along its batch sizes (mean and 95% interval on both axes); hollow points do not "
+                "clearly meet the SLO, the star is the pick" + (", the dotted line the TPOT SLO" if tpot else "")
+                + ("; dashed, each engine's limit on paper" if any(f.limit is not None and f.limit.points
+                                                                    for f in curves.values()) else "") + ".",
+                to_svg(fig))
+
+
+def accelerators(runs: list[ReportedRun]) -> dict[str, int]:
     """Accelerators each engine ran on: the GPUs its runs' environment lists (a CPU counts as one)."""
     out: dict[str, int] = {}
     for r in runs:
@@ -255,9 +316,10 @@ def figures_section(findings: Findings, runs: list[ReportedRun], colors: dict[st
         ("Latency vs throughput: TTFT p99 and TPOT p50 against output tokens/s, one line per engine and layout, "
          "points labelled by batch size, regimes shaded.", latency_throughput(findings, colors)),
         ("Output tokens/s and TTFT p99 against batch size.", by_batch_size(findings, colors)),
-        ("Output tokens/s per accelerator against output tokens/s per user (per user: output tokens/s over the "
-         "concurrency).", per_user(findings, colors, _accelerators(runs))),
     ]
+    if sum("continuous" in e.layouts for e in findings.engines.values()) < 2:  # else the answer's frontier shows it
+        drawn.append(("Output tokens/s per accelerator against output tokens/s per user (per user: output tokens/s "
+                      "over the concurrency).", per_user(findings, colors, accelerators(runs))))
     sec.blocks += [Plot(title, svg) for title, svg in drawn if svg is not None]
     timelines: list[Block] = [
         Plot(f"KV usage and queue depth over time at a memory-bound point, a line per run: {_point_title(point)}", svg)

@@ -544,8 +544,9 @@ def build_document(inputs: Inputs, *, generated_at: str, baseline: BaselineCompa
     doc = Document("batchbench report")
     colors = plots.engine_colors(runs) if with_plots else {}
     if findings is not None:
+        first = answer_plots.frontier(findings, colors, answer_plots.accelerators(runs)) if with_plots else None
         doc.sections.append(answer.answer_section(
-            findings, answer_plots.headlines(findings, colors) if with_plots else None))
+            findings, [*([first] if first else []), *answer_plots.headlines(findings, colors)] if with_plots else None))
     workloads = group_by_workload(runs)
     doc.sections.append(_overview(inputs, workloads, generated_at, baseline))
     if inputs.claims:

@@ -168,3 +168,17 @@ def test_compare_says_per_series_and_metric_the_change_and_whether_it_is_noise(
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on-regression"]) == 1
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
     assert "B " in capsys.readouterr().err
+
+
+def test_several_engines_lead_with_one_frontier_the_pick_starred(cited_runs: Path, tmp_path: Path) -> None:
+    result = build_report(cited_runs, tmp_path / "out", plots=True, warn=lambda m: None, slo=SLO)
+    md = (tmp_path / "out" / "report.md").read_text()
+    answer = md[md.index("## The answer"):md.index("## Overview")]
+    frontier = answer.index("*Figure in report.html: The engines on one frontier: output tokens/s per accelerator")
+    assert frontier < answer.index("*Figure in report.html: alpha, continuous:")
+    assert "hollow points do not clearly meet the SLO, the star is the pick" in answer
+    assert result.findings is not None and result.findings.pick is not None
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert f"the pick: {result.findings.pick.engine} at batch {result.findings.pick.batch_size}" in html
+    # The per-user figure is not drawn twice: the frontier is it.
+    assert "Output tokens/s per accelerator against output tokens/s per user (per user" not in md
