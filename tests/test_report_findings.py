@@ -106,9 +106,9 @@ def test_html_links_resolve_and_the_answer_precedes_every_figure(cited_runs: Pat
     assert {"evidence-1", "invalid-runs"} <= links <= ids
     assert html.index('id="answer"') < first_figure(html)
     assert html.index("<details>") < html.index('id="answer"')  # the contents are folded away
-    # One headline figure per engine on the first screen, after its decisions.
+    # The frontier across the engines, then one headline figure per engine, on the first screen after the decisions.
     answer = html[html.index('id="answer"'):html.index("Overview</h2>")]
-    assert answer.count("<svg") == 2 and answer.index("Question") < first_figure(answer)
+    assert answer.count("<svg") == 1 + 2 and answer.index("Question") < first_figure(answer)
     assert "sweet spot c=8" in answer and "TTFT p99 SLO" in answer
     assert '<table class="prose">' in answer  # the decisions are sentences: read from the left
 
