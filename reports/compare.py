@@ -97,6 +97,8 @@ class BaselineComparison:
     matches: list[Match] = field(default_factory=list)
     only_current: list[dict[str, Any]] = field(default_factory=list)
     only_baseline: list[dict[str, Any]] = field(default_factory=list)
+    #: What differs between the two sides' environments (hosts, GPUs, CPU quota, versions), one line each.
+    environment: list[str] = field(default_factory=list)
 
     @property
     def regressions(self) -> int:
@@ -117,6 +119,7 @@ class BaselineComparison:
             } for m in self.matches],
             "only_current": [r["run_id"] for r in self.only_current],
             "only_baseline": [r["run_id"] for r in self.only_baseline],
+            "environment_differences": self.environment,
         }
 
 
@@ -180,7 +183,8 @@ def compare(current: list[dict[str, Any]], baseline: list[dict[str, Any]], *, so
     only one baseline series has that engine, configuration and workload, it
     is used: a run whose labels were renamed still compares.
     """
-    result = BaselineComparison(source=source, threshold_pct=threshold_pct)
+    result = BaselineComparison(source=source, threshold_pct=threshold_pct,
+                                environment=environment_differences(baseline, current))
     base_series = [s.to_row() for s in group_series(baseline)]
     by_key: dict[MatchKey, list[dict[str, Any]]] = defaultdict(list)
     for row in base_series:
@@ -203,6 +207,40 @@ def compare(current: list[dict[str, Any]], baseline: list[dict[str, Any]], *, so
         result.matches.append(Match(row, chosen, deltas, note))
     result.only_baseline = [b for b in base_series if id(b) not in used]
     return result
+
+
+def _env_values(rows: list[dict[str, Any]], key: str) -> set[str]:
+    """The values one side's runs recorded for an environment field, as text (GPUs by name)."""
+    found = set()
+    for row in rows:
+        env = row.get("environment") or {}
+        if key not in env:
+            continue
+        value = env[key]
+        if key == "gpus":
+            value = ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in value or []) or "none"
+        found.add("none" if value is None else str(value))
+    return found
+
+
+def environment_differences(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:
+    """What differs between two sides' environments, a line per field: ``cpu_quota: none -> 1.0 CPU``; package
+    versions one by one. Empty where both recorded the same, or neither recorded any (rows of older reports)."""
+    lines = []
+    for key in ("hostname", "cpu", "cpu_count", "gpus", "cpu_quota", "platform", "batchbench_commit"):
+        va, vb = _env_values(a, key), _env_values(b, key)
+        if va and vb and va != vb:
+            lines.append(f"{key}: {'; '.join(sorted(va))} -> {'; '.join(sorted(vb))}")
+    pa: dict[str, set[str]] = defaultdict(set)
+    pb: dict[str, set[str]] = defaultdict(set)
+    for rows, into in ((a, pa), (b, pb)):
+        for row in rows:
+            for name, version in ((row.get("environment") or {}).get("packages") or {}).items():
+                into[name].add(str(version))
+    lines.extend(f"{name}: {', '.join(sorted(pa.get(name) or {'absent'}))} -> "
+                 f"{', '.join(sorted(pb.get(name) or {'absent'}))}"
+                 for name in sorted(pa.keys() | pb.keys()) if pa.get(name) != pb.get(name))
+    return lines
 
 
 def read_report_rows(path: Path) -> list[dict[str, Any]] | None:

@@ -382,6 +382,10 @@ def _baseline_section(cmp: BaselineComparison) -> Section:
         f"Changes beyond {cmp.threshold_pct:g}% in the worse direction (latency up; throughput and goodput down; "
         "rejections up) are marked as regressions, unless the baseline was repeated and the new mean is "
         "within the 95% interval of its mean (run-to-run noise)."))
+    if cmp.environment:
+        sec.blocks.append(Para("The baseline ran in another environment; a change may be the machine's, not the "
+                               "engine's:", "warn"))
+        sec.blocks.append(Bullets(cmp.environment))
     n = cmp.regressions
     sec.blocks.append(Para(f"{n} regression{'s' if n != 1 else ''} beyond {cmp.threshold_pct:g}% in "
                            f"{len(cmp.matches)} matched run{'s' if len(cmp.matches) != 1 else ''}.",

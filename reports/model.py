@@ -209,7 +209,13 @@ class ReportedRun:
             "server": codec.encode(self.server) | {"danger_zone": self.server.danger_zone},
             "ttft_by_bucket": self.ttft_buckets,
             "notes": self.notes,
+            # Where it ran: what a comparison of two hosts, GPUs or quotas names when it differs.
+            "environment": {k: self.environment.get(k) for k in ENVIRONMENT_KEYS if k in self.environment},
         }
+
+
+#: The environment fields a report row carries (:meth:`ReportedRun.to_row`): what makes two sides' machines differ.
+ENVIRONMENT_KEYS = ("hostname", "cpu", "cpu_count", "cpu_quota", "gpus", "platform", "packages", "batchbench_commit")
 
 
 #: Server arguments that name where a launched server listens: a new port each start, not a difference.

@@ -708,3 +708,27 @@ def test_the_kv_cache_filled_by_the_sweeps_design_is_evidence_not_an_alarm(tmp_p
     # Below the fit nobody asked for a full cache: that one stays an alarm.
     (alarm,) = [line for line in overview.splitlines() if line.startswith("- ⚠")]
     assert "concurrency=4" in alarm and "entered the KV danger zone" in alarm
+
+
+def test_compare_names_what_differs_between_the_two_environments(tmp_path: Path) -> None:
+    here, there = tmp_path / "here", tmp_path / "there"
+    write_run(here, engine="vllm")
+    write_run(there, engine="vllm")
+    (mine,) = here.glob("*.json")
+    doc = json.loads(mine.read_text())
+    doc["environment"]["cpu_quota"] = None  # recorded: no quota
+    mine.write_text(json.dumps(doc))
+    (path,) = there.glob("*.json")
+    doc = json.loads(path.read_text())
+    doc["environment"] = {**doc["environment"], "hostname": "gpu-07", "cpu_quota": "a CPU quota of 0.5 CPUs",
+                          "gpus": [{"name": "NVIDIA H200"}], "packages": {"batchbench": "0.2.0", "vllm": "0.32.0"}}
+    path.write_text(json.dumps(doc))
+    done = subprocess.run([sys.executable, "-m", "batchbench", "compare", str(here), str(there), "--json"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["environment_differences"] == [
+        "hostname: bench-01 -> gpu-07", "gpus: none -> NVIDIA H200", "cpu_quota: none -> a CPU quota of 0.5 CPUs",
+        "batchbench: 0.1.0 -> 0.2.0", "vllm: absent -> 0.32.0"]
+    same = subprocess.run([sys.executable, "-m", "batchbench", "compare", str(here), str(here)],
+                          capture_output=True, text=True, check=False)
+    assert "different environments" not in same.stdout

@@ -228,6 +228,7 @@ def comparison_json(result: BaselineComparison, a: Path, b: Path) -> dict[str, A
         } for m in result.matches],
         "only_in_a": [_name(row) for row in result.only_baseline],
         "only_in_b": [_name(row) for row in result.only_current],
+        "environment_differences": result.environment,
     }
 
 
@@ -246,6 +247,10 @@ def main_compare(args: CompareArgs) -> int:
         return EXIT_FAILURES if args.fail_on_regression and n else EXIT_OK
     print(f"batchbench: B ({args.b}) against A ({args.a}): means over repeats [95% interval], change, verdict "
           f"(a change counts beyond {args.threshold:g}% and outside A's interval)")
+    if result.environment:
+        print("batchbench: A and B ran in different environments; a change may be the machine's, not the engine's:")
+        for line in result.environment:
+            print(f"  {line}")
     for line in comparison_lines(result):
         print(line)
     print(f"batchbench: {n} regression{'s' if n != 1 else ''}, {_improvements(result)} improvements in "
