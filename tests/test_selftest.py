@@ -112,10 +112,10 @@ def test_the_command_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_the_server_and_the_client_get_a_cpu_each_where_there_are_two(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {7, 3, 5})
-    assert selftest.placement() == selftest.Placement(server=3, client=5)
+    assert selftest.placement() == selftest.SelftestCpus(server=3, client=5)
     assert "server pinned to CPU 3, client to CPU 5" in selftest.placement().describe()
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2})
-    assert selftest.placement() == selftest.Placement() and "share" in selftest.placement().describe()
+    assert selftest.placement() == selftest.SelftestCpus() and "share" in selftest.placement().describe()
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")

@@ -39,6 +39,7 @@ from batchbench.commands.common import (
     EXIT_USAGE,
     StartingEngines,
     check_lora_specs,
+    concurrency_list,
     interrupted_by,
     interrupted_status,
     make_run_dir,
@@ -71,21 +72,6 @@ from batchbench.options import (
     with_load_processes,
 )
 from batchbench.progress import Progress
-
-
-def concurrency_list(text: str) -> list[float]:
-    """``1,4,16`` -> levels; each a whole number of at least 1."""
-    levels = []
-    for part in text.split(","):
-        try:
-            value = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers separated by commas, e.g. 1,4,16") \
-                from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{text!r}: a concurrency must be at least 1, not {value}")
-        levels.append(float(value))
-    return levels
 
 
 def rate_list(text: str) -> list[float]:
@@ -134,7 +120,7 @@ class BenchArgs:
     engine: EngineArgs
     telemetry: TelemetryArgs
     workload: WorkloadArgs
-    concurrency: list[float] | None = None
+    concurrency: tuple[int, ...] | None = None
     rate: list[float] | None = None
     stop_on_error: bool = False
     gpu: Accelerator | None = None
@@ -195,7 +181,7 @@ def main(args: BenchArgs) -> int:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     kind: LevelKind = "rate" if args.rate is not None or replay is not None else "concurrency"
-    levels = replay or args.rate or args.concurrency or [float(profile.concurrency)]
+    levels = replay or args.rate or [float(c) for c in args.concurrency or (profile.concurrency,)]
     try:
         engines, options = args.engine.resolve()
         batching = one_batching(args.engine.batching, "bench", engines)

@@ -119,7 +119,7 @@ class CapacityArgs:
 
 
 @dataclass
-class Found:
+class CapacityMeasured:
     """What the invocation measured: every point, each engine's search result, and engines that could not run."""
 
     points: list[PointResult] = field(default_factory=list)
@@ -135,7 +135,7 @@ class Found:
 
 async def _find(engines: tuple[str, ...], options: EngineOptions, batching: BatchingConfig | None,
                 work: PreparedWorkload, kind: LevelKind, args: CapacityArgs, run_dir: Path, timeout_s: float,
-                found: Found, progress: Progress) -> None:
+                found: CapacityMeasured, progress: Progress) -> None:
     engines_here = StartingEngines(options, progress)
     cache = engines_here.cache(timeout_s)
     load = work.load(timeout_s, args.workload.scrape_interval)
@@ -203,7 +203,7 @@ def main(args: CapacityArgs) -> int:
     print(f"batchbench: SLO {args.slo}")
     for note in work.notes:
         print(f"batchbench: {note}")
-    found = Found()
+    found = CapacityMeasured()
     timeout_s = w.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
     try:

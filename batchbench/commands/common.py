@@ -94,11 +94,20 @@ def positive_int(text: str) -> int:
 
 
 def concurrency_list(text: str) -> tuple[int, ...]:
-    """``1,2,4`` -> (1, 2, 4): distinct levels of at least 1, in increasing order."""
-    levels = sorted({positive_int(part.strip()) for part in text.split(",") if part.strip()})
+    """``1,2,4`` -> (1, 2, 4): distinct levels of at least 1, in increasing order (every command's batch sizes)."""
+    levels: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            value = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers separated by commas, e.g. 1,4,16") \
+                from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: a concurrency must be at least 1, not {value}")
+        levels.add(value)
     if not levels:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of concurrencies, not {text!r}")
-    return tuple(levels)
+        raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers separated by commas, e.g. 1,4,16")
+    return tuple(sorted(levels))
 
 
 def positive_seconds(text: str) -> float:

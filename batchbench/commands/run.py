@@ -208,7 +208,7 @@ class RunArgs:
 
 
 @dataclass
-class Outcome:
+class MainJobOutcome:
     """What the main job measured, and which engines could not run or died (name -> why)."""
 
     results: list[MeasuredRun] = field(default_factory=list)
@@ -230,7 +230,7 @@ def _start_estimate(name: str, options: EngineOptions) -> float:
 
 
 async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, levels: tuple[int, ...],
-                 results_dir: Path, repetition: Repetition, load: LoadConfig, slo: Slo, outcome: Outcome,
+                 results_dir: Path, repetition: Repetition, load: LoadConfig, slo: Slo, outcome: MainJobOutcome,
                  progress: Progress, limit: TimeLimit, gpu: GpuOptions | None = None) -> None:
     # The engine that takes longest to start goes first: when the time is split, its start is behind us.
     order = sorted(engines, key=lambda n: -_start_estimate(n, options))
@@ -272,7 +272,8 @@ async def _sweep(engines: list[str], options: EngineOptions, profile: Profile, l
             await cache.close()
 
 
-async def _probe_greedy(name: str, engine: Engine, results_dir: Path, outcome: Outcome, progress: Progress) -> None:
+async def _probe_greedy(name: str, engine: Engine, results_dir: Path, outcome: MainJobOutcome,
+                        progress: Progress) -> None:
     """The engine's greedy answer to the fixed prompts, kept beside the results (``greedy.json``) for the report's
     agreement between engines on the same weights. Not a measurement: an engine that cannot answer is said once."""
     try:
@@ -313,7 +314,7 @@ class EngineMeasurement:
         return limit.fits(expected) and within_share
 
     async def run(self, repetition: Repetition, slo: Slo, *, results_dir: Path, load: LoadConfig,
-                  gpu: GpuOptions | None, limit: TimeLimit, outcome: Outcome, progress: Progress,
+                  gpu: GpuOptions | None, limit: TimeLimit, outcome: MainJobOutcome, progress: Progress,
                   planned: int) -> None:
         name, sweep = self.name, self.sweep
         workloads = {key: self.sent(sweep.workload(key)) for key in sweep.keys}
@@ -405,7 +406,7 @@ def main(args: RunArgs) -> int:
     limit = TimeLimit.starting_now(args.time_limit)
     if (run_dir := make_run_dir(args.engine.results_dir, "run")) is None:
         return EXIT_USAGE
-    outcome = Outcome()
+    outcome = MainJobOutcome()
     timeout_s = args.request_timeout or profile.request_timeout_s
     progress = Progress.for_terminal()
     try:

@@ -11,7 +11,7 @@ import argparse
 import math
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -449,7 +449,7 @@ def _check_stages(args: WorkloadArgs, kind: LevelKind) -> None:
         raise ValueError("--stages are rates (rate=, ramp=), not a concurrency")
 
 
-def timed_levels(args: WorkloadArgs, concurrency: list[float] | None, rate: list[float] | None) -> list[float] | None:
+def timed_levels(args: WorkloadArgs, concurrency: Sequence[int] | None, rate: list[float] | None) -> list[float] | None:
     """``bench``'s levels where the workload times its own sends: a trace's (the rates given, else the recorded
     rate times ``--trace-speed``), or the stages' mean rate; None for neither. ValueError for what cannot be
     combined."""

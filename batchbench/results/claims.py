@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-Outcome = Literal["held", "failed", "undecided", "not made"]
-OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+ClaimOutcome = Literal["held", "failed", "undecided", "not made"]
+OUTCOMES: tuple[ClaimOutcome, ...] = get_args(ClaimOutcome)
 #: The file a session's claims are written to, in its results folder.
 CLAIMS_FILE = "claims.json"
 _SCHEMA = "batchbench.claims/1"
@@ -25,7 +25,7 @@ class Claim:
 
     test: str
     what: str
-    outcome: Outcome
+    outcome: ClaimOutcome
 
 
 def write_claims(folder: Path, claims: list[Claim]) -> Path:
