@@ -14,7 +14,7 @@ import sys
 from batchbench.commands import bench, capacity, plan, report, run, selftest
 from batchbench.commands.common import EXIT_WRITE, interrupted_by, interrupted_status, stop_signals_as_interrupts
 from batchbench.options import typed_options
-from batchbench.results.document import WRITE_ERRNOS, ResultsWriteError
+from batchbench.results.journal import WRITE_ERRNOS, ResultsWriteError
 
 #: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.
 COMMANDS = (run, bench, capacity, report, plan, selftest)

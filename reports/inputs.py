@@ -1,6 +1,6 @@
 """Finding and reading results documents, tolerating everything else that lives in a results folder.
 
-The walk itself is :func:`batchbench.results.document.discover` (shared with :mod:`batchbench.analysis.findings`):
+The walk itself is :func:`batchbench.results.discovery.discover` (shared with :mod:`batchbench.analysis.findings`):
 foreign files are ignored quietly; a file that claims to be a batchbench result but cannot be read
 is skipped with a warning that names it, so one bad file never costs the report of every other run.
 """
@@ -13,8 +13,9 @@ from pathlib import Path
 from batchbench.core.greedy import GreedyOutputs
 from batchbench.reports.model import ReportedRun, build_run
 from batchbench.results.claims import Claim, read_claims
-from batchbench.results.document import RunDocument, unreadable_reason
-from batchbench.results.document import discover as discover_documents
+from batchbench.results.discovery import discover as discover_documents
+from batchbench.results.discovery import unreadable_reason
+from batchbench.results.document import RunDocument
 from batchbench.results.greedy import read_greedy
 
 
@@ -36,7 +37,7 @@ class Inputs:
 
 
 def discover(results_dir: Path, *, exclude: Path | None = None, what: str = "") -> Inputs:
-    """Every results document under ``results_dir`` (:func:`batchbench.results.document.discover`) as a :class:`Run`.
+    """Every results document under ``results_dir`` (:func:`batchbench.results.discovery.discover`) as a :class:`Run`.
 
     ``exclude`` (the report's own output folder) is not read; ``what`` prefixes warnings (e.g. "baseline: ").
     """

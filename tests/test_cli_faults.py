@@ -20,8 +20,9 @@ import pytest
 
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_ENGINE, EXIT_WRITE
-from batchbench.results import document
-from batchbench.results.document import ResultsWriteError, RunDocument
+from batchbench.results import journal
+from batchbench.results.document import RunDocument
+from batchbench.results.journal import ResultsWriteError
 from tests.server_process import serving
 from tests.signal_state import stoppable, stuck
 
@@ -189,7 +190,7 @@ async def test_a_refused_write_stops_the_run_and_keeps_what_was_flushed(
     from batchbench.load.runner import run
     from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 
-    monkeypatch.setattr(document, "open", lambda path, mode, encoding: _FillsUp(Path(path), room=40_000),
+    monkeypatch.setattr(journal, "open", lambda path, mode, encoding: _FillsUp(Path(path), room=40_000),
                         raising=False)
     server = start_server("vllm", token_delay=0.001, max_running=64)
     workload = WorkloadSpec("fills", 2000, prompt=Lengths.fixed(8), output=Lengths.fixed(4),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.results.document import discover
+from batchbench.results.discovery import discover
 
 REPO = Path(__file__).resolve().parents[1]
 

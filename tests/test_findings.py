@@ -17,7 +17,8 @@ from batchbench.core.config import ModelDescription
 from batchbench.fixtures import tiny_model_dir
 from batchbench.measures.metrics import meets_slos
 from batchbench.measures.slo import Slo
-from batchbench.results.document import RunLabels, discover
+from batchbench.results.discovery import discover
+from batchbench.results.document import RunLabels
 from batchbench.workload.requests import TokenCounts
 from tests.synthetic_runs import RunSpec, document, sweep
 

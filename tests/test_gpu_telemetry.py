@@ -16,6 +16,7 @@ from batchbench.core.environment import cuda_visible_devices
 from batchbench.measures.gpu import GpuMeter, GpuOptions, GpuTelemetry, energy_of
 from batchbench.results import document as results
 from batchbench.results.document import load
+from batchbench.results.schema import json_schema
 from tests.fake_nvml import FakeGpu, fake_nvml
 
 TWO = [FakeGpu(uuid="GPU-aaaa1111-0000", power_w=400.0), FakeGpu(uuid="GPU-bbbb2222-0000", power_w=600.0)]
@@ -123,7 +124,7 @@ async def test_a_run_records_the_gpus_in_header_samples_footer_and_summary(tmp_p
     finally:
         await server.stop_async()
     raw = json.loads(result.path.read_text(encoding="utf-8"))
-    assert list(jsonschema.Draft202012Validator(results.json_schema()).iter_errors(raw)) == []
+    assert list(jsonschema.Draft202012Validator(json_schema()).iter_errors(raw)) == []
     doc = load(result.path)
     assert doc.header.gpus is not None and [d.name for d in doc.header.gpus.devices] == ["NVIDIA H200"]
     assert doc.header.gpus.reason.startswith("every visible GPU: the engine is at a URL")

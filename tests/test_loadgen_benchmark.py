@@ -42,7 +42,8 @@ from batchbench.load import loadgen, runner
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.timer import SendTimer
 from batchbench.measures.metrics import percentile
-from batchbench.results.document import JournalWriter, RunHeader
+from batchbench.results.document import RunHeader
+from batchbench.results.journal import JournalWriter
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 from tests.server_process import serving
 

@@ -35,8 +35,9 @@ from batchbench.reports.build import build, build_report
 from batchbench.reports.compare import delta
 from batchbench.reports.markdown import escape as md_escape
 from batchbench.results.claims import Claim, read_claims, write_claims
-from batchbench.results.document import JournalWriter, RunDocument, RunFooter, RunHeader, RunLabels, ScrapeStats
+from batchbench.results.document import RunDocument, RunFooter, RunHeader, RunLabels, ScrapeStats
 from batchbench.results.greedy import write_greedy
+from batchbench.results.journal import JournalWriter
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec, WorkloadSummary
 
 ROOT = Path(__file__).resolve().parent.parent

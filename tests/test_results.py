@@ -31,7 +31,6 @@ from batchbench.results.document import (
     SCHEMA,
     SCHEMA_VERSION,
     DocumentError,
-    JournalWriter,
     NotAResultsDocument,
     Placement,
     RunDocument,
@@ -41,6 +40,8 @@ from batchbench.results.document import (
     ScrapeStats,
     load,
 )
+from batchbench.results.journal import JournalWriter
+from batchbench.results.schema import json_schema
 from batchbench.workload.requests import Arrival, WorkloadSpec, WorkloadSummary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -333,7 +334,8 @@ CHILD = """
 import os, signal, sys, time
 from pathlib import Path
 from batchbench.core.config import EngineDescription
-from batchbench.results.document import JournalWriter, RunHeader
+from batchbench.results.document import RunHeader
+from batchbench.results.journal import JournalWriter
 from batchbench.workload.requests import WorkloadSummary
 from batchbench.core.records import RequestRecord
 
@@ -657,7 +659,7 @@ def test_a_malformed_document_is_refused_naming_the_key(tmp_path: Path, change: 
 
 def test_the_committed_schema_is_the_generated_one() -> None:
     committed = json.loads((REPO / "results.schema.json").read_text(encoding="utf-8"))
-    assert committed == results.json_schema(), "regenerate: python -m batchbench.results schema > results.schema.json"
+    assert committed == json_schema(), "regenerate: python -m batchbench.results schema > results.schema.json"
     jsonschema.Draft202012Validator.check_schema(committed)
 
 
@@ -693,7 +695,7 @@ def test_a_derived_key_that_is_not_a_property_is_refused() -> None:
 def test_the_schema_command_prints_it() -> None:
     out = subprocess.run([sys.executable, "-m", "batchbench.results", "schema"], check=True, cwd=REPO,
                          capture_output=True, text=True, timeout=60)
-    assert json.loads(out.stdout) == results.json_schema()
+    assert json.loads(out.stdout) == json_schema()
 
 
 async def test_a_document_written_by_the_runner_validates_against_the_schema(tmp_path: Path) -> None:
@@ -713,7 +715,7 @@ async def test_a_document_written_by_the_runner_validates_against_the_schema(tmp
                                labels={"suite": "schema"})
     finally:
         await server.stop_async()
-    validator = jsonschema.Draft202012Validator(results.json_schema())
+    validator = jsonschema.Draft202012Validator(json_schema())
     raw = json.loads(result.path.read_text(encoding="utf-8"))
     assert sorted(e.message for e in validator.iter_errors(raw)) == []
     doc = load(result.path)

@@ -16,6 +16,7 @@ from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.slices import time_slices
 from batchbench.results import document as results
+from batchbench.results.schema import json_schema
 
 
 @st.composite
@@ -91,7 +92,7 @@ async def test_a_sliced_run_writes_its_windows(tmp_path: Path) -> None:
     finally:
         await server.stop_async()
     raw = json.loads(result.path.read_text(encoding="utf-8"))
-    assert list(jsonschema.Draft202012Validator(results.json_schema()).iter_errors(raw)) == []
+    assert list(jsonschema.Draft202012Validator(json_schema()).iter_errors(raw)) == []
     doc = results.load(result.path)
     assert doc.footer is not None and doc.header.load.slice_s == 0.2
     windows = doc.footer.slices

@@ -40,7 +40,8 @@ from batchbench.load.runner import MeasuredRun, run
 from batchbench.measures import parity
 from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo, Verdict
-from batchbench.results.document import ResultsWriteError, WorkerReport
+from batchbench.results.document import WorkerReport
+from batchbench.results.journal import ResultsWriteError
 
 
 @dataclass(frozen=True)

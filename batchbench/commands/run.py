@@ -107,8 +107,8 @@ from batchbench.options import (
     with_chat_tokenizer,
 )
 from batchbench.progress import Progress
-from batchbench.results.document import ResultsWriteError
 from batchbench.results.greedy import GREEDY_FILE, write_greedy
+from batchbench.results.journal import ResultsWriteError
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import Workload
 

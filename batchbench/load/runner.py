@@ -37,15 +37,8 @@ from batchbench.measures.machine_load import MachineLoad, MachineMeter
 from batchbench.measures.metrics import Summary, summarize
 from batchbench.measures.slices import Slice, stage_windows, time_slices
 from batchbench.measures.slo import Slo
-from batchbench.results.document import (
-    JournalWriter,
-    ResultsWriteError,
-    RunFooter,
-    RunHeader,
-    RunLabels,
-    ScrapeStats,
-    WorkerReport,
-)
+from batchbench.results.document import RunFooter, RunHeader, RunLabels, ScrapeStats, WorkerReport
+from batchbench.results.journal import JournalWriter, ResultsWriteError
 from batchbench.workload.requests import Workload
 from batchbench.workload.stages import boundaries
 

@@ -1,5 +1,5 @@
 """``python -m batchbench.results schema``: the results document's JSON Schema."""
 
-from batchbench.results.document import main
+from batchbench.results.schema import main
 
 raise SystemExit(main())

@@ -16,10 +16,14 @@ the writer (the runner does it however the run ends) writes everything handed
 over first, so an exception or Ctrl-C loses nothing already measured; a process
 killed outright (SIGKILL) loses only what the thread had not written yet,
 normally well under a millisecond of records. When the run ends,
-normally or not, :class:`JournalWriter` folds the journal into the final
+normally or not, :class:`~batchbench.results.journal.JournalWriter` folds the journal into the final
 ``<name>.json`` document (atomically) and removes it. :meth:`RunDocument.load`
 reads either, so a journal left by a killed harness is still a usable result
 (status ``"partial"``, no footer).
+
+This module is the format: the types, and reading a document or a journal. Writing one as the run goes is
+:mod:`batchbench.results.journal`, finding them under a folder :mod:`batchbench.results.discovery`, and the JSON
+Schema :mod:`batchbench.results.schema`.
 
 On disk the document is one flat JSON object: ``schema``, ``schema_version``,
 the header's keys, ``records``, ``server_metrics``, ``gpu_samples``, then the footer's keys
@@ -48,22 +52,12 @@ objectives on its limits (the same goodput).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import json
 import os
-import queue
-import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
-
-try:  # writes a record's line several times faster than json; optional
-    import orjson
-except ImportError:  # pragma: no cover - exercised where orjson is not installed
-    orjson = None  # type: ignore[assignment]
+from typing import Any, Literal
 
 from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, EngineDescription, LoadConfig, field_doc
@@ -77,7 +71,6 @@ from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import Summary
 from batchbench.measures.slices import Slice
 from batchbench.measures.slo import Slo
-from batchbench.results.claims import CLAIMS_FILE
 from batchbench.workload.requests import WorkloadSummary
 
 SCHEMA = "batchbench.results"
@@ -397,186 +390,6 @@ class RunDocument:
 assert not {f.name for f in dataclasses.fields(RunHeader)} & {f.name for f in dataclasses.fields(RunFooter)}
 
 
-# --------------------------------------------------------------------------- the journal
-
-
-#: Handed to the writer thread last: write what came before, then stop.
-_STOP = object()
-
-
-def _line(entry: dict[str, Any]) -> str:
-    return json.dumps(entry, separators=(",", ":")) + "\n"  # encoded in full before anything is written
-
-
-def _record_line(record: RequestRecord) -> str:
-    """A record's journal line. With orjson where installed: json.dumps of a record's chunk times cost the
-    client more CPU per chunk than reading the chunk (tests/test_loadgen_benchmark.py). A record holds no
-    NaN or infinity (orjson would write null), only clock differences and counts."""
-    entry = {"type": "record", **record.to_dict()}
-    if orjson is None:
-        return _line(entry)
-    return orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE).decode()
-
-
-#: The errors of a write that mean the results folder takes no more: full, over quota, read-only, failing.
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
-
-
-class ResultsWriteError(Exception):
-    """A results file could not be written (:data:`WRITE_ERRNOS`, or any other OSError of the write): nothing more
-    that is measured can be kept, so the run stops; what was flushed before stays on disk, readable as a partial
-    run. Not an OSError, so that no handler of other I/O (a log read, a folder made) takes it for its own."""
-
-    def __init__(self, path: Path, error: OSError) -> None:
-        self.path, self.error = path, error
-        super().__init__(f"cannot write {path}: {error.strerror or error}")
-
-
-@dataclass
-class JournalWriter:
-    """Appends a run's header, records, samples and footer to a journal, then folds it into the document.
-
-    The header and footer are written by the caller; records and samples are handed to a writer
-    thread (:meth:`record` and :meth:`sample` only queue them, so the measuring loop never waits for
-    the disk). :meth:`close` or :meth:`finish` writes everything handed over before returning; a
-    failure to write is raised by the next call after it.
-    """
-
-    path: Path
-    _journal: IO[str] | None = field(default=None, init=False, repr=False)
-    _queue: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue, init=False, repr=False)
-    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
-    _error: BaseException | None = field(default=None, init=False, repr=False)
-
-    @property
-    def journal_path(self) -> Path:
-        return self.path.with_suffix(".jsonl")
-
-    def begin(self, header: RunHeader) -> None:
-        """Open the journal with the header written; :class:`ResultsWriteError` (and no journal) when the folder
-        takes nothing."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._journal = open(self.journal_path, "w", encoding="utf-8")  # noqa: SIM115 - open until close()
-            self._journal.write(_line({"type": "header", "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-                                       **codec.encode_fields(header)}))
-            self._journal.flush()
-        except OSError as exc:
-            self.abandon()
-            self.journal_path.unlink(missing_ok=True)  # a header cut short says nothing a reader could use
-            raise ResultsWriteError(self.journal_path, exc) from None
-        # A daemon, so that a caller that never closes cannot keep the process alive; closing is the contract.
-        self._thread = threading.Thread(target=self._write_batches, name="batchbench-journal", daemon=True)
-        self._thread.start()
-
-    def _write_batches(self) -> None:
-        """The writer thread: everything queued so far in one write and one flush, until :data:`_STOP`."""
-        journal = self._journal
-        assert journal is not None
-        take, take_now = self._queue.get, self._queue.get_nowait
-        while True:
-            batch = [take()]
-            try:
-                while batch[-1] is not _STOP:
-                    batch.append(take_now())
-            except queue.Empty:
-                pass
-            stop = batch[-1] is _STOP
-            if stop:
-                batch.pop()
-            if self._error is None:  # after a failure nothing more is written; the caller's next call raises it
-                lines: list[str] = []
-                try:
-                    for kind, item in batch:
-                        lines.append(_record_line(item) if kind == "record"
-                                     else _line({"type": kind, **codec.encode(item)}))
-                except Exception as exc:  # what was encoded before it is still written
-                    self._error = exc
-                try:
-                    journal.write("".join(lines))
-                    journal.flush()
-                except Exception as exc:
-                    self._error = self._error or exc
-            if stop:
-                return
-
-    def _check(self) -> None:
-        if isinstance(self._error, OSError):
-            raise ResultsWriteError(self.journal_path, self._error) from None
-        if self._error is not None:
-            raise self._error
-
-    def record(self, record: RequestRecord) -> None:
-        """Queue a finished record for the journal (the record must not change after this)."""
-        self._check()
-        assert self._thread is not None, "begin() first"
-        self._queue.put(("record", record))
-
-    def sample(self, sample: ServerMetrics) -> None:
-        """Queue a server-metrics sample for the journal."""
-        self._check()
-        assert self._thread is not None, "begin() first"
-        self._queue.put(("sample", sample))
-
-    def gpu_sample(self, sample: GpuSample) -> None:
-        """Queue a GPU telemetry sample for the journal (from the GPU meter's thread: the queue is thread-safe)."""
-        self._check()
-        assert self._thread is not None, "begin() first"
-        self._queue.put(("gpu_sample", sample))
-
-    def _join(self) -> None:
-        """Let the writer thread write everything handed over, then stop it."""
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join()
-            self._thread = None
-
-    def close(self) -> None:
-        """Write everything handed over and stop, without a footer: what a killed run leaves behind (the journal
-        reads as partial). Safe to call twice."""
-        self._join()
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
-        self._check()
-
-    def finish(self, footer: RunFooter) -> RunDocument:
-        """Append the footer, write the document (atomically), drop the journal; return the document.
-
-        The document is read back from the journal, so it is exactly what the journal holds.
-        """
-        self._join()
-        if self._error is not None:
-            self.close()  # raises it
-        assert self._journal is not None, "begin() first"
-        try:
-            self._journal.write(_line({"type": "footer", **codec.encode_fields(footer)}))
-            self.close()
-        except OSError as exc:  # the records before the footer stay in the journal: a partial run
-            self.abandon()
-            raise ResultsWriteError(self.journal_path, exc) from None
-        doc = RunDocument.load(self.journal_path)
-        tmp = self.path.with_suffix(".json.tmp")
-        try:
-            tmp.write_text(doc.to_json(), encoding="utf-8")
-            os.replace(tmp, self.path)
-        except OSError as exc:  # the journal holds all of it still; no half-written document beside it
-            tmp.unlink(missing_ok=True)
-            raise ResultsWriteError(self.path, exc) from None
-        self.journal_path.unlink()
-        return doc
-
-    def abandon(self) -> None:
-        """Stop after a write failed, never raising: the writer thread stopped, the journal closed as far as it
-        goes (what was flushed before stays readable as a partial run), the failure forgotten."""
-        self._join()
-        if self._journal is not None:
-            with contextlib.suppress(OSError):  # its last buffered bytes could not be written either
-                self._journal.close()
-            self._journal = None
-        self._error = None
-
-
 def _fold(journal: Path) -> dict[str, Any]:
     """The flat document a journal holds, complete or cut short: a torn last line is dropped, not fatal."""
     doc: dict[str, Any] = {"records": [], "server_metrics": [], "gpu_samples": []}
@@ -616,111 +429,3 @@ def _fold(journal: Path) -> dict[str, Any]:
 def load(path: str | os.PathLike[str]) -> RunDocument:
     """Read a results document or a killed run's journal: :meth:`RunDocument.load`."""
     return RunDocument.load(path)
-
-
-@dataclass
-class Found:
-    """The results documents under a folder, with what was skipped."""
-
-    #: (path relative to the folder, document), in a stable order.
-    documents: list[tuple[str, RunDocument]] = field(default_factory=list)
-    #: One line per skipped batchbench file, naming it and why.
-    warnings: list[str] = field(default_factory=list)
-    #: JSON/JSONL files that are not batchbench results.
-    ignored: list[str] = field(default_factory=list)
-
-
-def _relative(path: Path, root: Path) -> str:
-    """A path relative to the results folder: what reads a folder never carries this machine's absolute paths."""
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return path.name
-
-
-def discover(results_dir: str | os.PathLike[str], *, exclude: str | os.PathLike[str] | None = None,
-             what: str = "") -> Found:
-    """Read every results document under ``results_dir`` (recursively), in a stable order.
-
-    A results folder also holds pytest-benchmark output, server logs, earlier reports and, after a
-    crash, journals of killed runs. A ``.jsonl`` journal counts only when its ``.json`` sibling is
-    absent (the run was killed before finishing); otherwise the finished document supersedes it.
-    Foreign files are counted in ``ignored``; a batchbench file that cannot be read is skipped with a
-    warning naming it (``what`` prefixes it, e.g. "baseline: "), so one bad file never costs every
-    other run. ``exclude`` (e.g. a report's own output folder) is not read.
-    """
-    root = Path(results_dir)
-    found = Found()
-    excluded = Path(exclude).resolve() if exclude is not None else None
-    paths = sorted(p for p in root.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file())
-    for path in paths:
-        if excluded is not None and path.resolve().is_relative_to(excluded):
-            continue
-        if (path.suffix == ".jsonl" and path.with_suffix(".json").exists()) or path.name == CLAIMS_FILE:
-            continue
-        rel = _relative(path, root)
-        try:
-            found.documents.append((rel, RunDocument.load(path)))
-        except NotAResultsDocument:
-            found.ignored.append(rel)
-        # DocumentError, JSONDecodeError and UnicodeDecodeError are ValueErrors.
-        except (OSError, ValueError) as exc:
-            found.warnings.append(f"{what}{rel}: skipped, {unreadable_reason(exc, path, root)}")
-    return found
-
-
-def unreadable_reason(exc: BaseException, path: Path, root: Path) -> str:
-    """Why a file was skipped, naming files relative to ``root`` (messages of OSError and
-    :meth:`RunDocument.load` name the absolute path)."""
-    reason = str(exc).replace(str(path), _relative(path, root)).replace(str(root), root.name)
-    return f"not a readable batchbench results document: {reason}"
-
-
-# --------------------------------------------------------------------------- JSON Schema
-
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a results document of this version, from the types above."""
-    defs: dict[str, Any] = {}
-    header = codec.fields_of(RunHeader)
-    footer = codec.fields_of(RunFooter)
-    props: dict[str, Any] = {
-        "schema": {"const": SCHEMA},
-        "schema_version": {"const": SCHEMA_VERSION, "description": "major version; additions keep it"},
-    }
-    props |= {f.name: codec.field_schema(f, hint, defs) for f, hint in header}
-    props["records"] = codec.type_schema(list[RequestRecord], defs) | {
-        "description": "every request, in completion order"}
-    props["server_metrics"] = codec.type_schema(list[ServerMetrics], defs) | {
-        "description": "the scraped time series"}
-    props["gpu_samples"] = codec.type_schema(list[GpuSample], defs) | {
-        "description": "the GPU telemetry's samples, every sampled GPU at each moment (absent before it was recorded)"}
-    props |= {f.name: codec.field_schema(f, hint, defs) for f, hint in footer}
-    props["status"] = {"type": "string", "description": RunFooter.__dataclass_fields__["status"].metadata["doc"]}
-    footer_keys = [f.name for f, _ in footer]
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"https://batchbench.invalid/{SCHEMA}/v{SCHEMA_VERSION}.schema.json",
-        "title": f"{SCHEMA} v{SCHEMA_VERSION}",
-        "description": "One batchbench run: header, request records, server metrics, footer (absent when "
-                       "partial). Written by batchbench.results.document.JournalWriter, read by RunDocument.load.",
-        "type": "object",
-        "properties": props,
-        "required": ["schema", "schema_version", *(f.name for f, _ in header), "records", "server_metrics",
-                     "gpu_samples", "status"],
-        "additionalProperties": False,
-        # A partial document (a killed run's journal, folded) has no footer; any other has all of it.
-        "if": {"properties": {"status": {"const": "partial"}}},
-        "then": {"not": {"anyOf": [{"required": [k]} for k in footer_keys if k != "status"]}},
-        "else": {"required": footer_keys},
-        "$defs": dict(sorted(defs.items())),
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["schema"]:
-        print("usage: python -m batchbench.results schema > results.schema.json", file=sys.stderr)
-        return 2
-    print(json.dumps(json_schema(), indent=2))
-    return 0
-

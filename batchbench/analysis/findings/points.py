@@ -431,7 +431,7 @@ def points_from_documents(
 ) -> list[Point]:
     """Group runs into points by (engine, layout, concurrency), each run judged by :mod:`batchbench.analysis.validity`.
 
-    ``docs``: documents, or (source, document) pairs as :func:`batchbench.results.document.discover` finds them.
+    ``docs``: documents, or (source, document) pairs as :func:`batchbench.results.discovery.discover` finds them.
     ``suite``: only runs labelled with this suite. A run without a layout and concurrency (a label, or
     a closed-loop or waves arrival to read them from) is no point of a curve: it is left out, and
     ``skipped`` (when given) gets a line naming it. ``gpu``: the GPU every run's bound on paper is worked out for,
