@@ -29,9 +29,9 @@ from batchbench.load import pinning
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.ray_workers import RayWorkerPool
 from batchbench.load.scraper import Scraper
-from batchbench.load.workers import Pool, WorkerPool, partition
+from batchbench.load.workers import WorkerPool, partition
 from batchbench.measures.client_load import ClientLoad, ClientMeter
-from batchbench.measures.gpu import GpuOptions, GpuSample, GpuTelemetry, energy_of
+from batchbench.measures.gpu import GpuMeter, GpuOptions, GpuSample, GpuTelemetry, energy_of
 from batchbench.measures.guardrails import server_summary
 from batchbench.measures.machine_load import MachineLoad, MachineMeter
 from batchbench.measures.metrics import Summary, summarize
@@ -141,19 +141,56 @@ def results_path(results_dir: Path, engine: Engine, workload: Workload, tag: str
     return Path(results_dir) / f"{name}-{uuid.uuid4().hex[:6]}.json"
 
 
-async def run(
-    engine: Engine,
-    workload: Workload,
-    *,
-    results_dir: Path,
-    tag: str = "",
-    load: LoadConfig | None = None,
-    slo: Slo | None = None,
-    labels: dict[str, Any] | None = None,
-    on_record: Callable[[RequestRecord], None] | None = None,
-    reset_cache: bool = True,
-    gpu: GpuOptions | None = None,
-) -> MeasuredRun:
+@dataclass(frozen=True)
+class RunOptions:
+    """How one run is made and kept, beside its engine and workload (:func:`run`'s keywords, typed)."""
+
+    results_dir: Path
+    tag: str = ""
+    load: LoadConfig = field(default_factory=LoadConfig)
+    slo: Slo | None = None
+    labels: dict[str, Any] | None = None
+    on_record: Callable[[RequestRecord], None] | None = None
+    reset_cache: bool = True
+    gpu: GpuOptions = field(default_factory=GpuOptions)
+
+    @property
+    def interval_s(self) -> float:
+        return self.load.scrape_interval_s or SCRAPE_INTERVAL_S
+
+
+@dataclass
+class _Prepared:
+    """A run set up and not yet timed: where it is written, what sends it, what meters the GPUs."""
+
+    engine: Engine
+    workload: Workload
+    options: RunOptions
+    path: Path
+    journal: _Journal
+    generator: LoadGenerator | WorkerPool | RayWorkerPool
+    pool: WorkerPool | RayWorkerPool | None
+    client_pin: pinning.ClientPin | None
+    cache_reset: bool | None
+    gpu_meter: GpuMeter
+    #: Why the workers could not start (raised once the header is written: a partial document is left).
+    pool_failed: BaseException | None
+
+
+@dataclass
+class _Timed:
+    """A run's clock and the meters running beside it."""
+
+    t0: float
+    scraper: Scraper
+    meter: ClientMeter
+    machine_meter: MachineMeter
+
+
+async def run(engine: Engine, workload: Workload, *, results_dir: Path, tag: str = "",
+              load: LoadConfig | None = None, slo: Slo | None = None, labels: dict[str, Any] | None = None,
+              on_record: Callable[[RequestRecord], None] | None = None, reset_cache: bool = True,
+              gpu: GpuOptions | None = None) -> MeasuredRun:
     """Replay ``workload`` against the running ``engine`` and write its results document.
 
     ``load``: how it is sent (its ``workers``: load-generator processes to send from, :mod:`batchbench.load.workers`;
@@ -162,22 +199,45 @@ async def run(
     cheap. ``reset_cache``: empty the engine's prefix cache first, so a cache the previous run warmed is never
     measured as this run's speed (``False`` only when that is the point). ``gpu``: how the GPUs the engine uses
     are sampled through the run (default: on, every ``load.scrape_interval_s``; on a host without NVML the
-    document says why there are no figures).
+    document says why there are no figures). The parts, in order: :func:`_prepare`, :func:`_write_header`,
+    :func:`_start`, the sending, :func:`_finish`, which writes the document however the sending ended.
     """
-    load = load or LoadConfig()
-    gpu = gpu or GpuOptions()
+    options = RunOptions(results_dir, tag, load or LoadConfig(), slo, labels, on_record, reset_cache,
+                         gpu or GpuOptions())
+    prepared = await _prepare(engine, workload, options)
+    await _write_header(prepared)
+    timed = await _start(prepared)
+    status, error = "complete", None
+    try:
+        with timed.meter:
+            async with timed.scraper:
+                prepared.journal.sending = asyncio.ensure_future(prepared.generator.run(timed.t0))
+                await prepared.journal.sending
+    except (Exception, asyncio.CancelledError) as exc:
+        status, error = "interrupted", f"{type(exc).__name__}: {exc}"
+        if prepared.journal.failed is None:  # a refused write is raised by _finish, once the run is stopped
+            raise
+    finally:
+        measured = await _finish(prepared, timed, status, error)
+    return measured
+
+
+async def _prepare(engine: Engine, workload: Workload, options: RunOptions) -> _Prepared:
+    """Empty the engine's cache, choose the results file, and make what sends the workload: this loop's load
+    generator, or worker processes (started here, before t0: they take a moment, and the schedule must not wait
+    for them; one that fails still leaves a partial document)."""
+    load = options.load
     on_ray = load.worker_pool == "ray"
     if load.workers > 1 or on_ray:  # as many as the workload can be split into (ValueError for waves: before anything)
         load = dataclasses.replace(load, workers=len(partition(workload, load.workers)))
-    cache_reset = await engine.reset_cache() if reset_cache else None
-    path = results_path(results_dir, engine, workload, tag)
-    journal = _Journal(JournalWriter(path), on_record)
+        options = dataclasses.replace(options, load=load)
+    cache_reset = await engine.reset_cache() if options.reset_cache else None
+    path = results_path(options.results_dir, engine, workload, options.tag)
+    journal = _Journal(JournalWriter(path), options.on_record)
     client_pin = pinning.current()
-    pool: Pool | None = None
-    generator: LoadGenerator | Pool
+    pool: WorkerPool | RayWorkerPool | None = None
+    generator: LoadGenerator | WorkerPool | RayWorkerPool
     if load.workers > 1 or on_ray:
-        # The workers start before t0 (they take a moment, and the schedule must not wait for them) and before
-        # the header, which records the CPUs each one reports; one that fails still leaves a partial document.
         kind = RayWorkerPool if on_ray else WorkerPool
         generator = pool = kind(engine, workload, workers=load.workers, on_record=journal.record, config=load,
                                 placement=client_pin.placement if client_pin is not None else None)
@@ -189,68 +249,74 @@ async def run(
             await pool.start()
         except BaseException as exc:  # start() stopped every child
             pool_failed = exc
-    interval_s = load.scrape_interval_s or SCRAPE_INTERVAL_S
-    gpu_meter = gpu.meter(*engine.gpu_devices(), interval_s=interval_s, on_sample=journal.gpu_sample)
+    gpu_meter = options.gpu.meter(*engine.gpu_devices(), interval_s=options.interval_s, on_sample=journal.gpu_sample)
+    return _Prepared(engine, workload, options, path, journal, generator, pool, client_pin, cache_reset, gpu_meter,
+                     pool_failed)
+
+
+async def _write_header(p: _Prepared) -> None:
+    """The document's header: what runs, where (the CPUs each worker reports), how; a results folder that takes
+    nothing stops the run here, with the workers closed."""
+    gpu, selection = p.options.gpu, p.gpu_meter.selection
     try:
-        journal.writer.begin(RunHeader(
-            run_id=path.stem, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            engine=EngineDescription.of(engine.describe()),
-            workload=workload.describe(), load=load, slo=slo, environment=environment.capture(),
-            labels=RunLabels.of(labels), cache_reset=cache_reset,
-            placement=pinning.placement_record(engine, client_pin, pool.pinned if pool is not None else ()),
-            gpus=(dataclasses.replace(gpu_meter.selection, declared=gpu.declared) if gpu.declared is not None
-                  else gpu_meter.selection),
+        p.journal.writer.begin(RunHeader(
+            run_id=p.path.stem, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            engine=EngineDescription.of(p.engine.describe()), workload=p.workload.describe(), load=p.options.load,
+            slo=p.options.slo, environment=environment.capture(), labels=RunLabels.of(p.options.labels),
+            cache_reset=p.cache_reset,
+            placement=pinning.placement_record(p.engine, p.client_pin, p.pool.pinned if p.pool else ()),
+            gpus=dataclasses.replace(selection, declared=gpu.declared) if gpu.declared is not None else selection,
         ))
     except ResultsWriteError:
-        if pool is not None and pool_failed is None:
-            await pool.close()
+        if p.pool is not None and p.pool_failed is None:
+            await p.pool.close()
         raise
+
+
+async def _start(p: _Prepared) -> _Timed:
+    """Start the engine's accounting, the clock and the meters; whatever fails leaves the header as a partial run,
+    with the workers and meters stopped."""
     try:
-        if pool_failed is not None:
-            raise pool_failed
-        await engine.begin_run()
-        t0 = now() + (pool.start_lead_s if pool is not None else 0.0)  # workers elsewhere are told it ahead
-        scraper = Scraper(engine, interval_s=interval_s, t0=t0, on_sample=journal.sample)
-        meter = ClientMeter()
-        machine_meter = MachineMeter.for_engine(engine, pool.pids if pool is not None else frozenset())
-        machine_meter.start()
-        gpu_meter.start(t0)
+        if p.pool_failed is not None:
+            raise p.pool_failed
+        await p.engine.begin_run()
+        t0 = now() + (p.pool.start_lead_s if p.pool is not None else 0.0)  # workers elsewhere are told it ahead
+        timed = _Timed(t0, Scraper(p.engine, interval_s=p.options.interval_s, t0=t0, on_sample=p.journal.sample),
+                       ClientMeter(), MachineMeter.for_engine(p.engine, p.pool.pids if p.pool else frozenset()))
+        timed.machine_meter.start()
+        p.gpu_meter.start(t0)
     except BaseException:
-        gpu_meter.stop()
-        if pool is not None:
-            await pool.close()
-        journal.writer.close()  # the journal's writer thread stops with the header written: a partial run
+        p.gpu_meter.stop()
+        if p.pool is not None:
+            await p.pool.close()
+        p.journal.writer.close()  # the journal's writer thread stops with the header written: a partial run
         raise
-    status, error = "complete", None
+    return timed
+
+
+async def _finish(p: _Prepared, timed: _Timed, status: str, error: str | None) -> MeasuredRun:
+    """Stop the meters and workers, summarise, and write the footer: the document is whole however the sending
+    ended; a write the folder refused during the run is raised here, once everything is stopped."""
     try:
-        with meter:
-            async with scraper:
-                journal.sending = asyncio.ensure_future(generator.run(t0))
-                await journal.sending
-    except (Exception, asyncio.CancelledError) as exc:
-        status, error = "interrupted", f"{type(exc).__name__}: {exc}"
-        if journal.failed is None:  # a refused write is raised below, once the run is stopped
-            raise
+        # Not below a microsecond: a run stopped before its start instant (Ray's workers get it a moment ahead)
+        # measured nothing, and no duration is zero.
+        duration = max(now() - timed.t0, 1e-6)
+        machine = timed.machine_meter.result()  # while the workers still run: an ended process is not seen
+        gpu_telemetry = p.gpu_meter.stop()
+        if p.pool is not None:
+            await p.pool.close()
+        records = p.generator.records
+        summary = _summary(records, duration, p.workload, p.options.slo, gpu_telemetry, p.options.gpu.gpu_hour_cost)
+        report = await p.engine.report()
+        client = timed.meter.result(records) if p.pool is None else \
+            ClientLoad.combined([timed.meter.result(), *p.pool.client_loads])
+        if p.journal.failed is not None:
+            p.journal.writer.abandon()
+            raise p.journal.failed
+        footer = _footer(status, error, duration, records, timed.scraper, p.workload, p.options.load, summary,
+                         report, client, machine, gpu_telemetry, p.pool.reports if p.pool is not None else [])
+        p.journal.writer.finish(footer)
     finally:
-        try:
-            # Not below a microsecond: a run stopped before its start instant (Ray's workers get it a moment
-            # ahead) measured nothing, and no duration is zero.
-            duration = max(now() - t0, 1e-6)
-            machine = machine_meter.result()  # while the workers still run: an ended process is not seen
-            gpu_telemetry = gpu_meter.stop()
-            if pool is not None:
-                await pool.close()
-            summary = _summary(generator.records, duration, workload, slo, gpu_telemetry, gpu.gpu_hour_cost)
-            report = await engine.report()
-            client = meter.result(generator.records) if pool is None else \
-                ClientLoad.combined([meter.result(), *pool.client_loads])
-            if journal.failed is not None:
-                journal.writer.abandon()
-                raise journal.failed
-            footer = _footer(status, error, duration, generator.records, scraper, workload, load, summary, report,
-                             client, machine, gpu_telemetry, pool.reports if pool is not None else [])
-            journal.writer.finish(footer)
-        finally:
-            journal.writer.close()  # where the footer could not be written: every record handed over still is
-    return MeasuredRun(path, generator.records, scraper.samples, summary, report, duration, status, client, machine,
+        p.journal.writer.close()  # where the footer could not be written: every record handed over still is
+    return MeasuredRun(p.path, records, timed.scraper.samples, summary, report, duration, status, client, machine,
                        footer.stages, footer.workers)
