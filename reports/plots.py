@@ -34,15 +34,13 @@ def engine_colors(runs: list[ReportedRun]) -> dict[str, str]:
 
 
 def _point_order(run: ReportedRun) -> tuple[int, float, str]:
-    value = run.labels.get(POINT_LABEL)
-    n = num(value)
-    return (0, n, "") if n is not None else (1, 0.0, str(value))
+    c = run.run_labels.concurrency
+    return (0, float(c), "") if c is not None else (1, 0.0, run.workload_name)
 
 
 def _point_text(run: ReportedRun) -> str:
-    if POINT_LABEL in run.labels:
-        return f"c={run.labels[POINT_LABEL]}"
-    return run.workload_name
+    c = run.run_labels.concurrency
+    return f"c={c}" if c is not None else run.workload_name
 
 
 def _series_of(points: list[ReportedRun]) -> dict[str, list[ReportedRun]]:

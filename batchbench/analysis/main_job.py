@@ -22,7 +22,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from batchbench.adapters.registry import get_spec
 from batchbench.analysis import validity
@@ -32,6 +31,7 @@ from batchbench.core.config import BatchingConfig
 from batchbench.load.runner import MeasuredRun
 from batchbench.load.sweep import SweepDesign, sweep_design
 from batchbench.measures.slo import Slo
+from batchbench.results.document import RunLabels
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
@@ -136,15 +136,15 @@ class EngineSweep:
         return units * calibration.generation_s
 
     def labels(self, layout: str, concurrency: int, repeat: int, precision: float, time_limit_s: float
-               ) -> dict[str, Any]:
+               ) -> RunLabels:
         """What findings and the report group by; ``kv_fit`` only where the design sized the KV cache."""
         d = self.design
         # warmed_up: the engine cache's warm-up and one unrecorded pass of the sweep's own shapes came first.
-        return {"suite": "main", "layout": layout, "concurrency": concurrency, "repeat": repeat, "warmed_up": True,
-                "fit": d.fit, "precision": precision, "time_limit_s": time_limit_s, "generations": self.generations,
-                "kv_fit": d.fit if d.block_size is not None and self.batching is not None else None,
-                "kv_capacity_tokens": self.batching.kv_capacity_tokens if self.batching else None,
-                "design": d.describe()}
+        return RunLabels(suite="main", layout=layout, concurrency=concurrency, repeat=repeat, warmed_up=True,
+                         fit=d.fit, precision=precision, time_limit_s=time_limit_s, generations=self.generations,
+                         kv_fit=d.fit if d.block_size is not None and self.batching is not None else None,
+                         kv_capacity_tokens=self.batching.kv_capacity_tokens if self.batching else None,
+                         design=d.describe())
 
 
 def engine_sweep(name: str, profile: Profile, *, at_url: bool, levels: tuple[int, ...],

@@ -40,7 +40,7 @@ from batchbench.load.runner import MeasuredRun, run
 from batchbench.measures import parity
 from batchbench.measures.gpu import GpuOptions
 from batchbench.measures.slo import Slo, Verdict
-from batchbench.results.document import WorkerReport
+from batchbench.results.document import RunLabels, WorkerReport
 from batchbench.results.journal import ResultsWriteError
 
 
@@ -181,9 +181,9 @@ class EngineSession:
         workload = work.workload(kind, level)
         if (warm := work.warmup_workload(workload)) is not None:
             await LoadGenerator(engine, warm, config=load).run()
-        labels: dict[str, Any] = {"suite": suite, kind: _level_json(kind, level), "repeat": repeat}
-        if slo is not None:
-            labels["slo"] = str(slo)
+        labels = RunLabels(suite=suite, repeat=repeat, slo=str(slo) if slo is not None else None,
+                           concurrency=int(level) if kind == "concurrency" else None,
+                           rate=_level_json(kind, level) if kind == "rate" else None)
         with self.progress.run(len(workload.requests), f"{self.name} {level_text(kind, level)} #{repeat}") as bar:
             result = await run(engine, workload, results_dir=run_dir, tag=level_text(kind, level),
                                load=dataclasses.replace(load, workers=work.workers_for(workload)), slo=slo,

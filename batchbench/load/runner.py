@@ -149,7 +149,7 @@ class RunOptions:
     tag: str = ""
     load: LoadConfig = field(default_factory=LoadConfig)
     slo: Slo | None = None
-    labels: dict[str, Any] | None = None
+    labels: RunLabels = field(default_factory=RunLabels)
     on_record: Callable[[RequestRecord], None] | None = None
     reset_cache: bool = True
     gpu: GpuOptions = field(default_factory=GpuOptions)
@@ -188,7 +188,8 @@ class _Timed:
 
 
 async def run(engine: Engine, workload: Workload, *, results_dir: Path, tag: str = "",
-              load: LoadConfig | None = None, slo: Slo | None = None, labels: dict[str, Any] | None = None,
+              load: LoadConfig | None = None, slo: Slo | None = None,
+              labels: RunLabels | dict[str, Any] | None = None,
               on_record: Callable[[RequestRecord], None] | None = None, reset_cache: bool = True,
               gpu: GpuOptions | None = None) -> MeasuredRun:
     """Replay ``workload`` against the running ``engine`` and write its results document.
@@ -202,7 +203,8 @@ async def run(engine: Engine, workload: Workload, *, results_dir: Path, tag: str
     document says why there are no figures). The parts, in order: :func:`_prepare`, :func:`_write_header`,
     :func:`_start`, the sending, :func:`_finish`, which writes the document however the sending ended.
     """
-    options = RunOptions(results_dir, tag, load or LoadConfig(), slo, labels, on_record, reset_cache,
+    typed = labels if isinstance(labels, RunLabels) else RunLabels.of(labels)  # a suite's own keys: its bag
+    options = RunOptions(results_dir, tag, load or LoadConfig(), slo, typed, on_record, reset_cache,
                          gpu or GpuOptions())
     prepared = await _prepare(engine, workload, options)
     await _write_header(prepared)
@@ -262,7 +264,7 @@ async def _write_header(p: _Prepared) -> None:
         p.journal.writer.begin(RunHeader(
             run_id=p.path.stem, started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             engine=EngineDescription.of(p.engine.describe()), workload=p.workload.describe(), load=p.options.load,
-            slo=p.options.slo, environment=environment.capture(), labels=RunLabels.of(p.options.labels),
+            slo=p.options.slo, environment=environment.capture(), labels=p.options.labels,
             cache_reset=p.cache_reset,
             placement=pinning.placement_record(p.engine, p.client_pin, p.pool.pinned if p.pool else ()),
             gpus=dataclasses.replace(selection, declared=gpu.declared) if gpu.declared is not None else selection,

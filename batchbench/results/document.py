@@ -155,6 +155,13 @@ class RunLabels:
         "the batch size the KV cache was sized to fit (the memory-bound regime starts above it)"))
     kv_capacity_tokens: int | None = field(default=None, metadata=_label("the KV cache's size the run asked for"))
     design: dict[str, Any] | None = field(default=None, metadata=_label("the main job's sweep design"))
+    fit: int | None = field(default=None, metadata=_label(
+        "the batch size the main job's sweep was designed around (its static waves and padding pair run there)"))
+    generations: int | None = field(default=None, metadata=_label(
+        "rounds of the main job's clients each run holds (sized to the engine's share of the time limit)"))
+    rate: float | str | None = field(default=None, metadata=_label(
+        "the request rate of an open-loop level, requests/s ('inf': every request at once)"))
+    slo: str | None = field(default=None, metadata=_label("the SLO a bench or capacity level was judged against"))
     others: dict[str, Any] = field(default_factory=dict, metadata={"rest": True})
 
     @classmethod

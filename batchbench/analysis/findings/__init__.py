@@ -200,8 +200,8 @@ class Findings:
 def _layout_findings(engine: str, layout: str, points: Sequence[Point], slo: Slo | None) -> LayoutFindings:
     report, no_curve = (None, f"{layout} is a padding comparison, not a curve") if layout in PADDING_LAYOUTS \
         else curve.classify(points)
-    labels = report.labels if report is not None else {}
-    found = tuple(point_findings(p, labels.get(p.concurrency) if p.valid else None) for p in points)
+    regime_at = report.labels if report is not None else {}
+    found = tuple(point_findings(p, regime_at.get(p.concurrency) if p.valid else None) for p in points)
     by_c = {p.concurrency: p for p in found}
     measured = {p.concurrency: p for p in points}
     slos = {p.concurrency: slo_at(p, slo) for p in points} if slo is not None else {}
