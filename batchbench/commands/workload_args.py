@@ -19,7 +19,7 @@ from typing import Any, Literal
 from batchbench.adapters.served import ServedModel
 from batchbench.analysis.validity import samples_needed, stat_percentile
 from batchbench.commands.common import parsed_by, positive_int, positive_seconds
-from batchbench.core.config import LoadConfig
+from batchbench.core.config import SCRAPE_INTERVAL_S, LoadConfig
 from batchbench.load.ray_workers import unusable
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo
@@ -125,7 +125,7 @@ class WorkloadArgs(OptionGroup):
     slo: Slo | None = None
     repeats: int = 1
     seed: int = 0
-    scrape_interval: float = 0.25
+    scrape_interval: float = SCRAPE_INTERVAL_S
     request_timeout: float | None = None
     workers: Workers = Workers()
     ray_address: str | None = None
@@ -190,8 +190,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                              "requests within the TTFT/TPOT limits")
     parser.add_argument("--repeats", type=positive_int, default=1, help="runs of each level (default 1)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--scrape-interval", type=positive_seconds, default=0.25, metavar="SECONDS",
-                        help="how often the engine's metrics are read (default 0.25; see batchbench run --help)")
+    parser.add_argument("--scrape-interval", type=positive_seconds, default=SCRAPE_INTERVAL_S, metavar="SECONDS",
+                        help=f"how often the engine's metrics are read (default {SCRAPE_INTERVAL_S:g}; see batchbench "
+                             "run --help)")
     parser.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                         help="per-request deadline over the whole stream (default: the profile's); also how long a "
                              "request of the engine's warm-up may go without a word before the start is given up")
