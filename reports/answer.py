@@ -173,6 +173,19 @@ _POINT_COLUMNS: tuple[tuple[str, str, Formatter], ...] = (
 )
 
 
+def _pooled(p: PointFindings, key: str) -> Cell:
+    """A pooled percentile with its own interval (batchbench.analysis.quantiles), flagged where too few requests
+    bound it."""
+    found = p.tails.get(key)
+    if found is None:
+        return Cell(fmt.NA)
+    low = "?" if found.low is None else fmt.ms(found.low)
+    high = "?" if found.high is None else fmt.ms(found.high)
+    text = f"{fmt.ms(found.value)} [{low}–{high}], n={found.n}"
+    return Cell(text if found.bounded else f"{text}: too few (needs {found.needed})",
+                "" if found.bounded else "warn")
+
+
 def _precision(p: PointFindings) -> Cell:
     found = p.figure("output_tok_s")
     share = found.relative_half_width if found is not None else None
@@ -204,6 +217,7 @@ def points_table(f: LayoutFindings) -> Table:
     for p in f.points:
         cells = [Cell(f"c={p.concurrency}")]
         cells += [Cell(interval(p.figure(key), unit)) for _, key, unit in _POINT_COLUMNS]
+        cells.append(_pooled(p, "ttft_p99_s"))
         slo = f.slo_points.get(p.concurrency)
         cells += [
             Cell(str(len(p.run_ids))),
@@ -217,10 +231,14 @@ def points_table(f: LayoutFindings) -> Table:
             Cell(", ".join(p.run_ids)),
         ]
         rows.append(cells)
-    titles = ["Point", *(title for title, _, _ in _POINT_COLUMNS), "Runs", "Throughput ±", "SLO", "Regime", "Valid",
+    titles = ["Point", *(title for title, _, _ in _POINT_COLUMNS), "TTFT p99 pooled (ms)", "Runs", "Throughput ±",
+              "SLO", "Regime", "Valid",
               "KV peak", "Preemptions", *(["Of the limit"] if limit is not None else []), "Run ids"]
     caption = (f"Each figure: the mean [{CONFIDENCE:.0%} t-interval, on the log scale] over the point's valid runs. "
-               "Throughput ±: the interval's half-width against the precision target. Too few repeats: fewer than "
+               "TTFT p99 pooled: the p99 of every counted request of the point's runs, with its distribution-free "
+               f"{CONFIDENCE:.0%} interval from order statistics; '?' where the requests are too few to bound it "
+               "(a p99 needs 368). Throughput ±: the interval's half-width against the precision target. Too few "
+               "repeats: fewer than "
                f"{MIN_DECIDING_REPEATS} and wider than the target, so it decides nothing.")
     if limit is not None:
         caption += (" Of the limit: output tokens/s over its ceiling on paper at the point's batch size (TPOT's floor "

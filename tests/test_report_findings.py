@@ -182,3 +182,18 @@ def test_several_engines_lead_with_one_frontier_the_pick_starred(cited_runs: Pat
     assert f"the pick: {result.findings.pick.engine} at batch {result.findings.pick.batch_size}" in html
     # The per-user figure is not drawn twice: the frontier is it.
     assert "Output tokens/s per accelerator against output tokens/s per user (per user" not in md
+
+
+def test_every_point_gives_its_pooled_ttft_p99_with_its_own_interval_or_too_few(cited_runs: Path,
+                                                                               tmp_path: Path) -> None:
+    build_report(cited_runs, tmp_path / "out", plots=False, warn=lambda m: None, slo=SLO)
+    md = (tmp_path / "out" / "report.md").read_text()
+    table = md_table_after(md, "## Evidence: alpha, continuous")
+    pooled = column(table, "TTFT p99 pooled")
+    assert pooled and all(re.fullmatch(r"[\d.,]+ \[[\d.,]+–(\?|[\d.,]+)\], n=\d+(: too few \(needs 368\))?", v)
+                          for v in pooled.values()), pooled
+    stored = json.loads((tmp_path / "out" / "report.json").read_text())["findings"]["engines"]["alpha"]
+    point = stored["layouts"]["continuous"]["points"][0]
+    assert {"ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"} <= point["pooled"].keys()
+    p99 = point["pooled"]["ttft_p99_s"]
+    assert p99["needed"] == 368 and p99["bounded"] == (p99["n"] >= 368)

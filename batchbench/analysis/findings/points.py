@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.planner import CapacityFit, PlanError, fit_in_capacity, parameter_count
+from batchbench.analysis.quantiles import Quantile, pooled
 from batchbench.analysis.regimes import Regime, SweepPoint
 from batchbench.analysis.repeats import DEFAULT_PRECISION, Estimate
 from batchbench.analysis.run_bounds import RunLimit, run_limit
@@ -27,7 +28,7 @@ from batchbench.core import codec
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
 from batchbench.fixtures import shipped_model_dir
-from batchbench.measures.metrics import Summary, summarize
+from batchbench.measures.metrics import Summary, summarize, tpot
 from batchbench.measures.slo import Slo, Verdict
 from batchbench.measures.speculation import SpeculationCounters
 from batchbench.results.document import RunDocument
@@ -66,6 +67,10 @@ FIGURES: dict[str, Callable[[Summary], float | None]] = {
 }
 #: The figure a point's repeats are run until it is precise (``batchbench run --precision``).
 KEY_FIGURE = "output_tok_s"
+#: The percentiles a point also gives pooled over its repeats' requests, each with its own order-statistic interval
+#: (:mod:`batchbench.analysis.quantiles`): figure key -> (per-request latency, quantile).
+TAILS: dict[str, tuple[str, float]] = {"ttft_p50_s": ("ttft", 0.5), "ttft_p99_s": ("ttft", 0.99),
+                                       "tpot_p50_s": ("tpot", 0.5), "tpot_p99_s": ("tpot", 0.99)}
 
 
 class ModelScale(NamedTuple):
@@ -133,6 +138,16 @@ class Measurement:
             return None
         return SweepPoint(self.concurrency, FIGURES[KEY_FIGURE](s) or 0.0, s.ttft.p50, s.ttft.p99,
                           self.kv_usage_peak, self.preemptions, self.waiting_peak)
+
+    def latencies(self, metric: str) -> list[float]:
+        """Each counted request's TTFT or TPOT: those sent in the run's steady state where it has one (the same
+        requests its summary's percentiles are of), else every successful one."""
+        steady = self.summary.steady if self.summary is not None else None
+        ok = [r for r in self.records if r.ok and r.chunk_times]
+        if steady is not None:
+            ok = [r for r in ok if steady.start_s <= r.sent_s <= steady.end_s]
+        values = (r.ttft_s for r in ok) if metric == "ttft" else (tpot(r) for r in ok)
+        return [v for v in values if v is not None]
 
     def ordered_records(self) -> list[RequestRecord]:
         """Records in the workload's send order (request ids end in their zero-padded index)."""
@@ -243,6 +258,8 @@ class PointFindings:
     precision_target: float | None = None
     #: Multi-turn conversations: each turn's mean prompt and TTFT p50 (median over the used runs).
     turns: tuple[TurnTtft, ...] = ()
+    #: :data:`TAILS`, pooled over the used runs' requests, each with its own interval (or marked too few).
+    tails: dict[str, Quantile] = field(default_factory=dict)
 
     def figure(self, key: str) -> Estimate | None:
         return self.figures.get(key)
@@ -273,6 +290,7 @@ class PointFindings:
             "percentile_note": "; ".join(self.percentile_notes) or None,
             "precision_target": self.precision_target, "precise": self.precise, "thin": self.thin,
             "ttft_by_turn": [t._asdict() for t in self.turns],
+            "pooled": {key: codec.encode(q) | {"bounded": q.bounded} for key, q in self.tails.items()},
         }
 
 
@@ -291,6 +309,8 @@ def point_findings(point: Point, regime: Regime | None) -> PointFindings:
         excluded_runs=tuple((r.run_id, r.validity.reasons) for r in point.runs if point.valid and not r.valid),
         percentile_notes=tuple(dict.fromkeys(n for r in used for n in r.validity.percentile_notes)),
         precision_target=point.precision_target, turns=_turns(used),
+        tails={key: found for key, (metric, q) in TAILS.items()
+               if (found := pooled([v for r in used for v in r.latencies(metric)], q)) is not None},
     )
 
 

@@ -1,0 +1,93 @@
+"""A percentile of pooled requests with its own interval, distribution-free, from order statistics.
+
+A run's p99 from 80 requests is about its largest TTFT, and the mean of such maxima over repeats says nothing of
+how far the true p99 could be. Pooling a point's requests over its repeats and bounding the percentile by order
+statistics needs no assumption about the latencies' distribution: with ``B`` the number of samples below the true
+q-quantile, ``B ~ Binomial(n, q)``, so the k-th smallest sample lies above it with probability ``P(B <= k - 1)``.
+The interval ``[X_(l), X_(u)]`` takes the largest ``l`` and the smallest ``u`` whose tails are each at most
+``(1 - confidence) / 2``: at least ``confidence`` coverage, whatever the distribution. Where even the smallest (or
+largest) sample is not far enough out, that end does not exist: a p99 needs ``0.99 ** n <= 0.025``, 368 samples,
+before it has an upper bound at 95%; with fewer it is marked as too few, with the count it would need (MLPerf's
+LoadGen likewise sets a minimum query count for tail latency).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from batchbench.analysis.repeats import CONFIDENCE
+from batchbench.measures.metrics import percentile
+
+
+@dataclass(frozen=True)
+class Quantile:
+    """The ``q``-quantile of ``n`` pooled samples, with its distribution-free interval; an end is None where ``n``
+    is too small to bound the quantile on that side."""
+
+    q: float
+    value: float
+    low: float | None
+    high: float | None
+    n: int
+    #: Samples a two-sided bound at this confidence needs.
+    needed: int
+
+    @property
+    def bounded(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    def text(self, unit: str = "ms", scale: float = 1000.0) -> str:
+        """``588 [525–658] ms (n=560)``, or ``588 [525–?] ms: too few requests (n=80; a p99 needs 368)``."""
+        low = "?" if self.low is None else f"{self.low * scale:,.3g}"
+        high = "?" if self.high is None else f"{self.high * scale:,.3g}"
+        shown = f"{self.value * scale:,.3g} [{low}–{high}] {unit}"
+        if self.bounded:
+            return f"{shown} (n={self.n})"
+        return f"{shown}: too few requests (n={self.n}; a p{self.q * 100:g} needs {self.needed})"
+
+
+def _cdf(n: int, q: float) -> list[float]:
+    """``P(B <= k)`` for ``k = 0..n``, ``B ~ Binomial(n, q)``, summed in log space (no overflow for large n)."""
+    if q <= 0.0 or q >= 1.0:
+        raise ValueError(f"q must be strictly between 0 and 1, not {q}")
+    log_q, log_p = math.log(q), math.log1p(-q)
+    total, out = 0.0, []
+    for k in range(n + 1):
+        log_pmf = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_q + (n - k) * log_p
+        total += math.exp(log_pmf)
+        out.append(min(total, 1.0))
+    return out
+
+
+def order_ranks(n: int, q: float, confidence: float = CONFIDENCE) -> tuple[int | None, int | None]:
+    """The 1-based ranks ``(l, u)`` of the order statistics bounding the ``q``-quantile of ``n`` samples (module
+    docstring); None for an end ``n`` cannot give."""
+    tail = (1.0 - confidence) / 2
+    cdf = _cdf(n, q)
+    # X_(k) lies above the quantile with probability P(B <= k - 1) = cdf[k - 1]; below it with 1 - cdf[k - 1].
+    low = max((k for k in range(1, n + 1) if cdf[k - 1] <= tail), default=None)
+    high = min((k for k in range(1, n + 1) if 1.0 - cdf[k - 1] <= tail), default=None)
+    return low, high
+
+
+def needed(q: float, confidence: float = CONFIDENCE) -> int:
+    """The fewest samples whose order statistics bound the ``q``-quantile on both sides: the smallest sample must be
+    below it, and the largest above it, each with the tail's confidence."""
+    tail = (1.0 - confidence) / 2
+    return max(math.ceil(math.log(tail) / math.log(q)), math.ceil(math.log(tail) / math.log1p(-q)))
+
+
+def pooled(values: Sequence[float], q: float, confidence: float = CONFIDENCE) -> Quantile | None:
+    """The ``q``-quantile of ``values`` (as :func:`~batchbench.measures.metrics.percentile` reports it) with its
+    order-statistic interval; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    low, high = order_ranks(len(ordered), q, confidence)
+    value = percentile(ordered, q * 100)
+    # From a handful of samples the interpolated estimate can fall just outside the order statistics' interval:
+    # widened to hold it, which only adds coverage.
+    return Quantile(q, value, None if low is None else min(ordered[low - 1], value),
+                    None if high is None else max(ordered[high - 1], value), len(ordered), needed(q, confidence))
