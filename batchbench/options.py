@@ -143,10 +143,10 @@ def add_engine_arguments(add: Callable[..., Any]) -> None:
     add("--model", default=None,
         help="model path or Hugging Face id, or a shipped model: tiny-llama, llama-3-8b-shaped (seeded random "
              "weights, nothing downloaded; default: the 8B-shaped one on a GPU host, else the tiny one)")
-    add("--launch", default="auto", choices=["auto", "local", "docker"],
+    add("--launch", default=EngineArgs.launch, choices=["auto", "local", "docker"],
         help="how to start engines without a URL (auto: a container on a GPU host, else a local process)")
-    add("--profile", default="quick", choices=sorted(PROFILES), help="sizes: quick (CPU) or full (GPU)")
-    add("--results-dir", default=Path("results"), type=Path, help="where results documents are written")
+    add("--profile", default=EngineArgs.profile, choices=sorted(PROFILES), help="sizes: quick (CPU) or full (GPU)")
+    add("--results-dir", default=EngineArgs.results_dir, type=Path, help="where results documents are written")
     add("--batching", action="append", default=[], metavar="KEY=VALUE,...",
         help="batching config (repeatable: a grid), e.g. max_batch_size=16,chunked_prefill=false; keys: "
              f"{', '.join(BatchingConfig.__dataclass_fields__)}; 'default' is each engine's default")
@@ -159,7 +159,7 @@ def add_engine_arguments(add: Callable[..., Any]) -> None:
 def add_endpoint_argument(add: Callable[..., Any]) -> None:
     """``--endpoint``: the route requests go to, for the commands that send a workload of the user's (``bench``,
     ``capacity``) and the pytest plugin."""
-    add("--endpoint", default="completions", choices=ENDPOINTS,
+    add("--endpoint", default=EngineArgs.endpoint, choices=ENDPOINTS,
         help="completions (default: token-id prompts, identical for every engine) or chat (/v1/chat/completions: "
              "messages of text of the same token lengths under the served model's tokenizer, through its chat "
              "template; reasoning tokens timed and counted apart)")

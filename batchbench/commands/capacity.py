@@ -77,15 +77,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_image_argument(p.add_argument)
     add_telemetry_arguments(p.add_argument)
     add_gpu_argument(p.add_argument)
-    p.add_argument("--by", choices=["concurrency", "rate"], default="concurrency",
+    p.add_argument("--by", choices=["concurrency", "rate"], default=CapacityArgs.by,
                    help="search over requests in flight (closed loop) or requests/s (open loop)")
-    p.add_argument("--start", type=positive_number, default=1.0, help="first level tried (default 1)")
-    p.add_argument("--max", type=positive_number, default=1024.0, dest="max_level",
-                   help="highest level tried (default 1024)")
+    p.add_argument("--start", type=positive_number, default=CapacityArgs.start,
+                   help="first level tried (default %(default)g)")
+    p.add_argument("--max", type=positive_number, default=CapacityArgs.max_level, dest="max_level",
+                   help="highest level tried (default %(default)g)")
     p.add_argument("--min", type=positive_number, default=None, dest="min_level",
                    help="lowest level tried when --start fails (default 1 for concurrency, start/64 for rate)")
-    p.add_argument("--tolerance", type=positive_number, default=0.1,
-                   help="rates: stop when the bracket is within this fraction of the capacity (default 0.1)")
+    p.add_argument("--tolerance", type=positive_number, default=CapacityArgs.tolerance,
+                   help="rates: stop when the bracket is within this fraction of the capacity (default %(default)g)")
     add_workload_arguments(p, slo_required=True)
     p.set_defaults(handler=main, options=CapacityArgs)
 

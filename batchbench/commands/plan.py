@@ -112,20 +112,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a config.json, a folder holding one, or a shipped config's name ('list' names them)")
     p.add_argument("--memory", type=memory_size, default=None, metavar="SIZE",
                    help="one GPU's memory, e.g. 80GiB or 141GB (default 80GiB, or the --gpu's memory)")
-    p.add_argument("--memory-fraction", type=fraction, default=0.9, metavar="F",
-                   help="share of the memory the engine may use for weights and KV cache (default 0.9)")
-    p.add_argument("--weight-dtype", type=dtype, default="bf16", metavar="DTYPE",
-                   help="the weights' dtype: bf16, fp16, fp8, fp32 (default bf16)")
-    p.add_argument("--kv-dtype", type=dtype, default="bf16", metavar="DTYPE",
-                   help="the KV cache's dtype: bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, fp32 (default bf16)")
-    p.add_argument("--tp", type=positive_int, default=1, metavar="N", help="tensor-parallel GPUs (default 1)")
+    p.add_argument("--memory-fraction", type=fraction, default=PlanArgs.memory_fraction, metavar="F",
+                   help="share of the memory the engine may use for weights and KV cache (default %(default)g)")
+    p.add_argument("--weight-dtype", type=dtype, default=PlanArgs.weight_dtype, metavar="DTYPE",
+                   help="the weights' dtype: bf16, fp16, fp8, fp32 (default %(default)s)")
+    p.add_argument("--kv-dtype", type=dtype, default=PlanArgs.kv_dtype, metavar="DTYPE",
+                   help="the KV cache's dtype: bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, fp32 (default %(default)s)")
+    p.add_argument("--tp", type=positive_int, default=PlanArgs.tp, metavar="N",
+                   help="tensor-parallel GPUs (default %(default)s)")
     p.add_argument("--context", type=positive_int, default=None, metavar="TOKENS",
                    help=f"the context length sequences are planned at (max_model_len; default {DEFAULT_CONTEXT}, or "
                    "the model's max_position_embeddings if shorter)")
     p.add_argument("--prompt-len", type=positive_int, default=None, metavar="P",
                    help="a workload's prompt tokens (with --output-len: where it becomes memory-bound)")
     p.add_argument("--output-len", type=positive_int, default=None, metavar="O", help="a workload's output tokens")
-    p.add_argument("--block-size", type=positive_int, default=16, metavar="TOKENS",
+    p.add_argument("--block-size", type=positive_int, default=PlanArgs.block_size, metavar="TOKENS",
                    help="tokens per KV-cache block (default 16, vLLM's on a GPU)")
     p.add_argument("--gpu", type=accelerator, default=None, metavar="NAME",
                    help="a GPU of the accelerators table (H100, H100-PCIe, H200, B200, A100, L40S, MI300X): add the "

@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "one the runs were measured under, where they all were under one)")
     add_gpu_argument(rep.add_argument)
     rep.add_argument("--no-plots", action="store_true", help="skip the figures (faster; HTML without images)")
-    rep.add_argument("--format", choices=sorted(FORMATS), default="html",
+    rep.add_argument("--format", choices=sorted(FORMATS), default=ReportArgs.format,
                      help="html: report.html with report.md and report.json beside it (the default); md, json, csv: "
                           "that one file (report.csv: a row per run, the per-run tables' figures)")
     rep.add_argument("--records-csv", action="store_true",

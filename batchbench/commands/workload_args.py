@@ -155,12 +155,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                         help="replay a production trace: each request at its recorded offset with its lengths "
                              "(and Mooncake's shared prompt blocks); --rate time-scales it to those mean rates, "
                              "--trace-speed by a factor (default: as recorded)")
-    parser.add_argument("--trace-format", choices=traces.TRACE_FORMATS, default="mooncake",
+    parser.add_argument("--trace-format", choices=traces.TRACE_FORMATS, default=WorkloadArgs.trace_format,
                         help="mooncake (JSONL: timestamp ms, input_length, output_length, hash_ids), burstgpt "
-                             "(CSV) or jsonl (t s, input_len, output_len[, hash_ids]) (default mooncake)")
+                             "(CSV) or jsonl (t s, input_len, output_len[, hash_ids]) (default %(default)s)")
     parser.add_argument("--trace-speed", type=positive_number, default=None, metavar="X",
                         help="replay the trace X times as fast as recorded (default 1; not with --rate)")
-    parser.add_argument("--trace-block-size", type=positive_int, default=traces.MOONCAKE_BLOCK_SIZE, metavar="N",
+    parser.add_argument("--trace-block-size", type=positive_int, default=WorkloadArgs.trace_block_size, metavar="N",
                         help=f"prompt tokens per hash id (default {traces.MOONCAKE_BLOCK_SIZE}, the published "
                              "Mooncake traces')")
     parser.add_argument("--tokenizer", default=None, metavar="PATH_OR_HF_ID",
@@ -171,7 +171,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
                              "e.g. 200 for a p99; with --duration, a ceiling)")
     parser.add_argument("--duration", type=positive_seconds, default=None, metavar="SECONDS",
                         help="send requests for this long, then let those in flight finish")
-    parser.add_argument("--turns", type=positive_int, default=1, metavar="N",
+    parser.add_argument("--turns", type=positive_int, default=WorkloadArgs.turns, metavar="N",
                         help="multi-turn conversations of N turns: each turn's prompt is the conversation so far "
                              "(previous prompt, an answer-length stand-in, a new --input-len message), sent once "
                              "the previous answer is complete; --concurrency is conversations at once; the "
@@ -179,20 +179,21 @@ def add_workload_arguments(parser: argparse.ArgumentParser, *, slo_required: boo
     parser.add_argument("--think-time", type=parsed_by(ThinkTime), default=None, metavar="SECONDS|exp:MEAN",
                         help="with --turns: the pause between an answer and the next turn, fixed or exponential "
                              "with that mean (default 0)")
-    parser.add_argument("--warmup", type=non_negative_int, default=0, metavar="N",
-                        help="requests sent before each run the same way, not recorded (default 0)")
-    parser.add_argument("--arrival", choices=["poisson", "gamma"], default="poisson",
-                        help="inter-arrival times of --rate runs (default poisson)")
-    parser.add_argument("--burstiness", type=positive_number, default=1.0, metavar="SHAPE",
-                        help="gamma shape of --arrival gamma: 1 is Poisson, below 1 burstier (default 1)")
+    parser.add_argument("--warmup", type=non_negative_int, default=WorkloadArgs.warmup, metavar="N",
+                        help="requests sent before each run the same way, not recorded (default %(default)s)")
+    parser.add_argument("--arrival", choices=["poisson", "gamma"], default=WorkloadArgs.arrival,
+                        help="inter-arrival times of --rate runs (default %(default)s)")
+    parser.add_argument("--burstiness", type=positive_number, default=WorkloadArgs.burstiness, metavar="SHAPE",
+                        help="gamma shape of --arrival gamma: 1 is Poisson, below 1 burstier (default %(default)g)")
     parser.add_argument("--slo", type=parsed_by(Slo), required=slo_required, default=None, metavar="OBJECTIVES",
                         help="e.g. ttft_p99=200ms,tpot_p99=50ms: each run is checked, and goodput counts the "
                              "requests within the TTFT/TPOT limits")
-    parser.add_argument("--repeats", type=positive_int, default=1, help="runs of each level (default 1)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--scrape-interval", type=positive_seconds, default=SCRAPE_INTERVAL_S, metavar="SECONDS",
-                        help=f"how often the engine's metrics are read (default {SCRAPE_INTERVAL_S:g}; see batchbench "
-                             "run --help)")
+    parser.add_argument("--repeats", type=positive_int, default=WorkloadArgs.repeats,
+                        help=f"runs of each level (default {WorkloadArgs.repeats})")
+    parser.add_argument("--seed", type=int, default=WorkloadArgs.seed)
+    parser.add_argument("--scrape-interval", type=positive_seconds, default=WorkloadArgs.scrape_interval,
+                        metavar="SECONDS", help=f"how often the engine's metrics are read (default "
+                                                f"{WorkloadArgs.scrape_interval:g}; see batchbench run --help)")
     parser.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
                         help="per-request deadline over the whole stream (default: the profile's); also how long a "
                              "request of the engine's warm-up may go without a word before the start is given up")
