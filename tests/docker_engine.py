@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -74,3 +75,17 @@ def remove_containers_of(client: Any, run_id: str) -> None:
     for container in containers_of(client, run_id):
         container.remove(force=True)
 
+
+
+def cpu_build_client(image: str, gpu_image: str) -> Iterator[Any]:
+    """A client for the tests of one engine's CPU image (``docker/images.sh IMAGE``, built where missing); on a GPU
+    host they skip, since ``--launch docker`` runs ``gpu_image`` there. A module fixture's body: ``yield from``."""
+    from batchbench.adapters.registry import default_model
+    from batchbench.fixtures import TINY_MODEL
+
+    c = engine_client()
+    if default_model() != TINY_MODEL:
+        pytest.skip(f"a GPU host: --launch docker runs {gpu_image} there, not the CPU build")
+    build_images(image)
+    yield c
+    c.close()

@@ -20,9 +20,7 @@ import pytest
 from batchbench.adapters.launch import llamacpp_build
 from batchbench.adapters.launch.docker import MODEL_MOUNT
 from batchbench.adapters.launch.images import load_specs
-from batchbench.adapters.registry import default_model
-from batchbench.fixtures import TINY_MODEL
-from tests.docker_engine import build_images, containers_of, engine_client, new_run_id, remove_containers_of
+from tests.docker_engine import containers_of, cpu_build_client, new_run_id, remove_containers_of
 
 pytestmark = [pytest.mark.docker_engine, pytest.mark.engine]
 
@@ -31,12 +29,7 @@ IMAGE = load_specs()["llamacpp"].cpu_image
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    c = engine_client()
-    if default_model() != TINY_MODEL:
-        pytest.skip("a GPU host: --launch docker runs llama.cpp's CUDA image there, not the CPU build")
-    build_images("llamacpp")
-    yield c
-    c.close()
+    yield from cpu_build_client("llamacpp", "llama.cpp's CUDA image")
 
 
 def test_bench_runs_llamacpp_in_a_container_on_the_mounted_gguf(client: Any, tmp_path: Path) -> None:

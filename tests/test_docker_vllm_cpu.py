@@ -20,9 +20,7 @@ from typing import Any
 
 import pytest
 
-from batchbench.adapters.registry import default_model
-from batchbench.fixtures import TINY_MODEL
-from tests.docker_engine import VLLM_CPU_IMAGE, build_images, containers_of, engine_client, new_run_id
+from tests.docker_engine import VLLM_CPU_IMAGE, containers_of, cpu_build_client, new_run_id
 
 pytestmark = [pytest.mark.docker_engine, pytest.mark.engine, pytest.mark.slow]
 
@@ -32,12 +30,7 @@ BENCH = ["bench", "--launch", "docker", "--engine", "vllm", "--concurrency", "1,
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    c = engine_client()
-    if default_model() != TINY_MODEL:
-        pytest.skip("a GPU host: --launch docker runs the GPU image there, not the CPU build")
-    build_images("vllm-cpu")
-    yield c
-    c.close()
+    yield from cpu_build_client("vllm-cpu", "the GPU image")
 
 
 @pytest.fixture
