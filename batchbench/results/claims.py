@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from batchbench.results.sidecar import write_sidecar
+
 ClaimOutcome = Literal["held", "failed", "undecided", "not made"]
 OUTCOMES: tuple[ClaimOutcome, ...] = get_args(ClaimOutcome)
 #: The file a session's claims are written to, in its results folder.
@@ -30,12 +32,7 @@ class Claim:
 
 def write_claims(folder: Path, claims: list[Claim]) -> Path:
     """Write ``claims`` to ``folder``/:data:`CLAIMS_FILE` (replaced whole: a later session's folder is its own)."""
-    path = folder / CLAIMS_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"schema": _SCHEMA, "claims": [asdict(c) for c in claims]}, indent=1) + "\n",
-                   encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_sidecar(folder / CLAIMS_FILE, {"schema": _SCHEMA, "claims": [asdict(c) for c in claims]})
 
 
 def read_claims(folder: Path) -> list[Claim]:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from batchbench.core.greedy import GreedyOutputs
+from batchbench.results.sidecar import write_sidecar
 
 GREEDY_FILE = "greedy.json"
 _SCHEMA = "batchbench.greedy/1"
@@ -15,16 +16,7 @@ _SCHEMA = "batchbench.greedy/1"
 def write_greedy(folder: Path, answers: list[GreedyOutputs]) -> Path:
     """Write every engine's answer so far (rewritten whole after each engine: an interrupted job keeps them);
     raises OSError where the folder cannot take it."""
-    path = folder / GREEDY_FILE
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps({"schema": _SCHEMA, "answers": [a.to_dict() for a in answers]}) + "\n",
-                       encoding="utf-8")
-        tmp.replace(path)
-    except OSError:  # a full or unwritable folder: no half-written file beside the last whole one
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_sidecar(folder / GREEDY_FILE, {"schema": _SCHEMA, "answers": [a.to_dict() for a in answers]})
 
 
 def read_greedy(folder: Path) -> list[GreedyOutputs]:
