@@ -134,7 +134,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not written:
         return
     if CLAIMS:  # beside the documents, for the report's list of undecided and failed claims
-        write_claims(folder, CLAIMS)
+        try:
+            write_claims(folder, CLAIMS)
+        except OSError as exc:  # a full or read-only folder: the documents stay, the summary still counts them
+            said.append(f"warning: the claims could not be written to {folder}: {exc.strerror or exc}")
     baseline: Path | None = config.getoption("--baseline")
     if not (config.getoption("--batchbench-report") or baseline is not None):
         said.append(f"{len(written)} results documents in {folder}; their report: batchbench report {folder}")
