@@ -237,7 +237,9 @@ def points_table(f: LayoutFindings) -> Table:
     caption = (f"Each figure: the mean [{CONFIDENCE:.0%} t-interval, on the log scale] over the point's valid runs. "
                "TTFT p99 pooled: the p99 of every counted request of the point's runs, with its distribution-free "
                f"{CONFIDENCE:.0%} interval from order statistics; '?' where the requests are too few to bound it "
-               "(a p99 needs 368). Throughput ±: the interval's half-width against the precision target. Too few "
+               "(a p99 needs 368). SLO: a percentile objective judged on that pooled interval (too few requests: "
+               "it cannot bound it on the side that would decide). Throughput ±: the interval's half-width against "
+               "the precision target. Too few "
                "repeats: fewer than "
                f"{MIN_DECIDING_REPEATS} and wider than the target, so it decides nothing.")
     if limit is not None:

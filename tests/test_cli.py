@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from batchbench.analysis.main_job import deciding, engine_sweep
+from batchbench.analysis.main_job import Key, deciding, engine_sweep, tail_requests
 from batchbench.analysis.repeats import Repeats
 from batchbench.cli import main
 from batchbench.commands.common import EXIT_USAGE, died, failure_lines
@@ -17,7 +17,7 @@ from batchbench.core.records import RequestRecord
 from batchbench.load.runner import MeasuredRun
 from batchbench.measures.client_load import ClientLoad
 from batchbench.measures.machine_load import MachineLoad
-from batchbench.measures.metrics import Distribution, summarize
+from batchbench.measures.metrics import summarize
 from batchbench.measures.slo import Slo
 from batchbench.workload.profiles import get_profile
 from tests.server_process import serving
@@ -65,8 +65,16 @@ def test_run_sweeps_the_curve_static_waves_and_the_padding_pair_with_repeats(
     assert "Batch size for throughput (sweet spot): batch " in out and "Largest batch within the TTFT SLO: " in out
     assert "batchbench: the answer (SLO: TTFT p99 ≤ 500 ms):" in out
     report = json.loads((run_dir / "report" / "report.json").read_text())
-    assert sorted((s["labels"]["layout"], s["labels"]["concurrency"], s["repeats"]) for s in report["series"]) == [
-        (layout, c, len(repeats[(layout, c)])) for layout, c in measured]
+    # Each measurement's runs are one series, but for the SLO's tail run: batch 2, the largest within the SLO on
+    # this fast server, had too few requests to bound its TTFT p99, and one longer run (its own workload) gave them.
+    in_series: dict[tuple[str, int], list[int]] = {}
+    for s in report["series"]:
+        in_series.setdefault((s["labels"]["layout"], s["labels"]["concurrency"]), []).append(s["repeats"])
+    assert {key: sum(n) for key, n in in_series.items()} == {key: len(repeats[key]) for key in measured}
+    assert sorted(in_series[("continuous", 2)]) == [1, len(repeats[("continuous", 2)]) - 1]
+    ttft = [r for d in docs if (d["labels"]["layout"], d["labels"]["concurrency"]) == ("continuous", 2)
+            for r in d["records"] if r["ok"]]
+    assert len(ttft) >= 368
     assert "### Across repeats" in (run_dir / "report" / "report.md").read_text()
 
 
@@ -109,16 +117,17 @@ def _result(records: list[RequestRecord]) -> MeasuredRun:
                      client=ClientLoad(cpu_s=0.0, wall_s=1.0, busy_fraction=0.0), machine=MachineLoad(None))
 
 
-def _run_of(throughput: float, ttft_p99: float) -> MeasuredRun:
-    found = _result([_record(0, True)])
-    summary = dataclasses.replace(found.summary, output_token_throughput=throughput,
-                                  ttft=Distribution.of([ttft_p99] * 4))
+def _run_of(throughput: float, ttft_p99: float, requests: int = 4) -> MeasuredRun:
+    """A run of ``requests`` requests whose TTFTs are all ``ttft_p99``."""
+    found = _result([dataclasses.replace(_record(i, True), chunk_times=[ttft_p99]) for i in range(requests)])
+    summary = dataclasses.replace(found.summary, output_token_throughput=throughput)
     return dataclasses.replace(found, summary=summary)
 
 
 def test_extra_repeats_go_to_what_decides_the_answer() -> None:
     """Throughput levels off from 8 (the knee), the most at 32, and TTFT p99 crosses 500 ms between 16 and 32:
-    the fit's comparisons, 4-8-16 around the knee, 32 and the 16/32 boundary are re-measured; 1 and 2 are not."""
+    the fit's comparisons, 4-8-16 around the knee, 32 and the 16/32 boundary are re-measured; 1 and 2 are not
+    (their runs, 8 requests each, could not give the 368 a pooled p99 needs within the most runs allowed)."""
     sweep = engine_sweep("vllm", get_profile("quick"), at_url=False, levels=(1, 2, 4, 8, 16, 32))
     assert sweep.keys[3:7] == [("continuous", 8), ("static-waves", 8), ("homogeneous", 8),
                                ("padded-mixed", 8)]  # side by side within a pass
@@ -126,13 +135,13 @@ def test_extra_repeats_go_to_what_decides_the_answer() -> None:
     series = {key: Repeats() for key in sweep.keys}
     for (layout, c), runs in series.items():
         tok, ttft = curve[c] if layout == "continuous" else (500, 0.1)
-        runs.add(_run_of(tok, ttft), MachineLoad(0.0))
+        runs.add(_run_of(tok, ttft, 8 * c), MachineLoad(0.0))
     slo = Slo.parse("ttft_p99=500ms")
     focus = deciding(sweep, slo, repeats=1)
     # The knee and its neighbours, then the peak, in every extra pass; the comparisons at the fit (each pair side
     # by side) in every other one.
     assert focus(series) == [("continuous", c) for c in (4, 8, 16, 32)]
-    series[("continuous", 32)].add(_run_of(820, 0.9), MachineLoad(0.0))  # a second extra pass
+    series[("continuous", 32)].add(_run_of(820, 0.9, 256), MachineLoad(0.0))  # a second extra pass
     assert focus(series) == [("continuous", 4), ("continuous", 8), ("static-waves", 8), ("continuous", 16),
                              ("homogeneous", 8), ("padded-mixed", 8)]
     # A point whose run was invalid (the machine was busy) is measured again, deciding or not.
@@ -140,6 +149,35 @@ def test_extra_repeats_go_to_what_decides_the_answer() -> None:
                                                              machine=MachineLoad(0.5))
     assert ("continuous", 1) in deciding(sweep, slo, repeats=1)(series)
     assert ("continuous", 2) in deciding(sweep, slo, repeats=2)(series)  # one usable run of the two asked
+
+
+def test_the_slo_boundary_is_measured_until_its_pooled_p99_is_bounded() -> None:
+    """TTFT p99 within 500 ms up to 16, beyond it at 32, every other figure already decided: 16 is measured again
+    until its requests, pooled, bound its p99 (368 of them), and then no more; 4's and 8's runs could not give that
+    many within the most runs allowed, so they are not measured again. The main job makes 16's next run long enough
+    (the tail run); here it is measured as short as before, to show the focus lets go once it is bounded."""
+    sweep = engine_sweep("vllm", get_profile("quick"), at_url=False, levels=(4, 8, 16, 32))
+    ttft, requests = {4: 0.05, 8: 0.1, 16: 0.4, 32: 0.9}, {4: 8, 8: 16, 16: 50, 32: 50}
+    series: dict[Key, Repeats[MeasuredRun]] = {key: Repeats() for key in sweep.keys}
+
+    def measure(key: Key) -> None:
+        layout, c = key
+        run = _run_of(800.0, ttft[c], requests[c]) if layout == "continuous" else _run_of(500.0, 0.1, 16)
+        series[key].add(run, MachineLoad(0.0))
+
+    for _ in range(2):
+        for key in sweep.keys:
+            measure(key)
+    slo = Slo.parse("ttft_p99=500ms")
+    focus = deciding(sweep, slo, repeats=2, max_repeats=20)
+    assert focus(series) == [("continuous", 16)]
+    # Its next run is the tail run: the 268 requests it lacks (a tenth more) after the opening round of 16.
+    assert tail_requests(series, ("continuous", 16), slo) == 16 + 295
+    assert all(tail_requests(series, ("continuous", c), slo) is None for c in (4, 8, 32))
+    while focus(series):
+        measure(("continuous", 16))
+    assert len(series[("continuous", 16)]) == 8  # 400 requests: the first count past 368
+    assert tail_requests(series, ("continuous", 16), slo) is None
 
 
 def _record(i: int, ok: bool, kind: str | None = None, error: str | None = None) -> RequestRecord:

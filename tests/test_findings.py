@@ -146,12 +146,14 @@ def test_the_most_goodput_under_the_slo_and_the_first_point_that_fails_it() -> N
 
 
 def test_an_interval_that_straddles_the_limit_stops_the_latency_pool_and_says_so() -> None:
-    """TTFT p99 at 16 spreads from below to above the limit over its repeats: the data cannot tell, and the
-    largest batch shown to hold the SLO is the one below it."""
+    """TTFT at 16 spreads evenly from 100 to 201 ms, so its p99 is about the 200 ms limit: the interval of the
+    requests pooled over its repeats holds the limit, the data cannot tell, and the largest batch shown to hold the
+    SLO is the one below it."""
     docs = [d for d in sweep(levels=(4, 8), repeats=3)]
-    docs += [document(RunSpec(concurrency=16, repeat=r, throughput=800, ttft=t, jitter=0.0))
-             for r, t in enumerate((0.12, 0.2, 0.3))]
+    docs += [document(RunSpec(concurrency=16, repeat=r, throughput=800, ttft=0.1, jitter=1.0101)) for r in range(3)]
     f = layout(findings_from_documents(docs, slo=SLO))
+    (at16,) = f.slo_points[16].objectives
+    assert at16.pooled is not None and at16.pooled.n == 720 and at16.pooled.low < 0.2 < at16.pooled.high
     assert f.slo_points[16].judgement == "near the limit"
     assert f.latency_pool.concurrency == 8 and f.latency_pool.stopped_at.concurrency == 16
 
@@ -202,17 +204,24 @@ def test_goodput_is_recounted_under_the_slo_given() -> None:
 
 
 def test_a_percentile_its_samples_do_not_support_is_noted_and_judged_on_its_interval() -> None:
+    """Three runs of 64 requests: each run's p99 is noted as near its maximum, and the 192 requests pooled bound
+    the p99 below (batch 16 clearly fails) but not above: no batch is shown to hold the SLO, and the answer says
+    what a p99 needs."""
     found = findings_from_documents(sweep(fit=8, requests=64, repeats=3), slo=SLO)
     f = layout(found)
     assert "ttft p99 of 64 requests is near their maximum" in (f.points[0].to_dict()["percentile_note"] or "")
-    assert f.latency_pool.concurrency == 8  # the curve and the verdicts still stand
+    assert [f.slo_points[c].judgement for c in (1, 8, 16)] == ["too few requests"] * 2 + ["fails"]
+    assert f.latency_pool.concurrency is None and f.latency_pool.stopped_at.concurrency == 16
+    answer = decisions(found).answers(SLO)["latency"]
+    assert answer.startswith("none decided; batch 16: ttft_p99 ") and answer.endswith(": a p99 needs 368")
+    assert "too few requests to judge batch 1 (n=192), 2 (n=192), 4 (n=192), 8 (n=192)" in answer
 
 
 # --------------------------------------------------------------------------- invalid points and repeats
 
 
 def test_an_invalid_point_is_kept_flagged_and_left_out_of_the_curve() -> None:
-    docs = sweep(fit=8)
+    docs = sweep(fit=8, requests=400)  # enough to bound each point's p99 against the SLO
     docs[3] = document(RunSpec(concurrency=8, throughput=800, failed=5, kv_usage=0.7, labels={"kv_fit": 8}))
     found = findings_from_documents(docs, slo=SLO)
     f = layout(found)

@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from batchbench.analysis.findings.slo import ObjectiveAt
 from batchbench.analysis.quantiles import _cdf, needed, order_ranks, pooled
+from batchbench.measures.slo import Slo
 
 
 @pytest.mark.parametrize(("name", "draw", "quantile"), [
@@ -60,4 +62,7 @@ def test_a_p99_from_80_requests_is_marked_too_few_with_the_count_it_needs() -> N
     assert needed(0.99) == 368 and needed(0.5) == 6
     found = pooled([0.01 * (i + 1) for i in range(80)], 0.99)
     assert found is not None and not found.bounded and found.high is None and found.low is not None
-    assert found.text().endswith(": too few requests (n=80; a p99 needs 368)")
+    at = ObjectiveAt(Slo.parse("ttft_p99=2s").objectives[0], None, pooled=found)
+    assert at.judgement == "too few requests"  # 0.79 s, well within 2 s, but nothing bounds it above
+    assert at.text() == "ttft_p99 792 [770–?] ms (n=80) vs 2,000 ms"
+    assert at.why() == "too few requests: a p99 needs 368"

@@ -19,17 +19,20 @@ goes. ``run`` drives it; the suites take its padding pair.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from batchbench.adapters.registry import get_spec
 from batchbench.analysis import validity
+from batchbench.analysis.quantiles import Quantile, Side, pooled
 from batchbench.analysis.regimes import PEAK_SHARE, SweepPoint, against_peak, classify_regimes
 from batchbench.analysis.repeats import DEFAULT_PRECISION, Estimate, RepeatProtocol, Repeats, paired
 from batchbench.core.config import BatchingConfig
 from batchbench.load.runner import MeasuredRun
 from batchbench.load.sweep import SweepDesign, sweep_design
+from batchbench.measures.metrics import latencies
 from batchbench.measures.slo import Slo
 from batchbench.results.document import RunLabels
 from batchbench.workload.profiles import Profile
@@ -110,12 +113,13 @@ class EngineSweep:
         return ([("continuous", c) for c in self.levels if c < fit] + at_fit
                 + [("continuous", c) for c in self.levels if c > fit])
 
-    def workload(self, key: Key) -> Workload:
-        """The workload of one measurement; continuous and static waves at the fit send the same requests."""
+    def workload(self, key: Key, requests: int | None = None) -> Workload:
+        """The workload of one measurement; continuous and static waves at the fit send the same requests.
+        ``requests``: a longer curve run than the sweep's (the SLO's tail run: :func:`tail_requests`)."""
         layout, c = key
         d = self.design
         if layout == "continuous":
-            return d.workload(c, self.requests(c))
+            return d.workload(c, requests or self.requests(c))
         if layout == "static-waves":
             return d.workload(c, self.generations * c).with_arrival(Arrival("waves", concurrency=c))
         return padding_pair(d.max_model_len or self.max_model_len, c, PADDING_WAVES)[layout]
@@ -135,13 +139,16 @@ class EngineSweep:
             units = float(self.generations)
         return units * calibration.generation_s
 
-    def labels(self, layout: str, concurrency: int, repeat: int, precision: float, time_limit_s: float
-               ) -> RunLabels:
-        """What findings and the report group by; ``kv_fit`` only where the design sized the KV cache."""
+    def labels(self, layout: str, concurrency: int, repeat: int, precision: float, time_limit_s: float,
+               requests: int | None = None) -> RunLabels:
+        """What findings and the report group by; ``kv_fit`` only where the design sized the KV cache;
+        ``requests``: a curve run longer than the sweep's, whose generations are counted from them."""
         d = self.design
+        generations = self.generations if requests is None else max(
+            self.generations, requests // concurrency if concurrency <= d.fit else (requests - concurrency) // d.fit)
         # warmed_up: the engine cache's warm-up and one unrecorded pass of the sweep's own shapes came first.
         return RunLabels(suite="main", layout=layout, concurrency=concurrency, repeat=repeat, warmed_up=True,
-                         fit=d.fit, precision=precision, time_limit_s=time_limit_s, generations=self.generations,
+                         fit=d.fit, precision=precision, time_limit_s=time_limit_s, generations=generations,
                          kv_fit=d.fit if d.block_size is not None and self.batching is not None else None,
                          kv_capacity_tokens=self.batching.kv_capacity_tokens if self.batching else None,
                          design=d.describe())
@@ -232,7 +239,8 @@ class Repetition:
         """The schedule of one engine's runs: every measurement ``repeats`` times; then, while ``budget_s`` lasts
         and each run ``fits``, again what the answer still needs (:func:`deciding`), most needed first."""
         return RepeatProtocol(repeats=self.repeats, max_repeats=self.max_repeats, settled=_never, alternate=True,
-                              budget_s=budget_s, focus=deciding(sweep, slo, self.repeats, self.precision), fits=fits)
+                              budget_s=budget_s, fits=fits,
+                              focus=deciding(sweep, slo, self.repeats, self.precision, self.max_repeats))
 
 
 def _never(_: Repeats[MeasuredRun]) -> bool:
@@ -241,7 +249,8 @@ def _never(_: Repeats[MeasuredRun]) -> bool:
     return False
 
 
-def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS, precision: float = DEFAULT_PRECISION
+def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS, precision: float = DEFAULT_PRECISION,
+             max_repeats: int = MAX_REPEATS_FACTOR * DEFAULT_REPEATS
              ) -> Callable[[Mapping[Key, Repeats[MeasuredRun]]], list[Key]]:
     """What the answer still needs measured, given the runs so far, most needed first
     (:attr:`RepeatProtocol.focus`); each key leaves the list once what it decides is decided, and the first three
@@ -250,14 +259,16 @@ def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS, preci
     1. any measurement with fewer than ``repeats`` usable runs (an invalid run is measured again);
     2. the sweet spot and the batch of most throughput, until their throughput is within ``precision``; the batch
        below the sweet spot until it is shown under the sweet spot's share of the peak, the one above until it is
-       placed against the peak (:func:`_curve_keys`);
-    3. the SLO's TTFT p99 boundary (the last point that meets it, the first that fails, any too thin to judge
-       between them), until each verdict is decided;
+       placed against the peak; while fewer than two points are decided, every point too thin to decide on
+       (:func:`_curve_keys`);
+    3. the SLO's TTFT p99 boundary (the last point whose pooled p99 is within the limit, and any undecided above it
+       up to the first that clearly fails), until each verdict is decided, or until ``max_repeats`` runs could not
+       give it the requests a p99 needs;
     4. every point that could still be the peak or within its margin (one too thin to place, or one whose ratio to
        the peak holds 1 but reaches past the sweet spot's margin), until it is placed or precise;
     5. the comparisons at the fit (continuous against static waves, the padding pair), each pair side by side,
        until their ratio is within ``precision`` or excludes 1;
-    6. points below the SLO boundary too thin to judge against it.
+    6. points below the SLO boundary not yet judged against it, where ``max_repeats`` runs could give the requests.
 
     Points far from any decision (a batch of 1 at a fifth of the peak) get no more than ``repeats``.
     """
@@ -269,7 +280,7 @@ def deciding(sweep: EngineSweep, slo: Slo, repeats: int = DEFAULT_REPEATS, preci
         first = [key for key, runs in series.items()
                  if sum(usable_throughput(r) is not None for r in runs.runs) < repeats]
         first += _curve_keys(tok, precision)
-        boundary, below = _slo_keys(series, limit, precision) if limit is not None else ([], [])
+        boundary, below = _slo_keys(series, limit, max_repeats) if limit is not None else ([], [])
         first += boundary
         then = _rivals(tok, precision)
         for pair in ((("continuous", fit), ("static-waves", fit)), (("homogeneous", fit), ("padded-mixed", fit))):
@@ -296,10 +307,12 @@ def _curve_keys(tok: Mapping[Key, Estimate], precision: float) -> list[Key]:
     """The points of the curve so far (as the findings will read it) that the sweet spot still needs measured: the
     sweet spot and the peak until their throughput is within ``precision`` (the answer quotes them); the batch below
     the sweet spot until it is shown under :data:`~batchbench.analysis.regimes.PEAK_SHARE` of the peak, and the one
-    above until it is placed against the peak (either would move the sweet spot), or until they are as precise."""
+    above until it is placed against the peak (either would move the sweet spot), or until they are as precise;
+    every point too thin to decide on while fewer than two are decided (no curve to read yet)."""
     curve = _curve(tok, precision)
     if len(curve) < 2:
-        return []
+        # Too few points decided to read a curve from: those too thin to decide on come first.
+        return sorted(key for key, e in tok.items() if key[0] == "continuous" and e.thin(precision))
     levels = [c for c, _ in curve]
     knee = levels.index(classify_regimes([SweepPoint(c, e.value, 0.0, 0.0) for c, e in curve]).sweet_spot)
     peak_c, peak = max(curve, key=lambda ce: (ce[1].value, -ce[0]))
@@ -335,26 +348,66 @@ def _rivals(tok: Mapping[Key, Estimate], precision: float) -> list[Key]:
     return found
 
 
-def _slo_keys(series: Mapping[Key, Repeats[MeasuredRun]], limit: float, precision: float
-              ) -> tuple[list[Key], list[Key]]:
-    """The TTFT p99 verdicts still open on the curve, walked as the findings walk it: those at its boundary (from
-    the last point that clearly meets the limit to the first that clearly fails it), and those below it."""
-    ttft = sorted((c, e) for (layout, c), runs in series.items()
-                  if layout == "continuous" and (e := runs.estimate(usable_ttft_p99)) is not None)
+@dataclass(frozen=True)
+class _SloCurve:
+    """The curve's TTFT p99 so far, each point's usable requests pooled and judged as the findings judge them
+    (:mod:`batchbench.analysis.findings.slo`), with where the verdict turns."""
 
-    def verdict(e: Estimate) -> str | None:
-        """As the findings judge it (:class:`~batchbench.analysis.findings.slo.ObjectiveAt`); None: undecided."""
-        if e.thin(precision):
+    #: (concurrency, pooled p99, usable runs, its verdict against the limit), by concurrency.
+    points: list[tuple[int, Quantile, int, Side]]
+    #: The index of the first point clearly beyond the limit (None: none is).
+    stop: int | None
+    #: The index of the last point before ``stop`` whose p99 is within the limit: the largest batch the SLO could
+    #: hold at, the candidate (None: none is).
+    last: int | None
+
+    @classmethod
+    def of(cls, series: Mapping[Key, Repeats[MeasuredRun]], limit: float) -> _SloCurve:
+        points = []
+        for (layout, c), runs in sorted(series.items(), key=lambda kv: kv[0][1]):
+            used = [r for r in runs.kept() if usable_throughput(r) is not None]
+            found = pooled([v for r in used for v in latencies(r.records, r.summary.steady, "ttft")], 0.99)
+            if layout == "continuous" and found is not None:
+                points.append((c, found, len(used), found.against(limit)))
+        stop = next((i for i, p in enumerate(points) if p[3] == "beyond"), None)
+        last = max((i for i, p in enumerate(points[:stop]) if p[1].value <= limit), default=None)
+        return cls(points, stop, last)
+
+    def candidate(self) -> tuple[int, Quantile] | None:
+        """The candidate point where its p99 is within the limit but too few requests bound it above."""
+        if self.last is None:
             return None
-        low, high = (e.low, e.high) if e.low is not None and e.high is not None else (e.value, e.value)
-        return "meets" if high <= limit else "fails" if low > limit else None
+        c, q, _, verdict = self.points[self.last]
+        return (c, q) if verdict == "too few" else None
 
-    verdicts = [(c, verdict(e)) for c, e in ttft]
-    stop = next((i for i, (_, v) in enumerate(verdicts) if v == "fails"), len(verdicts) - 1)
-    last = max((i for i, (_, v) in enumerate(verdicts[:stop]) if v == "meets"), default=0)
-    boundary = [("continuous", c) for c, v in verdicts[last:stop + 1] if v is None]
-    below = [("continuous", c) for c, v in verdicts[:last] if v is None]
-    return boundary, below
+
+def _slo_keys(series: Mapping[Key, Repeats[MeasuredRun]], limit: float, max_repeats: int
+              ) -> tuple[list[Key], list[Key]]:
+    """The TTFT p99 verdicts still open on the curve (:class:`_SloCurve`): those at its boundary (from the candidate
+    to the first point that clearly fails), and those below it. The candidate is measured again however few its
+    requests (its next run is the tail run: :func:`tail_requests`); a point below it only where ``max_repeats``
+    runs like its own could give the requests its p99 needs."""
+    curve = _SloCurve.of(series, limit)
+    open_ = [("continuous", c) if v == "straddles" or (v == "too few" and (i == curve.last
+                                                                           or q.reachable(n, max_repeats)))
+             else None for i, (c, q, n, v) in enumerate(curve.points)]
+    last, stop = curve.last or 0, len(open_) if curve.stop is None else curve.stop + 1
+    return [key for key in open_[last:stop] if key is not None], [key for key in open_[:last] if key is not None]
+
+
+def tail_requests(series: Mapping[Key, Repeats[MeasuredRun]], key: Key, slo: Slo) -> int | None:
+    """Requests of the next run of ``key`` where it is the SLO's candidate (:class:`_SloCurve`): a run whose steady
+    state brings the pooled TTFT count to what a p99 needs, a tenth more to spare. A closed loop's steady state holds
+    every request sent after its opening round of ``c`` (:class:`~batchbench.measures.metrics.SteadyState`), so
+    that is ``c`` more. None for any other key: its next run is as the sweep sizes it. Runs as short as the sweep's
+    could not get there pooled: at ``c`` requests short of theirs each, ten runs of three generations at batch 8
+    hold 160."""
+    limit = next((o.limit_s for o in slo.objectives if o.metric == "ttft" and o.stat == "p99"), None)
+    found = _SloCurve.of(series, limit).candidate() if limit is not None else None
+    if found is None or ("continuous", found[0]) != key:
+        return None
+    c, q = found
+    return c + math.ceil((q.needed - q.n) * 1.1)
 
 
 def _compared(a: Repeats[MeasuredRun], b: Repeats[MeasuredRun], precision: float) -> bool:
@@ -382,9 +435,3 @@ def usable_throughput(result: MeasuredRun) -> float | None:
     if result.summary.failed or validity.load_reasons(result.client, result.machine):
         return None
     return result.summary.curve_throughput
-
-
-def usable_ttft_p99(result: MeasuredRun) -> float | None:
-    """A usable run's TTFT p99, in its steady state where it has one (as the SLO judges it)."""
-    ttft = (result.summary.steady or result.summary).ttft
-    return ttft.p99 if ttft is not None and usable_throughput(result) is not None else None

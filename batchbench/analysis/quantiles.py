@@ -16,9 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from batchbench.analysis.repeats import CONFIDENCE
 from batchbench.measures.metrics import percentile
+
+#: Where a quantile lies against a limit (:meth:`Quantile.against`).
+Side = Literal["within", "beyond", "straddles", "too few"]
 
 
 @dataclass(frozen=True)
@@ -38,14 +42,19 @@ class Quantile:
     def bounded(self) -> bool:
         return self.low is not None and self.high is not None
 
-    def text(self, unit: str = "ms", scale: float = 1000.0) -> str:
-        """``588 [525–658] ms (n=560)``, or ``588 [525–?] ms: too few requests (n=80; a p99 needs 368)``."""
-        low = "?" if self.low is None else f"{self.low * scale:,.3g}"
-        high = "?" if self.high is None else f"{self.high * scale:,.3g}"
-        shown = f"{self.value * scale:,.3g} [{low}–{high}] {unit}"
-        if self.bounded:
-            return f"{shown} (n={self.n})"
-        return f"{shown}: too few requests (n={self.n}; a p{self.q * 100:g} needs {self.needed})"
+    def against(self, limit: float) -> Side:
+        """Where the quantile lies against ``limit``: its whole interval within it or beyond it, an interval that
+        straddles it, or too few samples to bound it on the side that would decide."""
+        if self.low is not None and self.low > limit:
+            return "beyond"
+        if self.high is not None and self.high <= limit:
+            return "within"
+        return "straddles" if self.bounded else "too few"
+
+    def reachable(self, runs: int, max_runs: int) -> bool:
+        """Whether more runs like the ``runs`` it pools (their samples on average), up to ``max_runs`` in all,
+        would give it the samples it needs to be bounded."""
+        return not self.bounded and runs > 0 and self.n + self.n / runs * (max_runs - runs) >= self.needed
 
 
 def _cdf(n: int, q: float) -> list[float]:

@@ -64,6 +64,7 @@ from batchbench.analysis.main_job import (
     TimeLimit,
     engine_sweep,
     generations_for,
+    tail_requests,
     usable_throughput,
 )
 from batchbench.analysis.repeats import DEFAULT_PRECISION, Repeats
@@ -306,10 +307,18 @@ class EngineMeasurement:
     sent: Callable[[Workload], Workload]
     series: dict[Key, Repeats[MeasuredRun]] = field(default_factory=dict)
 
-    def fits(self, key: Key, limit: TimeLimit) -> bool:
-        """Whether a run of ``key`` (as long as its last one, else as planned) still fits the job and the share."""
+    def tail(self, key: Key, slo: Slo, repeats: int) -> int | None:
+        """Requests of the next run of ``key`` where it is the SLO's tail run (:func:`tail_requests`); only past
+        its mandatory runs."""
+        return tail_requests(self.series, key, slo) if len(self.series[key]) >= repeats else None
+
+    def fits(self, key: Key, limit: TimeLimit, requests: int | None = None) -> bool:
+        """Whether a run of ``key`` (as long as its last one, else as planned; ``requests`` long, at its last one's
+        pace) still fits the job and the share."""
         runs = self.series[key].runs
         expected = runs[-1].duration_s if runs else self.sweep.expected_s(key, self.calibration)
+        if requests is not None and runs:
+            expected *= requests / max(1, len(runs[-1].records))
         within_share = time.perf_counter() + expected <= self.measuring + MANDATORY_OVERRUN * self.share
         return limit.fits(expected) and within_share
 
@@ -319,18 +328,21 @@ class EngineMeasurement:
         name, sweep = self.name, self.sweep
         workloads = {key: self.sent(sweep.workload(key)) for key in sweep.keys}
         self.series = {key: Repeats() for key in workloads}
-        protocol = repetition.protocol(sweep, slo, self.share, lambda key: self.fits(key, limit))
+        protocol = repetition.protocol(sweep, slo, self.share,
+                                       lambda key: self.fits(key, limit, self.tail(key, slo, repetition.repeats)))
         # Driven by hand rather than protocol.run: the runs are awaited on this loop.
         for (layout, c), repeat in protocol.schedule(self.series, started=self.measuring):
             extra = repeat >= repetition.repeats
             outcome.planned_done += not extra
             progress.sweep(outcome.planned_done, planned, f"{name} {layout} c={c} #{repeat}", left_s=limit.left(),
                            extra=extra)
-            workload = workloads[(layout, c)]
+            # The SLO's candidate batch gets one run long enough to bound its TTFT p99 (tail_requests).
+            tail = self.tail((layout, c), slo, repetition.repeats)
+            workload = workloads[(layout, c)] if tail is None else self.sent(sweep.workload((layout, c), tail))
             with progress.run(len(workload.requests), f"{layout:>13} c={c:<3} #{repeat}") as bar:
                 result = await run(self.engine, workload, results_dir=results_dir, tag=f"{layout}-c{c}", load=load,
                                    slo=slo, labels=sweep.labels(layout, c, repeat, repetition.precision,
-                                                                    limit.limit_s),
+                                                                    limit.limit_s, tail),
                                    on_record=bar.observe, gpu=gpu)
                 s = result.summary
                 bar.finish(f"  {layout:>13} c={c:<3} #{repeat}: {s.ok}/{s.requests} ok, "

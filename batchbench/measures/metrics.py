@@ -33,6 +33,7 @@ __all__ = [
     "Summary",
     "itl_samples",
     "jain_index",
+    "latencies",
     "mean_decoding",
     "meets_slos",
     "percentile",
@@ -193,6 +194,21 @@ class SteadyState:
     @property
     def duration_s(self) -> float:
         return self.end_s - self.start_s
+
+
+def latencies(records: Sequence[RequestRecord], steady: SteadyState | None, metric: str) -> list[float]:
+    """The samples a run's distribution of ``metric`` (``ttft``, ``ttfo``, ``tpot``, ``e2e``, ``itl``) is of: its
+    successful requests sent in its steady state where it has one, else all of them; ITL gives a sample per token
+    (:func:`itl_samples`), the others one per request. Pooling these over repeats is how a point's tail
+    percentile gets enough samples to bound it."""
+    ok = [r for r in records if r.ok and r.chunk_times]
+    if steady is not None:
+        ok = [r for r in ok if steady.start_s <= r.sent_s <= steady.end_s]
+    if metric == "itl":
+        return [x for r in ok for x in itl_samples(r)]
+    per_request: dict[str, Callable[[RequestRecord], float | None]] = {
+        "ttft": lambda r: r.ttft_s, "ttfo": lambda r: r.ttfo_s, "tpot": tpot, "e2e": lambda r: r.e2e_s}
+    return _present(per_request[metric](r) for r in ok)
 
 
 def steady_state(records: Sequence[RequestRecord]) -> SteadyState | None:

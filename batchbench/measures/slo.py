@@ -54,6 +54,12 @@ class Objective:
         """``ttft_p99``: the key it was written with, and the key figures are reported under."""
         return f"{self.metric}_{self.stat}"
 
+    @property
+    def quantile(self) -> float | None:
+        """``0.99`` for a p99: a percentile objective, which a point judges on its requests pooled over its repeats;
+        None for a mean or a max."""
+        return {"p50": 0.5, "p90": 0.9, "p99": 0.99}.get(self.stat)
+
     def value(self, summary: Summary) -> float | None:
         """The run's value of this statistic, in its steady state where it has one (a closed loop: the opening
         burst of every client's first prompt at once is no state a server stays in); None when the run has no

@@ -18,7 +18,7 @@ from batchbench.analysis.findings.batching import ContinuousOverStatic
 from batchbench.analysis.findings.curve import MostThroughput, SweetSpot
 from batchbench.analysis.findings.memory import MemoryBound
 from batchbench.analysis.findings.padding import PaddingCost
-from batchbench.analysis.findings.slo import LatencyPool
+from batchbench.analysis.findings.slo import UNDECIDED, LatencyPool, SloAt
 from batchbench.analysis.findings.text import estimate, ms
 from batchbench.analysis.findings.text import ratio as ratio_text
 from batchbench.analysis.regimes import PEAK_SHARE
@@ -117,18 +117,15 @@ class EngineDecisions:
         return "".join(said)
 
     def _latency(self, slo: Slo | None) -> str:
-        """The largest batch that holds the SLO's TTFT objectives; then each point above it that did not clearly
-        hold them (the one that stopped the walk, and any with too few repeats to judge), in batch order; then those
-        below it with too few repeats."""
+        """The largest batch that holds the SLO's TTFT objectives; then the point that stopped the walk; then the
+        points too thin to judge, by why (each with its count of requests where that is why)."""
         pool = self.latency_pool
         if slo is None or pool is None:
             return "no SLO given" if slo is None else "no valid point"
-        largest = pool.concurrency or 0
-        above = sorted((*(t for t in pool.too_thin if t.concurrency > largest),
-                        *([pool.stopped_at] if pool.stopped_at is not None else [])), key=lambda at: at.concurrency)
-        after = "".join(f"; batch {at.concurrency}: {'; '.join(at.failed())}" for at in above)
-        below = [str(t.concurrency) for t in pool.too_thin if t.concurrency < largest]
-        after += f"; too few repeats to judge batch {', '.join(below)}" if below else ""
+        after = f"; batch {pool.stopped_at.concurrency}: {'; '.join(pool.stopped_at.failed())}" \
+            if pool.stopped_at is not None else ""
+        after += "".join(_too_thin_text(why, [t for t in pool.too_thin if t.judgement == why]) for why in UNDECIDED)
+        above = pool.stopped_at is not None or any(t.concurrency > (pool.concurrency or 0) for t in pool.too_thin)
         if pool.at is None:
             if pool.stopped_at is None:
                 return "undecided" + after
@@ -139,6 +136,7 @@ class EngineDecisions:
         held = "; ".join(o.text() for o in pool.at.objectives)
         return f"batch {pool.concurrency} ({held}){', the largest measured' if not above else ''}{after}"
 
+
     def to_dict(self, slo: Slo | None) -> dict[str, Any]:
         return {"engine": self.engine, "layout": self.layout, "answers": self.answers(slo),
                 **codec.encode({"throughput": self.throughput, "sweet_spot": self.sweet_spot,
@@ -147,6 +145,21 @@ class EngineDecisions:
                                 "padding_cost": self.padding_cost, "memory_bound": self.memory_bound,
                                 "imprecise": self.imprecise, "precision_target": self.precision_target,
                                 "too_thin": self.too_thin})}
+
+
+def _too_thin_text(why: str, points: list[SloAt]) -> str:
+    """``; too few requests to judge batch 1 (n=9), 2 (n=18): a p99 needs 368`` (or ``too few repeats``)."""
+    if not points:
+        return ""
+    if why != "too few requests":
+        return f"; {why} to judge batch {', '.join(str(t.concurrency) for t in points)}"
+    counts, needs = [], {}
+    for at in points:
+        few = [o.pooled for o in at.objectives if o.judgement == why and o.pooled is not None]
+        counts.append(f"{at.concurrency} (n={min(q.n for q in few)})" if few else str(at.concurrency))
+        needs.update({f"p{q.q * 100:g}": q.needed for q in few})
+    return (f"; {why} to judge batch {', '.join(counts)}: "
+            f"{', '.join(f'a {p} needs {n}' for p, n in sorted(needs.items()))}")
 
 
 def precision_sentence(decisions: list[EngineDecisions]) -> str | None:
@@ -176,7 +189,32 @@ def precision_sentence(decisions: list[EngineDecisions]) -> str | None:
                     f"±{target:.0%}), so left out of the sweet spot, the peak and the SLO verdicts: {where}. The runs "
                     f"they lack take about {math.ceil(sum(t.more_runs_s for t in thin)):.0f} s here; {command} "
                     f"gives every point {MIN_DECIDING_REPEATS} runs.")
+    few = _too_few_requests(decisions)
+    if few:
+        said.append(few)
     return " ".join(said) or None
+
+
+def _too_few_requests(decisions: list[EngineDecisions]) -> str | None:
+    """Which points had too few requests, pooled over their repeats, to bound an SLO percentile on the side that
+    would decide it (:mod:`batchbench.analysis.findings.slo`), with their counts and the count it needs."""
+    where: list[str] = []
+    needs: set[str] = set()
+    for d in decisions:
+        thin = [] if d.latency_pool is None else [t for t in d.latency_pool.too_thin
+                                                  if t.judgement == "too few requests"]
+        counts = []
+        for at in thin:
+            few = [o.pooled for o in at.objectives if o.judgement == "too few requests" and o.pooled is not None]
+            needs.update(f"p{q.q * 100:g} needs {q.needed}" for q in few)
+            counts.append(f"{at.concurrency} (n={min(q.n for q in few)})" if few else str(at.concurrency))
+        if counts:
+            where.append(f"{d.engine} at {', '.join(counts)}")
+    if not where:
+        return None
+    return (f"Too few requests to bound the SLO's percentile on the side that would decide it (pooled over the "
+            f"repeats; a {', a '.join(sorted(needs))} at 95%), so neither held nor failed: {'; '.join(where)}. "
+            f"A longer --time-limit gives the main job the runs to reach them.")
 
 
 def slo_text(slo: Slo | None) -> str:

@@ -28,7 +28,7 @@ from batchbench.core import codec
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
 from batchbench.fixtures import shipped_model_dir
-from batchbench.measures.metrics import Summary, summarize, tpot
+from batchbench.measures.metrics import Summary, latencies, summarize
 from batchbench.measures.slo import Slo, Verdict
 from batchbench.measures.speculation import SpeculationCounters
 from batchbench.results.document import RunDocument
@@ -140,14 +140,9 @@ class Measurement:
                           self.kv_usage_peak, self.preemptions, self.waiting_peak)
 
     def latencies(self, metric: str) -> list[float]:
-        """Each counted request's TTFT or TPOT: those sent in the run's steady state where it has one (the same
-        requests its summary's percentiles are of), else every successful one."""
-        steady = self.summary.steady if self.summary is not None else None
-        ok = [r for r in self.records if r.ok and r.chunk_times]
-        if steady is not None:
-            ok = [r for r in ok if steady.start_s <= r.sent_s <= steady.end_s]
-        values = (r.ttft_s for r in ok) if metric == "ttft" else (tpot(r) for r in ok)
-        return [v for v in values if v is not None]
+        """The run's samples of ``metric``: those its summary's distribution is of
+        (:func:`~batchbench.measures.metrics.latencies`)."""
+        return latencies(self.records, self.summary.steady if self.summary is not None else None, metric)
 
     def ordered_records(self) -> list[RequestRecord]:
         """Records in the workload's send order (request ids end in their zero-padded index)."""

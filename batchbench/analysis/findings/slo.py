@@ -1,16 +1,20 @@
 """The SLO: each point judged against it, the most goodput under it, and the largest batch that holds it.
 
-A point's value of an objective (``ttft_p99``) is the estimate over its runs of each run's own statistic
-(:class:`~batchbench.analysis.repeats.Estimate`). It **meets** the objective when the whole interval is within
-the limit, **fails** it when the whole interval is beyond, and is **near the limit** when the interval
-straddles it: the data cannot tell, and a decision built on it says so rather than picking a side. A value
-too thin to decide on (:meth:`~batchbench.analysis.repeats.Estimate.thin`: fewer than three repeats and an interval
-wider than the precision asked) is judged **too few repeats**, whichever side its interval falls. A point with one
-run has no interval and is judged on its value (the estimate says n=1).
+A percentile objective (``ttft_p99``) is judged on the point's requests pooled over its repeats, by the
+percentile's distribution-free interval (:mod:`batchbench.analysis.quantiles`): the point **meets** it when the
+interval's upper end is within the limit, **fails** it when its lower end is beyond, and is **near the limit** when
+the interval straddles it. Where the requests are too few to bound the percentile on the side that would decide
+(a p99 needs 368 for an upper bound at 95%), it is judged **too few requests**, with the count it would need: the
+mean of each run's own p99, a run's largest TTFT or so, says nothing of how far the true p99 could be. A mean or
+max objective is judged on the estimate over the runs of each run's own value
+(:class:`~batchbench.analysis.repeats.Estimate`) the same way, and one too thin to decide on
+(:meth:`~batchbench.analysis.repeats.Estimate.thin`: fewer than three repeats and an interval wider than the
+precision asked) is judged **too few repeats**. A decision built on an undecided point says so rather than
+picking a side.
 
 The latency pool is sized by walking up the curve while every point meets the SLO's TTFT objectives
 (all of its objectives when it has none on TTFT): the last such point is the largest batch that holds
-them, and the first other point says why the walk stopped. A point with too few repeats neither holds nor stops
+them, and the first other point says why the walk stopped. A point too thin to judge neither holds nor stops
 the walk: it is named beside the answer as undecided.
 """
 
@@ -21,26 +25,39 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from batchbench.analysis.findings.points import Point, PointFindings
-from batchbench.analysis.findings.text import ms, ms_estimate
+from batchbench.analysis.findings.text import ms, ms_estimate, ms_quantile
+from batchbench.analysis.quantiles import Quantile, Side, pooled
 from batchbench.analysis.repeats import DEFAULT_PRECISION, Estimate
 from batchbench.core import codec
 from batchbench.measures.slo import Objective, Slo
 
-Judgement = Literal["meets", "fails", "near the limit", "too few repeats", "unknown"]
+Judgement = Literal["meets", "fails", "near the limit", "too few repeats", "too few requests", "unknown"]
+#: A pooled percentile's judgement by where its interval lies against the limit.
+_POOLED: dict[Side, Judgement] = {"within": "meets", "beyond": "fails", "straddles": "near the limit",
+                                  "too few": "too few requests"}
+#: Judgements of data too thin to decide: they neither hold nor stop the latency pool's walk.
+UNDECIDED: tuple[Judgement, ...] = ("too few repeats", "too few requests")
 
 
 @dataclass(frozen=True)
 class ObjectiveAt:
-    """One objective at one point: its value over the runs and the judgement."""
+    """One objective at one point: its value over the runs, its pooled percentile, and the judgement."""
 
     objective: Objective
+    #: The estimate over the runs of each run's own value (what a mean or max objective is judged on).
     value: Estimate | None
-    #: Whether the value is too thin to decide on (module docstring).
+    #: Whether that value is too thin to decide on (module docstring).
     thin: bool = False
+    #: A percentile objective's value over the point's requests pooled over its repeats, with its own interval
+    #: (None: a mean or max objective, or documents without their records, judged on the runs' values).
+    pooled: Quantile | None = None
 
     @property
     def judgement(self) -> Judgement:
-        v, limit = self.value, self.objective.limit_s
+        limit = self.objective.limit_s
+        if (q := self.pooled) is not None:
+            return _POOLED[q.against(limit)]
+        v = self.value
         if v is None:
             return "unknown"
         if self.thin:
@@ -49,13 +66,24 @@ class ObjectiveAt:
         return "meets" if high <= limit else "fails" if low > limit else "near the limit"
 
     def text(self) -> str:
-        """``ttft_p99 84 ms [70–98] vs 500 ms``."""
+        """``ttft_p99 84 [70–98] ms (n=420) vs 500 ms``; a mean's ``tpot_mean 12 ms [11–13] vs 50 ms``."""
+        name, limit = self.objective.name, ms(self.objective.limit_s)
+        if (q := self.pooled) is not None:
+            return f"{name} {ms_quantile(q)} (n={q.n}) vs {limit}"
         value = "no samples" if self.value is None else ms_estimate(self.value)
-        return f"{self.objective.name} {value} vs {ms(self.objective.limit_s)}"
+        return f"{name} {value} vs {limit}"
+
+    def why(self) -> str:
+        """The judgement as said beside the value: ``too few requests: a p99 needs 368``."""
+        if self.judgement == "too few requests" and self.pooled is not None:
+            return f"too few requests: a {self.objective.stat} needs {self.pooled.needed}"
+        return self.judgement
 
     def to_dict(self) -> dict[str, Any]:
+        pooled_ = None if self.pooled is None else codec.encode(self.pooled) | {"bounded": self.pooled.bounded}
         return {"objective": self.objective.name, "limit_s": self.objective.limit_s,
-                "value": codec.encode(self.value), "thin": self.thin, "judgement": self.judgement}
+                "value": codec.encode(self.value), "thin": self.thin, "pooled": pooled_,
+                "judgement": self.judgement}
 
 
 @dataclass(frozen=True)
@@ -72,7 +100,7 @@ class SloAt:
         found = {o.judgement for o in self.objectives}
         if not self.valid or "unknown" in found:
             return "unknown"
-        return next(j for j in ("fails", "too few repeats", "near the limit", "meets") if j in found or j == "meets")
+        return next(j for j in ("fails", *UNDECIDED, "near the limit", "meets") if j in found or j == "meets")
 
     def only(self, metric: str) -> SloAt:
         """The objectives on one metric (``ttft``); all of them where the SLO has none on it."""
@@ -81,20 +109,23 @@ class SloAt:
 
     def failed(self) -> tuple[str, ...]:
         """The objectives that do not clearly hold, with their values."""
-        return tuple(f"{o.text()} ({o.judgement})" for o in self.objectives if o.judgement != "meets")
+        return tuple(f"{o.text()} ({o.why()})" for o in self.objectives if o.judgement != "meets")
 
     JSON_DERIVED: ClassVar[tuple[str, ...]] = ("judgement",)
 
 
 def slo_at(point: Point, slo: Slo) -> SloAt:
-    """The SLO at a point: each objective's value over the used runs (their own verdicts' values)."""
+    """The SLO at a point: each objective's value over the used runs (their own verdicts' values) and, for a
+    percentile, over their requests pooled."""
     objectives = []
     target = point.precision_target or DEFAULT_PRECISION
     for objective in slo.objectives:
         values = [v for r in point.used if r.verdict is not None
                   and (v := r.verdict.values.get(objective.name)) is not None]
         found = Estimate.of(values)
-        objectives.append(ObjectiveAt(objective, found, found is not None and found.thin(target)))
+        q = objective.quantile
+        tail = None if q is None else pooled([v for r in point.used for v in r.latencies(objective.metric)], q)
+        objectives.append(ObjectiveAt(objective, found, found is not None and found.thin(target), tail))
     return SloAt(point.concurrency, tuple(objectives), point.valid)
 
 
@@ -134,7 +165,8 @@ class LatencyPool:
     at: SloAt | None
     #: The first point that does not clearly meet them (None: every valid point does).
     stopped_at: SloAt | None
-    #: The points below that one with too few repeats to judge: they neither held nor stopped the walk.
+    #: The points below that one too thin to judge (too few repeats or requests): they neither held nor stopped
+    #: the walk.
     too_thin: tuple[SloAt, ...] = ()
 
 
@@ -146,7 +178,7 @@ def latency_pool(points: Sequence[PointFindings], slos: dict[int, SloAt]) -> Lat
     last: SloAt | None = None
     thin: list[SloAt] = []
     for found in valid:
-        if found.judgement == "too few repeats":
+        if found.judgement in UNDECIDED:
             thin.append(found)
         elif found.judgement != "meets":
             return LatencyPool(_names(found), last.concurrency if last else None, last, found, tuple(thin))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from batchbench.analysis.quantiles import Quantile
 from batchbench.analysis.repeats import MIN_DECIDING_REPEATS, Estimate, t_quantile
 
 
@@ -26,6 +27,13 @@ def ms(seconds: float) -> str:
 def ms_estimate(e: Estimate) -> str:
     """A latency with its interval: ``84 [70–98] ms``."""
     return f"{e.format(_ms_number)} ms"
+
+
+def ms_quantile(q: Quantile) -> str:
+    """A pooled percentile with its own interval, ``?`` for an end too few requests bound: ``84.0 [70.1–?] ms``."""
+    low = "?" if q.low is None else _ms_number(q.low)
+    high = "?" if q.high is None else _ms_number(q.high)
+    return f"{_ms_number(q.value)} [{low}–{high}] ms"
 
 
 def times(v: float) -> str:
