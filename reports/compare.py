@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchbench.analysis.bound_share import percent
 from batchbench.analysis.repeats import Estimate
 from batchbench.core import codec
 from batchbench.reports.fmt import num
@@ -99,6 +100,9 @@ class BaselineComparison:
     only_baseline: list[dict[str, Any]] = field(default_factory=list)
     #: What differs between the two sides' environments (hosts, GPUs, CPU quota, versions), one line each.
     environment: list[str] = field(default_factory=list)
+    #: Per matched series whose two sides each have a bound on paper: each side's share of its own limit, one line
+    #: each (runs on two GPUs compared by how near each came to what its GPU allows).
+    limit_shares: list[str] = field(default_factory=list)
 
     @property
     def regressions(self) -> int:
@@ -120,6 +124,7 @@ class BaselineComparison:
             "only_current": [r["run_id"] for r in self.only_current],
             "only_baseline": [r["run_id"] for r in self.only_baseline],
             "environment_differences": self.environment,
+            "limit_shares": self.limit_shares,
         }
 
 
@@ -205,8 +210,23 @@ def compare(current: list[dict[str, Any]], baseline: list[dict[str, Any]], *, so
                         _estimate(chosen["spread"].get(key)), _estimate(row["spread"].get(key)))
                   for key in (spec.key for spec in KEY_METRICS)]
         result.matches.append(Match(row, chosen, deltas, note))
+        if (line := limit_share_line(chosen, row)) is not None:
+            result.limit_shares.append(line)
     result.only_baseline = [b for b in base_series if id(b) not in used]
     return result
+
+
+def limit_share_line(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """``vllm concurrency=8 layout=continuous: 41% of its limit on paper (bandwidth; 1 x H100 SXM ...) -> 38%
+    (bandwidth; 1 x A100 ...)`` for two series (or runs) that each have a bound; None otherwise."""
+    sa, sb = a.get("of_limit"), b.get("of_limit")
+    if sa is None or sb is None:
+        return None
+    labels = " ".join(f"{k}={v}" for k, v in sorted((b.get("labels") or {}).items())
+                      if k not in ("suite", "design", "precision", "time_limit_s", "warmed_up"))
+    name = " ".join(str(p) for p in (b.get("engine"), (b.get("workload") or {}).get("name"), labels) if p)
+    return (f"{name}: {percent(sa['share'])} of its limit on paper ({sa['bound']}; {sa['setup']}) -> "
+            f"{percent(sb['share'])} ({sb['bound']}; {sb['setup']})")
 
 
 def _env_values(rows: list[dict[str, Any]], key: str) -> set[str]:
@@ -227,7 +247,7 @@ def environment_differences(a: list[dict[str, Any]], b: list[dict[str, Any]]) ->
     """What differs between two sides' environments, a line per field: ``cpu_quota: none -> 1.0 CPU``; package
     versions one by one. Empty where both recorded the same, or neither recorded any (rows of older reports)."""
     lines = []
-    for key in ("hostname", "cpu", "cpu_count", "gpus", "cpu_quota", "platform", "batchbench_commit"):
+    for key in ("hostname", "cpu", "cpu_count", "gpus", "engine_gpus", "cpu_quota", "platform", "batchbench_commit"):
         va, vb = _env_values(a, key), _env_values(b, key)
         if va and vb and va != vb:
             lines.append(f"{key}: {'; '.join(sorted(va))} -> {'; '.join(sorted(vb))}")

@@ -386,6 +386,10 @@ def _baseline_section(cmp: BaselineComparison) -> Section:
         sec.blocks.append(Para("The baseline ran in another environment; a change may be the machine's, not the "
                                "engine's:", "warn"))
         sec.blocks.append(Bullets(cmp.environment))
+    if cmp.limit_shares:
+        sec.blocks.append(Para("Each side against the limit on paper of the GPU it ran on (its share of its own "
+                               "bound, the mean over its repeats):"))
+        sec.blocks.append(Bullets(cmp.limit_shares))
     n = cmp.regressions
     sec.blocks.append(Para(f"{n} regression{'s' if n != 1 else ''} beyond {cmp.threshold_pct:g}% in "
                            f"{len(cmp.matches)} matched run{'s' if len(cmp.matches) != 1 else ''}.",

@@ -19,10 +19,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from batchbench.analysis.findings.limit import RunShare, run_share
 from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, EngineDescription
 from batchbench.core.server_metrics import ServerMetrics
-from batchbench.measures.gpu import Energy
+from batchbench.measures.gpu import Energy, GpuSelection
 from batchbench.measures.guardrails import Guardrails
 from batchbench.measures.metrics import Summary, summarize, ttft_by_bucket
 from batchbench.measures.slices import Slice
@@ -99,6 +100,12 @@ class ReportedRun:
     stages: list[Slice] = field(default_factory=list)
     #: The labels typed, as the document has them (what the design asked of the run: its fit, its suite).
     run_labels: RunLabels = field(default_factory=RunLabels)
+    #: Its share of its own bound on paper (None: a CPU run, a GPU without a row): how ``compare`` sets runs on
+    #: two GPUs side by side.
+    of_limit: RunShare | None = None
+    #: The GPUs the engine ran on as the run sampled them (or as ``--gpu`` declared them for an engine at a URL):
+    #: this host's own GPUs may not be the engine's.
+    engine_gpus: tuple[str, ...] = ()
 
     @property
     def fills_by_design(self) -> bool:
@@ -210,7 +217,9 @@ class ReportedRun:
             "ttft_by_bucket": self.ttft_buckets,
             "notes": self.notes,
             # Where it ran: what a comparison of two hosts, GPUs or quotas names when it differs.
-            "environment": {k: self.environment.get(k) for k in ENVIRONMENT_KEYS if k in self.environment},
+            "environment": {k: self.environment.get(k) for k in ENVIRONMENT_KEYS if k in self.environment}
+            | ({"engine_gpus": ", ".join(self.engine_gpus)} if self.engine_gpus else {}),
+            "of_limit": codec.encode(self.of_limit),
         }
 
 
@@ -317,7 +326,16 @@ def build_run(source: str, doc: RunDocument) -> ReportedRun:
         run_labels=header.labels,
         slices=footer.slices if footer is not None else [],
         stages=footer.stages if footer is not None else [],
+        of_limit=run_share(doc, summary),
+        engine_gpus=_engine_gpus(header.gpus),
     )
+
+
+def _engine_gpus(selection: GpuSelection | None) -> tuple[str, ...]:
+    """The sampled devices' names, else the GPU declared for the engine; none where neither is known."""
+    if selection is None:
+        return ()
+    return tuple(d.name for d in selection.devices) or ((selection.declared,) if selection.declared else ())
 
 
 #: Labels a run carries for the findings (what suite wrote it, the precision its repeats ran to, the sweep's design)

@@ -76,7 +76,15 @@ class Series:
             "started_at": max(str(row.get("started_at") or "") for row in self.rows),
             "metrics": {key: s.value if s is not None else None for key, s in spreads.items()},
             "spread": codec.encode(spreads),
+            "of_limit": self.of_limit(),
         }
+
+    def of_limit(self) -> dict[str, Any] | None:
+        """The runs' mean share of their own bound on paper, where every run has one of the same setup."""
+        shares: list[dict[str, Any]] = [s for row in self.rows if (s := row.get("of_limit")) is not None]
+        if not shares or len(shares) < len(self.rows) or len({(s["setup"], s["bound"]) for s in shares}) != 1:
+            return None
+        return shares[0] | {"share": sum(s["share"] for s in shares) / len(shares)}
 
 
 def group_series(rows: list[dict[str, Any]]) -> list[Series]:

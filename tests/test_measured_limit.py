@@ -14,11 +14,12 @@ from batchbench.analysis.accelerators import find_accelerator
 from batchbench.analysis.bounds import limits
 from batchbench.analysis.findings import findings_from_documents
 from batchbench.analysis.run_bounds import run_limit
+from batchbench.cli import main
 from batchbench.core import codec
 from batchbench.core.config import EngineDescription
 from batchbench.fixtures import tiny_model_dir
 from batchbench.measures.gpu import GpuDevice, GpuOptions, GpuSelection
-from batchbench.reports.build import build_report
+from batchbench.reports.build import build_report, load_rows
 from batchbench.reports.headline import BoundMark, HeadlinePoint, headline_svg
 from batchbench.results.document import RunDocument, load
 from batchbench.workload.requests import TokenCounts
@@ -29,8 +30,9 @@ H100_NVML = "NVIDIA H100 80GB HBM3"
 LEVELS = (1, 4)
 
 
-async def _runs_on_a_fake_h100(results: Path) -> list[Path]:
-    """The tiny model served by the fake vLLM protocol server at concurrencies 1 and 4, its GPU an H100 to NVML."""
+async def _runs_on_a_fake_h100(results: Path, nvml_name: str = H100_NVML) -> list[Path]:
+    """The tiny model served by the fake vLLM protocol server at concurrencies 1 and 4, its GPU an H100 to NVML
+    (or ``nvml_name``)."""
     from batchbench.adapters.vllm import VLLMEngine
     from batchbench.core.config import LoadConfig, ModelRef
     from batchbench.fixtures.protocol.vllm import VLLMServer
@@ -46,7 +48,7 @@ async def _runs_on_a_fake_h100(results: Path) -> list[Path]:
                 wl = WorkloadSpec(f"c{c}", 4 * c, prompt=Lengths.fixed(8), output=Lengths.fixed(16),
                                   arrival=Arrival("closed", concurrency=c)).build()
                 result = await run(engine, wl, results_dir=results, load=LoadConfig(scrape_interval_s=0.05),
-                                   gpu=GpuOptions(nvml=fake_nvml([FakeGpu(name=H100_NVML)])))
+                                   gpu=GpuOptions(nvml=fake_nvml([FakeGpu(name=nvml_name)])))
                 paths.append(result.path)
     finally:
         await server.stop_async()
@@ -93,6 +95,30 @@ async def test_a_report_of_runs_on_an_h100_gives_each_points_share_of_its_bound(
     assert "dashed the limit on paper (1 x H100 SXM" in markdown
     html = (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
     assert "limit on paper, 1 x H100 SXM" in html  # the headline figure's legend names the bound's line
+
+
+async def test_compare_of_runs_on_two_gpus_gives_each_its_share_of_its_own_limit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same runs measured "on" an H100 and an A100: ``compare`` names the GPUs as what differs, and sets each
+    series' share of the limit of the GPU it ran on beside the other's; the shares are the runs' own."""
+    on_h100, on_a100 = tmp_path / "h100", tmp_path / "a100"
+    await _runs_on_a_fake_h100(on_h100)
+    await _runs_on_a_fake_h100(on_a100, "NVIDIA A100-SXM4-80GB")
+    assert main(["compare", str(on_h100), str(on_a100), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert "engine_gpus: NVIDIA H100 80GB HBM3 -> NVIDIA A100-SXM4-80GB" in found["environment_differences"]
+    lines = found["limit_shares"]
+    assert len(lines) == len(LEVELS), lines
+    for line in lines:
+        assert line.startswith("vllm ") and " of its limit on paper (bandwidth; 1 x H100 SXM " in line
+        assert "-> " in line and "(bandwidth; 1 x A100 " in line
+    # Each run's share is its own output tokens/s over the bound at its batch size on its GPU.
+    rows = [r for r in json.loads(json.dumps(load_rows(on_a100, None, print)))]
+    for row in rows:
+        share = row["of_limit"]
+        assert share["bound"] == "bandwidth" and 0 < share["share"] < 1 and "A100" in share["setup"]
+    assert main(["compare", str(on_h100), str(on_a100)]) == 0
+    assert "each against the limit on paper of the GPU it ran on" in capsys.readouterr().out
 
 
 def _on_gpu(doc: RunDocument, name: str, **engine: object) -> RunDocument:

@@ -229,6 +229,7 @@ def comparison_json(result: BaselineComparison, a: Path, b: Path) -> dict[str, A
         "only_in_a": [_name(row) for row in result.only_baseline],
         "only_in_b": [_name(row) for row in result.only_current],
         "environment_differences": result.environment,
+        "limit_shares": result.limit_shares,
     }
 
 
@@ -250,6 +251,10 @@ def main_compare(args: CompareArgs) -> int:
     if result.environment:
         print("batchbench: A and B ran in different environments; a change may be the machine's, not the engine's:")
         for line in result.environment:
+            print(f"  {line}")
+    if result.limit_shares:
+        print("batchbench: each against the limit on paper of the GPU it ran on (its share of its own bound):")
+        for line in result.limit_shares:
             print(f"  {line}")
     for line in comparison_lines(result):
         print(line)

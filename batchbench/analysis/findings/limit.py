@@ -16,9 +16,17 @@ from typing import Any
 
 from batchbench.analysis.bound_share import BoundShare, share_of_bound
 from batchbench.analysis.bounds import BoundPoint
-from batchbench.analysis.findings.points import Point, PointFindings
-from batchbench.analysis.run_bounds import RunLimit, Setup
+from batchbench.analysis.findings.points import (
+    FIGURES,
+    Point,
+    PointFindings,
+    layout_and_concurrency,
+    model_config,
+)
+from batchbench.analysis.run_bounds import RunLimit, Setup, run_limit
 from batchbench.core import codec
+from batchbench.measures.metrics import Summary
+from batchbench.results.document import RunDocument
 
 
 @dataclass(frozen=True)
@@ -88,3 +96,36 @@ def no_row_sentence(engine: str, found: Sequence[AgainstLimit]) -> str | None:
     engine for the curves without a bound; None when every curve has one."""
     reasons = list(dict.fromkeys(a.no_limit for a in found if a.setup is None and a.no_limit))
     return f"{engine}: no limit on paper beside its curves: {'; '.join(reasons)}." if reasons else None
+
+
+@dataclass(frozen=True)
+class RunShare:
+    """One run's share of its own bound on paper: what ``compare`` sets side by side for runs on two GPUs, each
+    against the limit of the GPU it ran on."""
+
+    share: float
+    #: What binds there (``bandwidth``, ``compute``, ...).
+    bound: str
+    #: The bound's setup (GPU, model, TP, dtypes), as the report names it.
+    setup: str
+
+
+def run_share(doc: RunDocument, summary: Summary | None) -> RunShare | None:
+    """The run's output tokens/s and TPOT p50 (a closed loop's steady state, as the curve takes them) against the
+    bound's row at its concurrency (:func:`batchbench.analysis.run_bounds.run_limit`, the GPU its NVML named or it
+    declared); None without a bound (a CPU run, a GPU the table does not list) or a figure."""
+    found = layout_and_concurrency(doc)
+    if summary is None or found is None:
+        return None
+    limit, _ = run_limit(doc, model_config(doc))
+    tok, tpot = FIGURES["output_tok_s"](summary), FIGURES["tpot_p50_s"](summary)
+    tok_s = tok if tok is not None and tok > 0 else None
+    tpot_s = tpot if tpot is not None and tpot > 0 else None
+    if limit is None or (tok_s is None and tpot_s is None):
+        return None
+    c = found[1]
+    try:
+        s = share_of_bound(limit.limits.curve([c]), c, output_tok_s=tok_s, tpot_s=tpot_s)
+    except ValueError:  # not one sequence fits in the KV cache at this batch: no row to compare with
+        return None
+    return RunShare(s.share, s.bound, limit.setup.text())

@@ -326,7 +326,7 @@ def _turns(runs: Sequence[Measurement]) -> tuple[TurnTtft, ...]:
 # --------------------------------------------------------------------------- reading documents
 
 
-def _model_config(doc: RunDocument) -> dict[str, Any] | None:
+def model_config(doc: RunDocument) -> dict[str, Any] | None:
     """The served model's config.json: from the folder the run names where it is readable here, else a shipped
     model's by the folder's name (a run measured elsewhere names its own checkout); None for neither (a model at a
     URL, a hub id)."""
@@ -375,7 +375,7 @@ def _on_cpu(doc: RunDocument) -> bool | None:
     return not doc.header.environment.get("gpus")
 
 
-def _layout_and_concurrency(doc: RunDocument) -> tuple[str, int] | None:
+def layout_and_concurrency(doc: RunDocument) -> tuple[str, int] | None:
     """From the run's labels; else from its arrival (closed loop: continuous, waves: static-waves)."""
     labels, spec = doc.header.labels, doc.header.workload.spec
     arrival = spec.arrival if spec is not None else None
@@ -416,7 +416,7 @@ def _measure(doc: RunDocument, source: str | None, engine: str, layout: str, con
             energy=summary.energy)
     guard = doc.guardrails()
     labels = doc.header.labels
-    config = _model_config(doc)
+    config = model_config(doc)
     limit, no_limit = run_limit(doc, config, gpu=gpu)
     return Measurement(
         run_id=doc.header.run_id or source or "?", source=source, engine=engine, layout=layout,
@@ -456,7 +456,7 @@ def points_from_documents(
     pairs = [(src, doc) for src, doc in pairs if suite is None or doc.header.labels.suite == suite]
     grouped: dict[tuple[str, str, int], list[Measurement]] = {}
     for (source, doc), engine in zip(pairs, _engine_keys([doc for _, doc in pairs])):
-        found = _layout_and_concurrency(doc)
+        found = layout_and_concurrency(doc)
         if found is None:
             if skipped is not None:
                 skipped.append(f"{source or doc.header.run_id}: no layout and concurrency (labels or arrival)")
