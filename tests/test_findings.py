@@ -215,6 +215,9 @@ def test_a_percentile_its_samples_do_not_support_is_noted_and_judged_on_its_inte
     answer = decisions(found).answers(SLO)["latency"]
     assert answer.startswith("none decided; batch 16: ttft_p99 ") and answer.endswith(": a p99 needs 368")
     assert "too few requests to judge batch 1 (n=192), 2 (n=192), 4 (n=192), 8 (n=192)" in answer
+    # What deciding it would take: the requests batch 8, the largest that could hold it, lacks, and the time.
+    assert decisions(found).tail_short is not None and decisions(found).tail_short.lacking == 368 - 192
+    assert any("could hold the SLO lacks (alpha 176 at batch 8) take about " in s for s in found.answer)
 
 
 # --------------------------------------------------------------------------- invalid points and repeats

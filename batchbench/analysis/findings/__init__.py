@@ -51,7 +51,13 @@ from batchbench.analysis.findings import (
 from batchbench.analysis.findings.batching import ContinuousOverStatic
 from batchbench.analysis.findings.comparisons import Comparison
 from batchbench.analysis.findings.curve import MostThroughput, SweetSpot
-from batchbench.analysis.findings.decisions import QUESTIONS, EngineDecisions, TooThin, precision_sentence
+from batchbench.analysis.findings.decisions import (
+    QUESTIONS,
+    EngineDecisions,
+    TailShort,
+    TooThin,
+    precision_sentence,
+)
 from batchbench.analysis.findings.invalid import InvalidRun
 from batchbench.analysis.findings.limit import AgainstLimit, against_limit, no_row_sentence
 from batchbench.analysis.findings.memory import MemoryBound
@@ -249,7 +255,7 @@ def _engine_findings(engine: str, points: Sequence[Point], slo: Slo | None) -> E
         main.sweet_spot if main else None, main.latency_pool if main else None, cos, cost,
         main.memory_bound if main else None, main.has_kv_data if main else False, missing, imprecise,
         min(targets) if targets else None, _too_thin(main, ordered) if main else None,
-        main.no_curve if main else None)
+        main.no_curve if main else None, _tail_short(main, ordered) if main else None)
     return EngineFindings(engine, layouts, cos, cost, decisions)
 
 
@@ -266,6 +272,26 @@ def _too_thin(main: LayoutFindings, points: dict[str, list[Point]]) -> TooThin |
     return TooThin(tuple(thin), sum(_mean_run_s(by_c[c]) * max(0, MIN_DECIDING_REPEATS - len(by_c[c].used))
                                     for c in thin),
                    sum(_mean_run_s(p) for p in every), max(limits) if limits else None)
+
+
+def _tail_short(main: LayoutFindings, points: dict[str, list[Point]]) -> TailShort | None:
+    """The SLO's candidate batch where too few requests bound its p99 (:class:`TailShort`); None where there is
+    none, or it is decided."""
+    pool = main.latency_pool
+    if pool is None:
+        return None
+    above = [(t.concurrency, o.pooled) for t in pool.too_thin if t.concurrency > (pool.concurrency or 0)
+             for o in t.objectives if o.judgement == "too few requests" and o.pooled is not None
+             and o.pooled.value <= o.objective.limit_s]
+    if not above:
+        return None
+    c, q = max(above, key=lambda cq: cq[0])
+    runs = [r for r in next(p for p in points[main.layout] if p.concurrency == c).used if r.duration_s and r.records]
+    if not runs:
+        return None
+    pace = math.fsum(r.duration_s / len(r.records) for r in runs) / len(runs)  # type: ignore[operator]
+    limits = [r.time_limit_s for r in runs if r.time_limit_s is not None]
+    return TailShort(c, q.needed - q.n, (q.needed - q.n) * pace, max(limits) if limits else None)
 
 
 def _mean_run_s(point: Point) -> float:

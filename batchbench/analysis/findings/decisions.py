@@ -52,6 +52,19 @@ class TooThin:
 
 
 @dataclass(frozen=True)
+class TailShort:
+    """The SLO's candidate batch (the largest whose pooled TTFT p99 is within the limit, above any shown to hold it)
+    with too few requests to bound its p99, and what the requests it lacks would take here."""
+
+    concurrency: int
+    lacking: int
+    #: Seconds those requests take at the mean pace of the point's runs.
+    more_s: float
+    #: The job's time limit the runs were fitted into (None: not recorded).
+    time_limit_s: float | None
+
+
+@dataclass(frozen=True)
 class EngineDecisions:
     """One engine's answers, with the typed findings each rests on (the report links them)."""
 
@@ -73,6 +86,7 @@ class EngineDecisions:
     too_thin: TooThin | None = None
     #: Why the curve has no regimes to read (one valid point, or too few repeats at the others).
     no_curve: str | None = None
+    tail_short: TailShort | None = None
 
     def answers(self, slo: Slo | None) -> dict[str, str]:
         """Each question's one-line answer, by :data:`QUESTIONS` key."""
@@ -212,9 +226,21 @@ def _too_few_requests(decisions: list[EngineDecisions]) -> str | None:
             where.append(f"{d.engine} at {', '.join(counts)}")
     if not where:
         return None
-    return (f"Too few requests to bound the SLO's percentile on the side that would decide it (pooled over the "
-            f"repeats; a {', a '.join(sorted(needs))} at 95%), so neither held nor failed: {'; '.join(where)}. "
-            f"A longer --time-limit gives the main job the runs to reach them.")
+    said = (f"Too few requests to bound the SLO's percentile on the side that would decide it (pooled over the "
+            f"repeats; a {', a '.join(sorted(needs))} at 95%), so neither held nor failed: {'; '.join(where)}.")
+    short = [d.tail_short for d in decisions if d.tail_short is not None]
+    if not short:
+        return said
+    lacking = "; ".join(f"{d.engine} {d.tail_short.lacking} at batch {d.tail_short.concurrency}"
+                        for d in decisions if d.tail_short is not None)
+    more = sum(t.more_s for t in short)
+    limits = {t.time_limit_s for t in short}
+    # The job gives half of each engine's share to its mandatory passes (main_job.MANDATORY_SHARE): twice the time.
+    limit = limits.pop() if len(limits) == 1 else None
+    command = (f"`batchbench run --time-limit {math.ceil((limit + 2 * more) / 10) * 10:.0f}`" if limit is not None
+               else f"a --time-limit about {math.ceil(2 * more):.0f} s longer")
+    return (f"{said} The requests the largest batch that could hold the SLO lacks ({lacking}) take about "
+            f"{math.ceil(more):.0f} s here; {command} leaves the main job room for them.")
 
 
 def slo_text(slo: Slo | None) -> str:
