@@ -12,8 +12,9 @@ import signal
 import sys
 
 from batchbench.commands import bench, capacity, plan, report, run, selftest
-from batchbench.commands.common import EXIT_WRITE, interrupted_by, interrupted_status, stop_signals_as_interrupts
-from batchbench.options import typed_options
+from batchbench.commands.common import interrupted_by, interrupted_status, stop_signals_as_interrupts
+from batchbench.core.exits import EXIT_WRITE
+from batchbench.core.options import typed_options
 from batchbench.results.journal import WRITE_ERRNOS, ResultsWriteError
 
 #: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.

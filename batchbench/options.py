@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from batchbench.adapters.auth import API_KEY_ENV, auth_from
 from batchbench.adapters.base import EngineError
@@ -28,9 +27,9 @@ from batchbench.adapters.registry import (
     make_engine,
     parse_engine_urls,
 )
-from batchbench.adapters.served import ServedModel
 from batchbench.analysis.accelerators import Accelerator, UnknownAccelerator, find_accelerator
 from batchbench.core.config import ENDPOINTS, BatchingConfig, Endpoint
+from batchbench.core.options import OptionGroup
 from batchbench.core.placement import (
     NO_AFFINITY,
     ONE_CPU,
@@ -40,35 +39,8 @@ from batchbench.core.placement import (
     parse_placement,
     usable_cpus,
 )
-from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.measures.gpu import GpuOptions
-from batchbench.workload import tokenizer
-from batchbench.workload.chat import as_chat
 from batchbench.workload.profiles import PROFILES, Profile
-from batchbench.workload.requests import Workload
-
-T = TypeVar("T")
-
-
-class OptionGroup:
-    """Base of the dataclasses that group options several commands share (:class:`EngineArgs`, ...): a command's
-    options dataclass holds them as fields, which :func:`typed_options` fills from the same parsed values."""
-
-
-def typed_options(cls: type[T], values: Mapping[str, Any]) -> T:
-    """``cls``, a dataclass of one command's options, from the parsed arguments' values by field name: built once,
-    so no ``argparse.Namespace`` travels further than the command line. A field that is itself such a dataclass
-    (an :class:`OptionGroup`) is filled from the same values; a field the command did not register keeps its
-    default."""
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        tp = hints[f.name]
-        if isinstance(tp, type) and issubclass(tp, OptionGroup):
-            kwargs[f.name] = typed_options(tp, values)
-        elif f.name in values:
-            kwargs[f.name] = values[f.name]
-    return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -272,59 +244,6 @@ def engine_options(
         except EngineError as exc:  # a malformed --engine-url: a usage error, found before anything starts
             raise ValueError(str(exc)) from None
     return selected, options
-
-
-def served_tokenizer(model: str | None, served: ServedModel | None, why: str, *, at_url: bool,
-                     remedy: str) -> tokenizer.Tokenizer:
-    """The served model's tokenizer, the one rule of every command: the folder or hub id a server at a URL loaded
-    its model from (/v1/models' ``root``, ``served``) when that loads, said in a line; else ``--model``'s (its
-    shipped folder where it is one of ours); else, at a URL (``at_url``), a ValueError: nothing says which model it
-    serves; else the embedded model's (the tiny model's, which the 8B-shaped one shares). ``why`` says what needs
-    it and ``remedy`` what the user can give, in errors."""
-    if served is not None and served.root is not None:
-        try:
-            tok = tokenizer.load(served.root)
-        except ValueError as exc:
-            if not model:
-                raise ValueError(f"{why}: {exc} (the root /v1/models gives for {served.name}); {remedy}") from None
-        else:
-            print(f"batchbench: tokenizer {served.root} (the served model's root on /v1/models)")
-            return tok
-    if model:
-        return tokenizer.load(str(shipped_tokenizer_dir(model) or model))
-    if at_url:
-        raise ValueError(f"{why}, and the engine at a URL serves a model batchbench does not know: {remedy} so "
-                         "prompts are tokenised as it would")
-    return tokenizer.load(str(tiny_model_dir()))
-
-
-def with_chat_tokenizer(options: EngineOptions, served: ServedModel | None = None) -> EngineOptions:
-    """On a chat endpoint, the options with the tokenizer that sends a token-id workload as text of the same
-    lengths (:func:`served_tokenizer`; where nothing names the model, the embedded model's). For the suites and the
-    main job, whose designs are token ids. ValueError where the one chosen does not load."""
-    if options.endpoint != "chat" or options.text_tokenizer is not None:
-        return options
-    tok = served_tokenizer(options.model, served, "--endpoint chat sends text, tokenised as the served model does",
-                           at_url=False, remedy="give --model (its folder or hub id)")
-    return dataclasses.replace(options, text_tokenizer=tok)
-
-
-def sent_as(options: EngineOptions) -> Callable[[Workload], Workload]:
-    """How a token-id workload (the main job's, a suite's) is sent: on a chat endpoint (``--endpoint chat``) as chat
-    messages of the same token lengths under :func:`with_chat_tokenizer`'s tokenizer (:func:`as_chat`, each
-    workload made once), else as it is."""
-    tok = options.text_tokenizer
-    if options.endpoint != "chat" or tok is None:
-        return lambda workload: workload
-    made: dict[str, Workload] = {}
-
-    def as_messages(workload: Workload) -> Workload:
-        key = workload.hash()
-        if key not in made:
-            made[key] = as_chat(workload, tok)
-        return made[key]
-
-    return as_messages
 
 
 def choose_placement(cpus: str | None, load_processes: int = 1) -> tuple[CpuPlacement | None, str | None]:

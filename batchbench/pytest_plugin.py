@@ -32,7 +32,8 @@ from batchbench.analysis.repeats import Estimate, Expect, Repeats, decide, why_n
 from batchbench.commands.common import run_dir_name
 from batchbench.commands.report import add_gate_arguments
 from batchbench.core.config import BatchingConfig
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
+from batchbench.experiment.workload import with_chat_tokenizer
 from batchbench.options import (
     add_endpoint_argument,
     add_engine_arguments,
@@ -41,7 +42,6 @@ from batchbench.options import (
     batching_grid,
     engine_options,
     gpu_options,
-    with_chat_tokenizer,
 )
 from batchbench.reports.build import ReportError, build_report
 from batchbench.results.claims import Claim, ClaimOutcome, write_claims

@@ -23,7 +23,7 @@ from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import get_spec
 from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, LoadConfig
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.measures.guardrails import KV_DANGER
 from batchbench.measures.metrics import ttft_by_bucket
 from batchbench.pytest_plugin import skip_unless_capable

@@ -42,8 +42,8 @@ from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import engine_class
 from batchbench.analysis.theory import kv_bytes_per_token_of_config, kv_capacity_tokens, kv_fit_concurrency
 from batchbench.core.config import KVLayout
+from batchbench.experiment.harness import Harness
 from batchbench.fixtures import tiny_model_dir
-from batchbench.harness import Harness
 from batchbench.measures.guardrails import KV_DANGER
 from suites.test_regimes import Sweep, get_sweep
 

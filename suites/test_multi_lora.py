@@ -50,8 +50,8 @@ from batchbench.adapters.base import EngineCannotRunHere
 from batchbench.adapters.registry import engine_class
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paired
 from batchbench.core.config import BatchingConfig
+from batchbench.experiment.harness import Harness
 from batchbench.fixtures import tiny_model_dir
-from batchbench.harness import Harness
 from batchbench.load.runner import MeasuredRun
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.workload.lora import Lora, make_lora

@@ -44,7 +44,7 @@ from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paire
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics, prefix_cache_hit_rate
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.load.runner import MeasuredRun
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.workload.profiles import Profile, get_profile

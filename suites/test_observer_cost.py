@@ -24,7 +24,7 @@ import pytest
 
 from batchbench.adapters.base import Engine
 from batchbench.adapters.registry import get_spec
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 
 #: The runner's default scrape interval (batchbench run/bench --scrape-interval).
 DEFAULT_INTERVAL_S = 0.25

@@ -31,7 +31,7 @@ from batchbench.analysis.main_job import padding_pair
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paired
 from batchbench.analysis.theory import padding_fraction
 from batchbench.core import codec
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.load.runner import MeasuredRun
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.workload.requests import Workload

@@ -75,7 +75,7 @@ from batchbench.adapters.router import RoutedEngine
 from batchbench.analysis.repeats import RepeatProtocol
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.load.runner import MeasuredRun
 from batchbench.measures.metrics import Distribution
 from batchbench.workload.profiles import Profile, get_profile

@@ -39,7 +39,7 @@ from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paire
 from batchbench.core import codec
 from batchbench.core.config import BatchingConfig
 from batchbench.core.server_metrics import ServerMetrics, prefix_cache_hit_rate
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.load.runner import MeasuredRun
 from batchbench.pytest_plugin import IntervalChecks
 from batchbench.results.document import RunDocument

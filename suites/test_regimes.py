@@ -78,7 +78,7 @@ from batchbench.analysis.regimes import (
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, median
 from batchbench.core import codec, environment
 from batchbench.core.config import KVLayout
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.load.sweep import SweepDesign, sweep_design
 from batchbench.measures.machine_load import BUSY_SHARE, MachineLoad
 from batchbench.pytest_plugin import IntervalChecks

@@ -46,7 +46,7 @@ from batchbench.analysis.findings import findings_from_documents
 from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paired
 from batchbench.core import codec, environment
 from batchbench.core.config import BatchingConfig
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.load.runner import MeasuredRun
 from batchbench.measures.speculation import SpeculationCounters, speedup
 from batchbench.pytest_plugin import IntervalChecks

@@ -37,7 +37,7 @@ from batchbench.analysis.repeats import Estimate, RepeatProtocol, Repeats, paire
 from batchbench.analysis.theory import continuous_idle_fraction, waves_idle_fraction
 from batchbench.core import codec, environment
 from batchbench.core.config import BatchingConfig
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.load.runner import MeasuredRun
 from batchbench.measures.machine_load import BUSY_SHARE
 from batchbench.measures.metrics import percentile

@@ -102,7 +102,7 @@ from batchbench.analysis.repeats import RepeatProtocol, Repeats, paired
 from batchbench.core import codec
 from batchbench.core.config import BatchingConfig
 from batchbench.core.records import RequestRecord
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.load.runner import MeasuredRun
 from batchbench.measures.metrics import Distribution, itl_samples
 from batchbench.pytest_plugin import IntervalChecks

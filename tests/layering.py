@@ -25,8 +25,9 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("load", ("batchbench.load",)),
     ("analysis", ("batchbench.analysis",)),
     ("reports", ("batchbench.reports",)),
-    ("front", ("batchbench", "batchbench.__main__", "batchbench.cli", "batchbench.commands", "batchbench.harness",
-               "batchbench.options", "batchbench.progress", "batchbench.pytest_plugin", "batchbench.selftest")),
+    ("experiment", ("batchbench.experiment",)),
+    ("front", ("batchbench", "batchbench.__main__", "batchbench.cli", "batchbench.commands", "batchbench.options",
+               "batchbench.pytest_plugin", "batchbench.selftest")),
 )
 
 #: Where each import name's source lives in the repository (pyproject.toml's package-dir).

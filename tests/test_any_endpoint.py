@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_USAGE
+from batchbench.core.exits import EXIT_USAGE
 from batchbench.fixtures import tiny_model_dir
 from batchbench.measures.metrics import itl_samples
 from batchbench.results import document as results

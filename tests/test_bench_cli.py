@@ -12,9 +12,9 @@ import pytest
 
 from batchbench.analysis.validity import samples_needed
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_ENGINE, EXIT_FAILURES, EXIT_USAGE
-from batchbench.commands.workload_args import slo_samples
+from batchbench.core.exits import EXIT_ENGINE, EXIT_FAILURES, EXIT_USAGE
 from batchbench.core.placement import usable_cpus
+from batchbench.experiment.workload import slo_samples
 from batchbench.fixtures import tiny_model_dir
 from batchbench.measures.slo import Slo
 from tests.server_process import serving

@@ -24,10 +24,10 @@ from batchbench.adapters import registry
 from batchbench.adapters.base import Chunk, Engine, Usage
 from batchbench.adapters.spec import EngineSpec
 from batchbench.cli import main
-from batchbench.commands import common
-from batchbench.commands.common import EXIT_OK
 from batchbench.core.clock import now
 from batchbench.core.config import Capabilities
+from batchbench.core.exits import EXIT_OK
+from batchbench.experiment import engines
 from batchbench.workload.requests import Request
 
 A, B = 0.010, 0.020  # TTFT = 10 ms + 20 ms per request in flight (virtual: nothing sleeps)
@@ -74,7 +74,7 @@ def closed_form(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fake engine in the registry for this test only, made as it is (it has no server to launch or reach)."""
     known = dict(registry.specs())
     monkeypatch.setattr(registry, "specs", lambda: {**known, SPEC.name: SPEC})
-    for module in (options, common):
+    for module in (options, engines):
         made = module.make_engine
         monkeypatch.setattr(module, "make_engine", lambda name, batching, opts, made=made:
                             ClosedForm(batching) if name == SPEC.name else made(name, batching, opts))

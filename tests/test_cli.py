@@ -12,8 +12,9 @@ import pytest
 from batchbench.analysis.main_job import Key, deciding, engine_sweep, tail_requests
 from batchbench.analysis.repeats import Repeats
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_USAGE, died, failure_lines
+from batchbench.core.exits import EXIT_USAGE
 from batchbench.core.records import RequestRecord
+from batchbench.experiment.outcome import died, failure_lines
 from batchbench.load.runner import MeasuredRun
 from batchbench.measures.client_load import ClientLoad
 from batchbench.measures.machine_load import MachineLoad

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_ENGINE, EXIT_WRITE
+from batchbench.core.exits import EXIT_ENGINE, EXIT_WRITE
 from batchbench.results import journal
 from batchbench.results.document import RunDocument
 from batchbench.results.journal import ResultsWriteError

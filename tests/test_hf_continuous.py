@@ -17,9 +17,9 @@ from batchbench.adapters.base import EngineNotHealthy
 from batchbench.adapters.hf_continuous import HFContinuousEngine
 from batchbench.adapters.hf_static import HFStaticEngine
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_OK
 from batchbench.core.clock import now
 from batchbench.core.config import BatchingConfig
+from batchbench.core.exits import EXIT_OK
 from batchbench.results.document import RunDocument
 from batchbench.workload.requests import Request
 from tests.adapter_helpers import scrape_until

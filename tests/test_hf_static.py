@@ -16,8 +16,8 @@ from batchbench.adapters.launch.local import LocalProcess
 from batchbench.adapters.registry import EngineOptions, make_engine
 from batchbench.analysis.theory import decode_idle_fraction, padding_fraction
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_OK
 from batchbench.core.config import BatchingConfig, ModelRef
+from batchbench.core.exits import EXIT_OK
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.runner import run
 from batchbench.results.document import RunDocument

@@ -10,7 +10,7 @@ import pytest
 from batchbench.adapters import registry
 from batchbench.adapters.launch.docker import DockerLaunch
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_USAGE
+from batchbench.core.exits import EXIT_USAGE
 from batchbench.options import engine_options
 from batchbench.workload.profiles import get_profile
 

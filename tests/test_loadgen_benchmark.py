@@ -37,7 +37,7 @@ from batchbench.adapters.vllm import VLLMEngine
 from batchbench.core import codec, eventloop
 from batchbench.core.config import EngineDescription, LoadConfig, ModelRef
 from batchbench.core.records import RequestRecord
-from batchbench.harness import LoopThread
+from batchbench.experiment.harness import LoopThread
 from batchbench.load import loadgen, runner
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.timer import SendTimer
@@ -62,7 +62,8 @@ def fake_server() -> Iterator[str]:
         yield url
 
 
-#: The suites' loop (asyncio's, in batchbench.harness.LoopThread) and the command line's (uvloop where installed).
+#: The suites' loop (asyncio's, in batchbench.experiment.harness.LoopThread) and the command line's (uvloop where
+#: installed).
 LOOPS = {"asyncio": asyncio.new_event_loop, "cli": eventloop.new_event_loop}
 
 

@@ -14,8 +14,8 @@ from batchbench.adapters.prometheus import Samples
 from batchbench.adapters.registry import EngineOptions, engine_names, make_engine
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_USAGE
 from batchbench.core.config import BatchingConfig, LoadConfig, ModelRef
+from batchbench.core.exits import EXIT_USAGE
 from batchbench.core.records import RequestRecord
 from batchbench.fixtures import tiny_model_dir
 from batchbench.fixtures.protocol.vllm import VLLMServer

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_USAGE
 from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.core.exits import EXIT_USAGE
 from batchbench.core.records import RequestRecord
 from batchbench.fixtures.protocol.vllm import VLLMServer
 from batchbench.load.loadgen import LoadGenerator

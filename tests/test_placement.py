@@ -25,7 +25,7 @@ from batchbench.core.placement import (
     parse_placement,
     usable_cpus,
 )
-from batchbench.harness import Harness
+from batchbench.experiment.harness import Harness
 from batchbench.load.pinning import ClientPin, Pinned, affinity, current, pinned_process, placement_record
 from batchbench.options import choose_placement, with_load_processes
 from batchbench.workload.profiles import get_profile

@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from batchbench.adapters.registry import EngineOptions
-from batchbench.commands.common import StartingEngines
 from batchbench.core.records import RequestRecord
-from batchbench.progress import Progress, last_log_line
+from batchbench.experiment.engines import StartingEngines
+from batchbench.experiment.progress import Progress, last_log_line
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

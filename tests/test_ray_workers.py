@@ -29,11 +29,12 @@ from hypothesis import strategies as st
 from batchbench import selftest
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from batchbench.commands.workload_args import Workers, workers_option
+from batchbench.commands.workload_args import workers_option
 from batchbench.core.clock import now
 from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.core.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from batchbench.core.records import RequestRecord
+from batchbench.experiment.workload import Workers
 from batchbench.load import ray_workers
 from batchbench.load.ray_workers import RAY_MISSING, RayWorkerPool, clock_offset, refusal
 from batchbench.load.workers import WORKER_DIED, partition
@@ -316,7 +317,7 @@ def test_a_signal_to_bench_leaves_nothing_of_ours_running(cluster: Any, server: 
 
 
 def test_the_runs_line_names_where_ray_put_the_workers_and_what_was_lost() -> None:
-    from batchbench.commands.levels import worker_lines
+    from batchbench.experiment.levels import worker_lines
     from batchbench.results.document import WorkerReport
 
     reports = [WorkerReport(index=0, pool="ray", host="load-a", node="n1", requests=10, records=10,

@@ -21,8 +21,8 @@ from batchbench.adapters.trtllm import TRTLLMEngine
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.analysis.findings import findings_from_documents
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_USAGE
 from batchbench.core.config import DEFAULT_SPECULATIVE_TOKENS, BatchingConfig, ModelRef
+from batchbench.core.exits import EXIT_USAGE
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.speculation import SpeculationCounters, crossover, speedup

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_OK, EXIT_USAGE
+from batchbench.core.exits import EXIT_OK, EXIT_USAGE
 from batchbench.results.document import RunDocument
 from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
 from batchbench.workload.stages import Stage, boundaries, parse_stages, schedule

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_OK, EXIT_USAGE
+from batchbench.core.exits import EXIT_OK, EXIT_USAGE
 from batchbench.core.server_metrics import prefix_cache_hit_rate
 from batchbench.fixtures import sample_trace
 from batchbench.results.document import RunDocument

@@ -19,8 +19,8 @@ from batchbench.adapters.http import check_url
 from batchbench.adapters.launch.local import free_port
 from batchbench.adapters.served import URL_REFUSED_FOR_S, ServedModel, pick_served_model, served_models
 from batchbench.adapters.vllm import VLLMEngine
-from batchbench.commands.common import EXIT_ENGINE
 from batchbench.core.config import ModelRef
+from batchbench.core.exits import EXIT_ENGINE
 from batchbench.fixtures.protocol import ProtocolServer, start_server
 
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
-from batchbench.commands.common import EXIT_OK, EXIT_USAGE
 from batchbench.core.config import LoadConfig, ModelRef
+from batchbench.core.exits import EXIT_OK, EXIT_USAGE
 from batchbench.core.placement import MAX_CPU, CpuPlacement, usable_cpus
 from batchbench.core.records import RequestRecord
 from batchbench.load import runner

@@ -36,30 +36,23 @@ from batchbench.adapters.base import EngineError
 from batchbench.adapters.registry import EngineOptions
 from batchbench.analysis.accelerators import Accelerator
 from batchbench.commands.common import (
-    EXIT_USAGE,
-    StartingEngines,
     check_lora_specs,
     concurrency_list,
     interrupted_by,
     interrupted_status,
     make_run_dir,
     one_batching,
-    place_client,
     serve_loras,
     served_models_at_urls,
 )
-from batchbench.commands.levels import EngineSession, PointResult, finish, level_text, write_summary
-from batchbench.commands.workload_args import (
-    LevelKind,
-    PreparedWorkload,
-    WorkloadArgs,
-    add_stages_argument,
-    add_workload_arguments,
-    prepare_workload,
-    timed_levels,
-)
+from batchbench.commands.workload_args import add_stages_argument, add_workload_arguments
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
+from batchbench.core.exits import EXIT_USAGE
+from batchbench.experiment.engines import StartingEngines, place_client
+from batchbench.experiment.levels import EngineSession, PointResult, finish, level_text, write_summary
+from batchbench.experiment.progress import Progress
+from batchbench.experiment.workload import LevelKind, PreparedWorkload, WorkloadArgs, prepare_workload, timed_levels
 from batchbench.measures.slo import Slo
 from batchbench.options import (
     EngineArgs,
@@ -71,7 +64,6 @@ from batchbench.options import (
     add_telemetry_arguments,
     with_load_processes,
 )
-from batchbench.progress import Progress
 
 
 def rate_list(text: str) -> list[float]:

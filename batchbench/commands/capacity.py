@@ -30,30 +30,22 @@ from batchbench.adapters.registry import EngineOptions
 from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.capacity import CapacityResult, Search
 from batchbench.commands.common import (
-    EXIT_FAILURES,
-    EXIT_OK,
-    EXIT_USAGE,
-    StartingEngines,
     check_lora_specs,
     interrupted_by,
     interrupted_status,
     make_run_dir,
     one_batching,
-    place_client,
     serve_loras,
     served_models_at_urls,
 )
-from batchbench.commands.levels import EngineSession, PointResult, finish, level_text, write_summary
-from batchbench.commands.workload_args import (
-    LevelKind,
-    PreparedWorkload,
-    WorkloadArgs,
-    add_workload_arguments,
-    positive_number,
-    prepare_workload,
-)
+from batchbench.commands.workload_args import add_workload_arguments, positive_number
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
+from batchbench.core.exits import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
+from batchbench.experiment.engines import StartingEngines, place_client
+from batchbench.experiment.levels import EngineSession, PointResult, finish, level_text, write_summary
+from batchbench.experiment.progress import Progress
+from batchbench.experiment.workload import LevelKind, PreparedWorkload, WorkloadArgs, prepare_workload
 from batchbench.measures.slo import Slo
 from batchbench.options import (
     EngineArgs,
@@ -65,7 +57,6 @@ from batchbench.options import (
     add_telemetry_arguments,
     with_load_processes,
 )
-from batchbench.progress import Progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,5 @@
-"""What every ``batchbench`` command shares: exit statuses, argument types, the run folder, failure lines."""
+"""What every ``batchbench`` command shares: argument types, stop signals as interrupts, the run folder, the models
+engines at URLs serve."""
 
 from __future__ import annotations
 
@@ -15,24 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.adapters.auth import EngineUnauthorized
-from batchbench.adapters.base import Engine
-from batchbench.adapters.registry import EngineOptions, engine_class, make_engine, model_dir
+from batchbench.adapters.registry import EngineOptions, engine_class, model_dir
 from batchbench.adapters.served import ServedModel, fetch_served_models, pick_served_model
-from batchbench.analysis import validity
-from batchbench.analysis.accelerators import Accelerator
-from batchbench.analysis.findings import QUESTIONS, Findings
-from batchbench.analysis.findings.decisions import slo_text
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
-from batchbench.load.engines import EngineCache
-from batchbench.load.pinning import pinned_process
-from batchbench.load.runner import MeasuredRun
-from batchbench.measures.slo import Slo
-from batchbench.progress import EngineStart, Progress
+from batchbench.core.exits import EXIT_INTERRUPTED
 from batchbench.workload.lora import Lora, LoraSpec, materialize
-
-#: Exit statuses (docs/main-job.md lists them). A stop by SIGTERM or SIGHUP exits 128 + the signal's number (143, 129).
-EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_ENGINE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 #: The signals a job scheduler stops a job with (Slurm, Kubernetes, a CI timeout: SIGTERM; a closed terminal:
 #: SIGHUP): each finishes a command as Ctrl-C does.
@@ -194,21 +183,6 @@ def serve_loras(specs: tuple[LoraSpec, ...], options: EngineOptions, run_dir: Pa
     return dataclasses.replace(options, loras=loras)
 
 
-@contextmanager
-def place_client(options: EngineOptions) -> Iterator[None]:
-    """This whole process, the load generator, on the placement's first client CPU for the block, which starts
-    the engines (a launched engine sets its own CPUs), having said where everything goes; the OS refusing is
-    said too, and recorded in every results document, but does not stop the measurement."""
-    with pinned_process(options) as pin:
-        if pin.placement is None:
-            print(f"batchbench: no CPU placement: {pin.unplaced}")
-        else:
-            print(f"batchbench: {pin.placement.describe()}")
-        if pin.refused is not None:
-            print(f"batchbench: warning: the load generator is not pinned: {pin.refused}", file=sys.stderr)
-        yield
-
-
 def run_dir_name(results_dir: Path, prefix: str) -> Path:
     """``RESULTS_DIR/PREFIX-YYYYmmdd-HHMMSS-xxxx``: one invocation's folder (a command's, a pytest session's)."""
     return results_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
@@ -230,139 +204,3 @@ def make_run_dir(results_dir: Path, prefix: str) -> Path | None:
     return run_dir
 
 
-def died(result: MeasuredRun) -> str | None:
-    """Why the engine is gone, if this run says so: a record that saw it die, or nothing reachable at all."""
-    for record in result.records:
-        if record.error_kind == "engine_died":
-            return record.error
-    if result.records and all(r.error_kind in ("unreachable", "engine_died") for r in result.records):
-        return result.records[0].error
-    return None
-
-
-def failure_lines(result: MeasuredRun, timeout_s: float) -> list[str]:
-    """Failed requests by kind with the first message; a timed-out request's wait is in the run's duration."""
-    kinds = result.summary.failures  # the summary already counts them by kind
-    if not kinds:
-        return []
-    first = next(r.error for r in result.records if not r.ok)
-    by_count = sorted(kinds.items(), key=lambda kind_n: -kind_n[1])
-    lines = [f"failed: {', '.join(f'{n} {kind}' for kind, n in by_count)}; first: {first}"]
-    if kinds.get("timeout"):
-        lines.append(f"{kinds['timeout']} request(s) hit the {timeout_s:g}s request timeout: this run's duration, "
-                     "and so its throughput, include that wait (--request-timeout)")
-    return lines
-
-
-def verdict_lines(result: MeasuredRun) -> list[str]:
-    """The run's verdict as it ends, from its client and machine loads through :mod:`batchbench.analysis.validity`:
-    ``INVALID (kind): sentence`` per rule they broke, then ``warning: ...`` per caveat that does not invalidate
-    it (chunks the server delivered together). Failed requests have lines of their own (:func:`failure_lines`)."""
-    return ([reason.line() for reason in validity.load_reasons(result.client, result.machine)]
-            + [f"warning: {note}" for note in [*result.client.notes(), *connection_notes(result)]])
-
-
-def connection_notes(result: MeasuredRun) -> list[str]:
-    """Requests sent again because a kept-alive connection had been closed before they were answered (the server
-    never saw them: not failures), and why the client stopped reusing connections."""
-    resent = sum(1 for r in result.records if r.resent)
-    if not resent:
-        return []
-    why = result.engine_report.get("connections")
-    return [f"{resent} request(s) sent again on a fresh connection after the kept-alive one closed unanswered"
-            + (f"; {why}" if isinstance(why, str) else "")]
-
-
-def answer_lines(findings: Findings) -> list[str]:
-    """The answer as the report's first screen gives it: the pick across engines, then per engine each question's
-    one line, then what was left out."""
-    lead = findings.pick.sentences() if findings.pick is not None else []
-    lines = list(lead)
-    for d in findings.decisions:
-        lines.append(f"{d.engine}:")
-        answers = d.answers(findings.slo)
-        lines += [f"  {QUESTIONS[key]}: {answers[key]}" for key in QUESTIONS]
-    lines += [f"- {sentence}" for sentence in findings.answer[len(lead):]]
-    return lines
-
-
-def write_report(run_dir: Path, status: int, slo: Slo | None, *, details: bool = False,
-                 gpu: Accelerator | None = None) -> int:
-    """Build the run folder's report under ``slo`` (its limit on paper for ``gpu`` where given, else each run's own
-    GPU), print the answer (``details``: every topic's sentence too) and where the report went; the exit status,
-    raised to 1 if no report could be built."""
-    from batchbench.reports.build import ReportError, build_report  # the report is the last step, and heavy
-
-    try:
-        report = build_report(run_dir, run_dir / "report", slo=slo, gpu=gpu)
-    except ReportError as exc:
-        print(f"batchbench: results written, but no report: {exc}", file=sys.stderr)
-        return max(status, EXIT_FAILURES)
-    if report.findings is not None:
-        print(f"batchbench: the answer (SLO: {slo_text(slo)}):")
-        for line in answer_lines(report.findings):
-            print(f"  {line}")
-        for sentence in report.findings.details if details else ():
-            print(f"  - {sentence}")
-    print(f"batchbench: report written to {report.out_dir}")
-    return status
-
-
-#: In a log (nothing redrawn), how often a start that waits says how far it got.
-LOG_DETAIL_EVERY_S = 10.0
-
-
-class StartingEngines:
-    """Engines for a command's :class:`~batchbench.load.engines.EngineCache`, each start shown on the progress display.
-
-    The cache makes an engine (this class is its factory) inside its own ``get``, so the start is shown around
-    that call and the engine, once made, gives the display its timeout and server log to follow.
-    """
-
-    def __init__(self, options: EngineOptions, progress: Progress) -> None:
-        self.options, self.progress = options, progress
-        self._start: EngineStart | None = None
-        self._detail_logged = time.monotonic()
-
-    def make(self, name: str, batching: BatchingConfig | None) -> Engine:
-        engine = make_engine(name, batching, self.options)
-        if self._start is not None:
-            self._start.attach(engine.startup_timeout, engine.server_log)
-        return engine
-
-    def cache(self, warm_up_timeout_s: float) -> EngineCache:
-        """An engine cache holding one live engine at a time (measured engines never share the machine), each
-        warm-up request bounded by ``warm_up_timeout_s`` (the command's request timeout)."""
-        return EngineCache(self.make, max_live=1, warm_up_timeout_s=warm_up_timeout_s, phase=self.phase,
-                           warm_up_report=self.warm_up_report)
-
-    def phase(self, what: str, timeout_s: float | None) -> None:
-        """The start under way waits for ``what`` now: on the live display, and as a line in a log (where
-        nothing is redrawn, a start that hangs would otherwise say nothing at all)."""
-        if self._start is None:
-            return
-        self._start.wait_for(what, timeout_s)
-        if not self.progress.live:
-            bound = f" (at most {timeout_s:g}s)" if timeout_s else ""
-            self.progress.print(f"batchbench: {self._start.name}: waiting for {what}{bound}")
-
-    def warm_up_report(self, text: str) -> None:
-        """Which warm-up request the start waits for: on the live display as it changes, in a log at most every
-        :data:`LOG_DETAIL_EVERY_S` (a sign of life, not a line a second)."""
-        if self._start is None:
-            return
-        self._start.detail = text
-        if not self.progress.live and time.monotonic() - self._detail_logged >= LOG_DETAIL_EVERY_S:
-            self._detail_logged = time.monotonic()
-            self.progress.print(f"batchbench: {self._start.name}: warm-up: {text}")
-
-    async def get(self, cache: EngineCache, name: str, batching: BatchingConfig | None) -> Engine:
-        """The live engine, or one started now with its start on the display."""
-        if cache.is_live(name, batching):
-            return await cache.get(name, batching)
-        with self.progress.engine_starting(name) as start:
-            self._start = start
-            try:
-                return await cache.get(name, batching)
-            finally:
-                self._start = None

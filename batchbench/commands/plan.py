@@ -33,8 +33,9 @@ from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.bounds import limits
 from batchbench.analysis.planner import DEFAULT_CONTEXT, GiB, Plan, PlanError, plan
 from batchbench.analysis.theory import DTYPE_BYTES, dtype_bytes
-from batchbench.commands.common import EXIT_OK, EXIT_USAGE, concurrency_list, positive_int
+from batchbench.commands.common import concurrency_list, positive_int
 from batchbench.commands.plan_limits import DEFAULT_LEVELS, limit_lines, limits_json
+from batchbench.core.exits import EXIT_OK, EXIT_USAGE
 from batchbench.fixtures import model_configs_dir, shipped_model_dir
 from batchbench.options import accelerator
 

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from batchbench.analysis.accelerators import Accelerator
-from batchbench.commands.common import EXIT_FAILURES, EXIT_OK, EXIT_USAGE, answer_lines, parsed_by
+from batchbench.commands.common import parsed_by
+from batchbench.core.exits import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
+from batchbench.experiment.outcome import answer_lines
 from batchbench.measures.slo import Slo
 from batchbench.options import add_gpu_argument
 from batchbench.reports import fmt

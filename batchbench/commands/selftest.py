@@ -21,8 +21,6 @@ from dataclasses import dataclass
 
 from batchbench import selftest
 from batchbench.commands.common import (
-    EXIT_FAILURES,
-    EXIT_OK,
     concurrency_list,
     interrupted_by,
     interrupted_status,
@@ -30,6 +28,7 @@ from batchbench.commands.common import (
     positive_seconds,
 )
 from batchbench.core import codec
+from batchbench.core.exits import EXIT_FAILURES, EXIT_OK
 from batchbench.fixtures.protocol import fast
 
 

@@ -3,7 +3,7 @@
 The load generator's CPU per streamed chunk is what limits how much load one client can offer and how
 late its timestamps are (tests/test_loadgen_benchmark.py); uvloop's loop, written on libuv in Cython,
 runs the same callbacks for less. The pytest side keeps asyncio's loop: pytest-asyncio owns the tests'
-loops, and the suites' loop thread (:class:`batchbench.harness.LoopThread`) starts engines from a thread
+loops, and the suites' loop thread (:class:`batchbench.experiment.harness.LoopThread`) starts engines from a thread
 that is not the main one, where uvloop's child-process and signal handling is not asyncio's.
 """
 

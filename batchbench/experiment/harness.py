@@ -33,12 +33,12 @@ from batchbench.core import codec
 from batchbench.core.config import BatchingConfig, LoadConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
+from batchbench.experiment.workload import sent_as
 from batchbench.load.engines import EngineCache
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.pinning import ClientPin, pin_thread
 from batchbench.load.runner import MeasuredRun, run
 from batchbench.measures.gpu import GpuOptions
-from batchbench.options import sent_as
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import Workload
 

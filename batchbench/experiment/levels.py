@@ -20,19 +20,12 @@ from typing import Any, Literal
 from batchbench.adapters.base import Engine
 from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.capacity import Trial
-from batchbench.commands.common import (
-    EXIT_ENGINE,
-    EXIT_FAILURES,
-    EXIT_OK,
-    StartingEngines,
-    died,
-    failure_lines,
-    verdict_lines,
-    write_report,
-)
-from batchbench.commands.workload_args import LevelKind, PreparedWorkload
 from batchbench.core.config import BatchingConfig, LoadConfig
+from batchbench.core.exits import EXIT_ENGINE, EXIT_FAILURES, EXIT_OK
 from batchbench.core.server_metrics import prefix_cache_hit_rate
+from batchbench.experiment.engines import StartingEngines
+from batchbench.experiment.outcome import died, failure_lines, verdict_lines, write_report
+from batchbench.experiment.workload import LevelKind, PreparedWorkload
 from batchbench.load.engines import EngineCache
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.ray_workers import LATE_START_S
