@@ -34,7 +34,7 @@ def metric_column(spec: MetricSpec) -> str:
 
 def _label_keys(runs: Iterable[ReportedRun]) -> list[str]:
     """Every label any run has (concurrency, repeat, layout, ...), each a column of its own."""
-    return sorted({key for run in runs for key in run.labels})
+    return sorted({key for run in runs for key, _ in run.run_labels.items()})
 
 
 def _identity_header(label_keys: list[str]) -> list[str]:
@@ -47,7 +47,7 @@ def _identity(run: ReportedRun, label_keys: list[str]) -> dict[str, Any]:
     """The columns that say which run a row belongs to."""
     return {"source": run.source, "run_id": run.run_id, "engine": run.engine, "batching": run.batching_label,
             "workload": run.workload_name, "workload_hash": run.workload_hash,
-            **{f"label_{key}": _cell(run.labels.get(key)) for key in label_keys}}
+            **{f"label_{key}": _cell(run.run_labels.value(key)) for key in label_keys}}
 
 
 def _cell(value: Any) -> Any:

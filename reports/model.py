@@ -73,8 +73,6 @@ class ReportedRun:
     run_id: str
     engine: str
     workload: WorkloadSummary
-    #: The labels the run was given (those not null), as the report shows them.
-    labels: dict[str, Any]
     status: str
     error: str | None
     started_at: str | None
@@ -140,11 +138,11 @@ class ReportedRun:
         return (self.workload_name, self.workload_hash)
 
     def labels_text(self) -> str:
-        return labels_text(self.labels)
+        return labels_text(dict(self.run_labels.items()))
 
     def display_name(self) -> str:
         """Engine, batching label and labels: unique enough to head a column."""
-        return display_name(self.engine, self.batching_label, self.labels)
+        return display_name(self.engine, self.batching_label, dict(self.run_labels.items()))
 
     def metric(self, key: str) -> float | None:
         return metric_of(self.summary, METRICS_BY_KEY[key].path)
@@ -198,7 +196,7 @@ class ReportedRun:
             "batching": codec.encode(self.batching),
             "batching_label": self.batching_label,
             "workload": {"name": self.workload_name, "hash": self.workload_hash},
-            "labels": self.labels,
+            "labels": dict(self.run_labels.items()),
             "status": self.status,
             "error": self.error,
             "started_at": self.started_at,
@@ -307,7 +305,6 @@ def build_run(source: str, doc: RunDocument) -> ReportedRun:
         run_id=header.run_id or source,
         engine=header.engine_name,
         workload=header.workload,
-        labels=header.labels.given(),
         status=doc.status,
         error=footer.error if footer is not None and footer.error else None,
         started_at=header.started_at or None,

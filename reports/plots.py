@@ -52,7 +52,7 @@ def _series_of(points: list[ReportedRun]) -> dict[str, list[ReportedRun]]:
     """
     by_engine: dict[tuple[str, str], list[ReportedRun]] = defaultdict(list)
     for r in points:
-        rest = " ".join(f"{k}={v}" for k, v in sorted(r.labels.items(), key=lambda kv: str(kv[0]))
+        rest = " ".join(f"{k}={v}" for k, v in sorted(r.run_labels.items(), key=lambda kv: str(kv[0]))
                         if k != POINT_LABEL)
         by_engine[(r.engine, rest)].append(r)
     series: dict[str, list[ReportedRun]] = {}
@@ -72,7 +72,7 @@ def _series_of(points: list[ReportedRun]) -> dict[str, list[ReportedRun]]:
 def latency_throughput(runs: list[ReportedRun]) -> str | None:
     """Output tokens/s (x) against TTFT p99 (y): a line per engine, a point per run.
 
-    Points are labelled with the run's concurrency (``labels["concurrency"]``)
+    Points are labelled with the run's concurrency (its ``concurrency`` label)
     and joined in its order, so the knee where latency climbs without more
     throughput shows; without that label a point is named after its workload.
     Hollow markers are partial runs. Latency goes log-scale when it spans
@@ -112,9 +112,10 @@ def latency_throughput(runs: list[ReportedRun]) -> str | None:
 def short_names(runs: list[ReportedRun]) -> list[str]:
     """Each run as ``engine [batching]`` and the plain labels whose values differ among ``runs`` (a legend's
     names: the three repeats of one measurement are ``repeat=0``, ``repeat=1``, ``repeat=2``)."""
-    keys = sorted({k for r in runs for k, v in r.labels.items() if isinstance(v, str | int | float | bool)
-                   and len({str(o.labels.get(k)) for o in runs}) > 1}, key=str)
-    return [" ".join([f"{r.engine} [{r.batching_label}]", *(f"{k}={r.labels[k]}" for k in keys if k in r.labels)])
+    keys = sorted({k for r in runs for k, v in r.run_labels.items() if isinstance(v, str | int | float | bool)
+                   and len({str(o.run_labels.value(k)) for o in runs}) > 1}, key=str)
+    return [" ".join([f"{r.engine} [{r.batching_label}]",
+                      *(f"{k}={v}" for k in keys if (v := r.run_labels.value(k)) is not None)])
             + (" (partial)" if r.partial else "") for r in runs]
 
 

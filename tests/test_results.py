@@ -132,7 +132,7 @@ def test_journal_holds_every_record_handed_over_before_a_crash(recs: list[Reques
             assert doc.read_version == SCHEMA_VERSION
             assert doc.to_dict()["schema"] == SCHEMA and doc.to_dict()["schema_version"] == SCHEMA_VERSION
             assert doc.header == HEADER
-            assert doc.header.run_id == "r1" and doc.header.labels.given() == {"k": "v"}
+            assert doc.header.run_id == "r1" and dict(doc.header.labels.items()) == {"k": "v"}
             assert doc.records == recs
             assert doc.server_metrics == samples
 

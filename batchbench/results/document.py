@@ -169,9 +169,14 @@ class RunLabels:
         """Labels given as a mapping (a suite's), typed."""
         return codec.decode(cls, codec.encode(labels or {}), "labels")
 
-    def given(self) -> dict[str, Any]:
-        """The labels the run was given (null ones left out), typed ones first."""
-        return {k: v for k, v in codec.encode(self).items() if v is not None}
+    def items(self) -> list[tuple[str, Any]]:
+        """Every label the run was given (null ones left out), typed ones first, then a suite's own: what a report
+        names a run by and lists as its columns."""
+        return [(k, v) for k, v in codec.encode(self).items() if v is not None]
+
+    def value(self, name: str) -> Any:
+        """A label by its name, typed or a suite's own (None: not given)."""
+        return next((v for k, v in self.items() if k == name), None)
 
 
 @dataclass(frozen=True, kw_only=True)
