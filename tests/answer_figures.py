@@ -55,7 +55,7 @@ def _check(engine: str, sentence: str, points: Mapping[int, Mapping[str, Any]]) 
         objective = next((o for o in slo.get("objectives", []) if o["objective"] == "ttft_p99"), {})
         # Judged on the pooled percentile where the runs' records gave one, else on the runs' own values.
         if (tail := objective.get("pooled")) is not None:
-            own_text = ms_quantile(codec.decode(Quantile, {k: v for k, v in tail.items() if k != "bounded"}))
+            own_text = ms_quantile(codec.decode(Quantile, tail))
         else:
             own = _estimate(objective.get("value"))
             own_text = None if own is None else ms_estimate(own)

@@ -20,7 +20,6 @@ from batchbench.analysis.validity import (
     load_reasons,
     percentile_note,
     samples_needed,
-    stat_percentile,
     supported_percentile,
     supports,
 )
@@ -28,7 +27,7 @@ from batchbench.core import codec
 from batchbench.measures.client_load import ClientLoad
 from batchbench.measures.machine_load import MachineLoad
 from batchbench.measures.metrics import Summary
-from batchbench.measures.slo import Slo
+from batchbench.measures.slo import Slo, stat_percentile
 from tests.synthetic_runs import RunSpec, document
 
 

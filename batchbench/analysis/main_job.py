@@ -365,9 +365,11 @@ class _SloCurve:
     def of(cls, series: Mapping[Key, Repeats[MeasuredRun]], limit: float) -> _SloCurve:
         points = []
         for (layout, c), runs in sorted(series.items(), key=lambda kv: kv[0][1]):
+            if layout != "continuous":
+                continue
             used = [r for r in runs.kept() if usable_throughput(r) is not None]
             found = pooled([v for r in used for v in latencies(r.records, r.summary.steady, "ttft")], 0.99)
-            if layout == "continuous" and found is not None:
+            if found is not None:
                 points.append((c, found, len(used), found.against(limit)))
         stop = next((i for i, p in enumerate(points) if p[3] == "beyond"), None)
         last = max((i for i, p in enumerate(points[:stop]) if p[1].value <= limit), default=None)

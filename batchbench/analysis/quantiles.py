@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from batchbench.analysis.repeats import CONFIDENCE
 from batchbench.measures.metrics import percentile
@@ -37,6 +37,8 @@ class Quantile:
     n: int
     #: Samples a two-sided bound at this confidence needs.
     needed: int
+
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("bounded",)
 
     @property
     def bounded(self) -> bool:

@@ -68,7 +68,7 @@ from typing import Any, Literal, get_args
 from batchbench.measures.client_load import ClientLoad
 from batchbench.measures.machine_load import BUSY_SHARE, MachineLoad
 from batchbench.measures.metrics import Summary, summarize
-from batchbench.measures.slo import STATS, Slo
+from batchbench.measures.slo import Slo, stat_percentile
 from batchbench.results.document import RunDocument
 
 __all__ = [
@@ -88,7 +88,6 @@ __all__ = [
     "load_reasons",
     "percentile_note",
     "samples_needed",
-    "stat_percentile",
     "supported_percentile",
     "supports",
 ]
@@ -161,13 +160,6 @@ def supported_percentile(n: int, among: tuple[float, ...] = STANDARD_PERCENTILES
     """The highest percentile of ``among`` that ``n`` samples support; None when not even the lowest is."""
     found = [q for q in among if supports(n, q)]
     return max(found) if found else None
-
-
-def stat_percentile(stat: str) -> float | None:
-    """The percentile an SLO statistic is (``p99``: 99.0); None for one that needs no tail (mean, max)."""
-    if stat not in STATS:
-        raise ValueError(f"unknown statistic {stat!r}; one of {', '.join(STATS)}")
-    return float(stat[1:]) if stat.startswith("p") else None
 
 
 def _format_q(q: float) -> str:

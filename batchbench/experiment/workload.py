@@ -17,13 +17,13 @@ from batchbench.adapters.registry import (
     EngineOptions,
 )
 from batchbench.adapters.served import ServedModel
-from batchbench.analysis.validity import samples_needed, stat_percentile
+from batchbench.analysis.validity import samples_needed
 from batchbench.core.config import SCRAPE_INTERVAL_S, LoadConfig
 from batchbench.core.options import OptionGroup
 from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.load.ray_workers import unusable
 from batchbench.load.workers import auto_workers
-from batchbench.measures.slo import Slo
+from batchbench.measures.slo import Slo, stat_percentile
 from batchbench.workload import datasets, stages, tokenizer, traces
 from batchbench.workload.chat import as_chat
 from batchbench.workload.lora import LoraSpec, TrafficSplit

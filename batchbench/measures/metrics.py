@@ -204,11 +204,19 @@ def latencies(records: Sequence[RequestRecord], steady: SteadyState | None, metr
     ok = [r for r in records if r.ok and r.chunk_times]
     if steady is not None:
         ok = [r for r in ok if steady.start_s <= r.sent_s <= steady.end_s]
+    return _samples(ok, metric)
+
+
+#: Each request's own latency of a metric (ITL, a sample per token, is :func:`itl_samples`).
+_PER_REQUEST: dict[str, Callable[[RequestRecord], float | None]] = {
+    "ttft": lambda r: r.ttft_s, "ttfo": lambda r: r.ttfo_s, "tpot": tpot, "e2e": lambda r: r.e2e_s}
+
+
+def _samples(requests: Sequence[RequestRecord], metric: str) -> list[float]:
+    """The samples of ``metric`` these (successful) requests give."""
     if metric == "itl":
-        return [x for r in ok for x in itl_samples(r)]
-    per_request: dict[str, Callable[[RequestRecord], float | None]] = {
-        "ttft": lambda r: r.ttft_s, "ttfo": lambda r: r.ttfo_s, "tpot": tpot, "e2e": lambda r: r.e2e_s}
-    return _present(per_request[metric](r) for r in ok)
+        return [x for r in requests for x in itl_samples(r)]
+    return _present(_PER_REQUEST[metric](r) for r in requests)
 
 
 def steady_state(records: Sequence[RequestRecord]) -> SteadyState | None:
@@ -227,9 +235,7 @@ def steady_state(records: Sequence[RequestRecord]) -> SteadyState | None:
     sent = [r for r in ok if start <= r.sent_s <= end]
     return SteadyState(
         start_s=start, end_s=end, output_token_throughput=tokens / (end - start), requests=len(sent),
-        ttft=Distribution.of(_present(r.ttft_s for r in sent)), tpot=Distribution.of(_present(tpot(r) for r in sent)),
-        itl=Distribution.of(x for r in sent for x in itl_samples(r)),
-        e2e=Distribution.of(_present(r.e2e_s for r in sent)), ttfo=Distribution.of(_present(r.ttfo_s for r in sent)))
+        **{metric: Distribution.of(_samples(sent, metric)) for metric in ("ttft", "tpot", "itl", "e2e", "ttfo")})
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,8 @@ class Objective:
     def quantile(self) -> float | None:
         """``0.99`` for a p99: a percentile objective, which a point judges on its requests pooled over its repeats;
         None for a mean or a max."""
-        return {"p50": 0.5, "p90": 0.9, "p99": 0.99}.get(self.stat)
+        p = stat_percentile(self.stat)
+        return None if p is None else p / 100
 
     def value(self, summary: Summary) -> float | None:
         """The run's value of this statistic, in its steady state where it has one (a closed loop: the opening
@@ -69,6 +70,13 @@ class Objective:
 
     def __str__(self) -> str:
         return f"{self.name}<={_format_s(self.limit_s)}"
+
+
+def stat_percentile(stat: str) -> float | None:
+    """The percentile an SLO statistic is (``p99``: 99.0); None for one that needs no tail (mean, max)."""
+    if stat not in STATS:
+        raise ValueError(f"unknown statistic {stat!r}; one of {', '.join(STATS)}")
+    return float(stat[1:]) if stat.startswith("p") else None
 
 
 def _format_s(seconds: float, digits: int = 6) -> str:

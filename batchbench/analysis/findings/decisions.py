@@ -167,13 +167,25 @@ def _too_thin_text(why: str, points: list[SloAt]) -> str:
         return ""
     if why != "too few requests":
         return f"; {why} to judge batch {', '.join(str(t.concurrency) for t in points)}"
-    counts, needs = [], {}
+    counts, needs = _request_counts(points)
+    return f"; {why} to judge batch {', '.join(counts)}: {_needs_text(needs)}"
+
+
+def _request_counts(points: list[SloAt]) -> tuple[list[str], dict[str, int]]:
+    """``["1 (n=9)", "2 (n=18)"]`` for points too few requests judge (each with its fewest), and the requests each
+    of their percentiles needs (``{"p99": 368}``)."""
+    counts: list[str] = []
+    needs: dict[str, int] = {}
     for at in points:
-        few = [o.pooled for o in at.objectives if o.judgement == why and o.pooled is not None]
+        few = [o.pooled for o in at.objectives if o.judgement == "too few requests" and o.pooled is not None]
         counts.append(f"{at.concurrency} (n={min(q.n for q in few)})" if few else str(at.concurrency))
         needs.update({f"p{q.q * 100:g}": q.needed for q in few})
-    return (f"; {why} to judge batch {', '.join(counts)}: "
-            f"{', '.join(f'a {p} needs {n}' for p, n in sorted(needs.items()))}")
+    return counts, needs
+
+
+def _needs_text(needs: dict[str, int]) -> str:
+    """``a p50 needs 6, a p99 needs 368``."""
+    return ", ".join(f"a {p} needs {n}" for p, n in sorted(needs.items()))
 
 
 def precision_sentence(decisions: list[EngineDecisions]) -> str | None:
@@ -213,21 +225,18 @@ def _too_few_requests(decisions: list[EngineDecisions]) -> str | None:
     """Which points had too few requests, pooled over their repeats, to bound an SLO percentile on the side that
     would decide it (:mod:`batchbench.analysis.findings.slo`), with their counts and the count it needs."""
     where: list[str] = []
-    needs: set[str] = set()
+    needs: dict[str, int] = {}
     for d in decisions:
         thin = [] if d.latency_pool is None else [t for t in d.latency_pool.too_thin
                                                   if t.judgement == "too few requests"]
-        counts = []
-        for at in thin:
-            few = [o.pooled for o in at.objectives if o.judgement == "too few requests" and o.pooled is not None]
-            needs.update(f"p{q.q * 100:g} needs {q.needed}" for q in few)
-            counts.append(f"{at.concurrency} (n={min(q.n for q in few)})" if few else str(at.concurrency))
-        if counts:
+        if thin:
+            counts, need = _request_counts(thin)
             where.append(f"{d.engine} at {', '.join(counts)}")
+            needs.update(need)
     if not where:
         return None
     said = (f"Too few requests to bound the SLO's percentile on the side that would decide it (pooled over the "
-            f"repeats; a {', a '.join(sorted(needs))} at 95%), so neither held nor failed: {'; '.join(where)}.")
+            f"repeats; {_needs_text(needs)} at 95%), so neither held nor failed: {'; '.join(where)}.")
     short = [d.tail_short for d in decisions if d.tail_short is not None]
     if not short:
         return said

@@ -285,7 +285,7 @@ class PointFindings:
             "percentile_note": "; ".join(self.percentile_notes) or None,
             "precision_target": self.precision_target, "precise": self.precise, "thin": self.thin,
             "ttft_by_turn": [t._asdict() for t in self.turns],
-            "pooled": {key: codec.encode(q) | {"bounded": q.bounded} for key, q in self.tails.items()},
+            "pooled": codec.encode(self.tails),
         }
 
 

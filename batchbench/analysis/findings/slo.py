@@ -80,9 +80,8 @@ class ObjectiveAt:
         return self.judgement
 
     def to_dict(self) -> dict[str, Any]:
-        pooled_ = None if self.pooled is None else codec.encode(self.pooled) | {"bounded": self.pooled.bounded}
         return {"objective": self.objective.name, "limit_s": self.objective.limit_s,
-                "value": codec.encode(self.value), "thin": self.thin, "pooled": pooled_,
+                "value": codec.encode(self.value), "thin": self.thin, "pooled": codec.encode(self.pooled),
                 "judgement": self.judgement}
 
 
