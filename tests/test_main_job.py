@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -22,6 +23,12 @@ from batchbench.analysis.main_job import (
     padding_pair,
 )
 from batchbench.analysis.repeats import RepeatProtocol, Repeats
+from batchbench.core.records import RequestRecord
+from batchbench.experiment.main_job import EngineMeasurement
+from batchbench.load.runner import MeasuredRun
+from batchbench.measures.client_load import ClientLoad
+from batchbench.measures.machine_load import MachineLoad
+from batchbench.measures.metrics import summarize
 from batchbench.workload.profiles import get_profile
 
 LEVELS = (1, 2, 4, 8, 16, 32)
@@ -104,3 +111,27 @@ def test_a_run_that_no_longer_fits_is_skipped_and_a_shorter_one_still_runs() -> 
 
     extra = RepeatProtocol(repeats=1, max_repeats=5, settled=lambda _: False, fits=fits)
     assert list(extra.schedule({"a": Repeats()})) == [] and calls == ["a", "a"]
+
+
+def test_a_run_after_a_tail_run_is_expected_as_long_as_itself() -> None:
+    """The SLO's tail run at batch 8 held 400 requests in 10 s; the next ordinary run there (24 requests) is
+    expected to take 0.6 s at that pace, not 10 s, and so still fits a share that 10 s would overrun. A tail run of
+    400 more is expected to take 10 s again, and does not fit."""
+    s = sweep(generations=3)
+    key = ("continuous", 8)
+    records = [_ok_record(i) for i in range(400)]
+    tail = MeasuredRun(path=Path("r.json"), records=records, samples=[], summary=summarize(records, duration_s=10.0),
+                       engine_report={}, duration_s=10.0, status="complete",
+                       client=ClientLoad(cpu_s=0.0, wall_s=10.0, busy_fraction=0.0), machine=MachineLoad(None))
+    measured = EngineMeasurement("vllm", None, s, Calibration(0.1), share=5.0,  # type: ignore[arg-type]
+                                 measuring=time.perf_counter(), sent=lambda w: w,
+                                 series={key: Repeats()}, workloads={key: s.workload(key)})
+    measured.series[key].add(tail, MachineLoad(None))
+    limit = TimeLimit(300.0, time.perf_counter())
+    assert len(measured.workloads[key].requests) == 24
+    assert measured.fits(key, limit) and not measured.fits(key, limit, requests=400)
+
+
+def _ok_record(i: int) -> RequestRecord:
+    return RequestRecord(request_id=f"r{i}", prompt_len=4, max_tokens=4, scheduled_s=0.0, sent_s=0.0, done_s=1.0,
+                         chunk_times=[0.5], chunk_tokens=[4], ok=True)

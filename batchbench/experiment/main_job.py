@@ -140,6 +140,8 @@ class EngineMeasurement:
     #: How a workload is sent (:func:`sent_as`): as it is, or as chat messages.
     sent: Callable[[Workload], Workload]
     series: dict[Key, Repeats[MeasuredRun]] = field(default_factory=dict)
+    #: Each measurement's workload as the sweep sizes it (a tail run's is made when it runs).
+    workloads: dict[Key, Workload] = field(default_factory=dict)
 
     def tail(self, key: Key, slo: Slo, repeats: int) -> int | None:
         """Requests of the next run of ``key`` where it is the SLO's tail run (:func:`tail_requests`); only past
@@ -147,12 +149,14 @@ class EngineMeasurement:
         return tail_requests(self.series, key, slo) if len(self.series[key]) >= repeats else None
 
     def fits(self, key: Key, limit: TimeLimit, requests: int | None = None) -> bool:
-        """Whether a run of ``key`` (as long as its last one, else as planned; ``requests`` long, at its last one's
-        pace) still fits the job and the share."""
+        """Whether the next run of ``key`` (``requests`` long where it is a tail run, else its workload's length; at
+        its last run's pace, else as planned) still fits the job and the share: a run after a tail run is
+        expected as long as itself, not as the tail run."""
         runs = self.series[key].runs
         expected = runs[-1].duration_s if runs else self.sweep.expected_s(key, self.calibration)
-        if requests is not None and runs:
-            expected *= requests / max(1, len(runs[-1].records))
+        if runs:
+            planned = requests if requests is not None else len(self.workloads[key].requests)
+            expected *= planned / max(1, len(runs[-1].records))
         within_share = time.perf_counter() + expected <= self.measuring + MANDATORY_OVERRUN * self.share
         return limit.fits(expected) and within_share
 
@@ -160,7 +164,7 @@ class EngineMeasurement:
                   gpu: GpuOptions | None, limit: TimeLimit, outcome: MainJobOutcome, progress: Progress,
                   planned: int) -> None:
         name, sweep = self.name, self.sweep
-        workloads = {key: self.sent(sweep.workload(key)) for key in sweep.keys}
+        self.workloads = workloads = {key: self.sent(sweep.workload(key)) for key in sweep.keys}
         self.series = {key: Repeats() for key in workloads}
         protocol = repetition.protocol(sweep, slo, self.share,
                                        lambda key: self.fits(key, limit, self.tail(key, slo, repetition.repeats)))
