@@ -18,7 +18,7 @@ from batchbench.analysis.bound_share import percent
 from batchbench.analysis.repeats import Estimate
 from batchbench.core import codec
 from batchbench.reports.fmt import num
-from batchbench.reports.model import KEY_METRICS, METRICS_BY_KEY, canonical
+from batchbench.reports.model import KEY_METRICS, METRICS_BY_KEY, canonical, display_name
 from batchbench.reports.series import group_series
 
 REPORT_SCHEMA = "batchbench.report"
@@ -217,14 +217,14 @@ def compare(current: list[dict[str, Any]], baseline: list[dict[str, Any]], *, so
 
 
 def limit_share_line(a: dict[str, Any], b: dict[str, Any]) -> str | None:
-    """``vllm concurrency=8 layout=continuous: 41% of its limit on paper (bandwidth; 1 x H100 SXM ...) -> 38%
-    (bandwidth; 1 x A100 ...)`` for two series (or runs) that each have a bound; None otherwise."""
+    """``vllm [continuous] concurrency=8 layout=continuous regimes: 41% of its limit on paper (bandwidth; 1 x H100
+    SXM ...) -> 38% (bandwidth; 1 x A100 ...)`` for two series (or runs) that each have a bound; None otherwise."""
     sa, sb = a.get("of_limit"), b.get("of_limit")
     if sa is None or sb is None:
         return None
-    labels = " ".join(f"{k}={v}" for k, v in sorted((b.get("labels") or {}).items())
-                      if k not in ("suite", "design", "precision", "time_limit_s", "warmed_up"))
-    name = " ".join(str(p) for p in (b.get("engine"), (b.get("workload") or {}).get("name"), labels) if p)
+    # Named as the comparison's series are (display_name), with the workload, which may be all that tells two apart.
+    name = f"{display_name(b.get('engine'), b.get('batching_label'), b.get('labels') or {})} " \
+           f"{(b.get('workload') or {}).get('name')}"
     return (f"{name}: {percent(sa['share'])} of its limit on paper ({sa['bound']}; {sa['setup']}) -> "
             f"{percent(sb['share'])} ({sb['bound']}; {sb['setup']})")
 
