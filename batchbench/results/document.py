@@ -53,6 +53,7 @@ objectives on its limits (the same goodput).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -169,14 +170,19 @@ class RunLabels:
         """Labels given as a mapping (a suite's), typed."""
         return codec.decode(cls, codec.encode(labels or {}), "labels")
 
+    @functools.cached_property
+    def _given(self) -> dict[str, Any]:
+        """The labels given, encoded once: a report names and groups every run by them, many times over."""
+        return {k: v for k, v in codec.encode(self).items() if v is not None}
+
     def items(self) -> list[tuple[str, Any]]:
         """Every label the run was given (null ones left out), typed ones first, then a suite's own: what a report
         names a run by and lists as its columns."""
-        return [(k, v) for k, v in codec.encode(self).items() if v is not None]
+        return list(self._given.items())
 
     def value(self, name: str) -> Any:
         """A label by its name, typed or a suite's own (None: not given)."""
-        return next((v for k, v in self.items() if k == name), None)
+        return self._given.get(name)
 
 
 @dataclass(frozen=True, kw_only=True)
