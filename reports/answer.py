@@ -87,7 +87,7 @@ def standings_table(found: Pick) -> Table:
         rows.append([Cell(s.engine, "best" if s.engine == found.engine else ""),
                      Cell(fmt.NA if s.throughput is None else f"{interval(s.throughput, fmt.rate)} at batch "
                                                               f"{s.throughput_at}"),
-                     Cell("none meets it" if s.goodput is None else f"{interval(s.goodput, fmt.rate)} at batch "
+                     Cell("none shown to meet it" if s.goodput is None else f"{interval(s.goodput, fmt.rate)} at batch "
                                                                    f"{s.goodput_at}"),
                      Cell(against)])
     return Table(["Engine", "Most output tok/s", "Most goodput within the SLO (req/s)", f"Its {unit} over the pick's"],

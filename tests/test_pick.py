@@ -59,6 +59,16 @@ def test_no_engine_within_the_slo_is_no_pick_and_says_why() -> None:
     assert found.to_dict()["pick"]["engine"] is None
 
 
+def test_no_engine_shown_within_the_slo_says_the_verdicts_are_undecided_not_missed() -> None:
+    """Runs of 64 requests: every batch that could meet the SLO has too few requests to bound its p99, so no engine
+    is shown to meet it; the answer does not say that none meets it."""
+    docs = sweep(fit=8, repeats=3, requests=64) + sweep(fit=8, repeats=3, requests=64, engine="beta")
+    found = findings_from_documents(docs, slo=Slo.parse("ttft_p99=200ms"))
+    assert found.pick is not None and found.pick.engine is None
+    assert found.answer[0].startswith("No pick: no engine is shown to meet the SLO at any batch size measured: "
+                                      "those that could had too few requests or repeats to decide")
+
+
 def test_one_engine_is_the_pick_alone() -> None:
     found = findings_from_documents(sweep(fit=8, repeats=3))
     assert found.pick is not None and (found.pick.engine, found.pick.verdict) == ("alpha", "alone")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from batchbench.analysis.findings.comparisons import Comparison, Metric
+from batchbench.analysis.findings.slo import UNDECIDED
 from batchbench.analysis.findings.text import ratio as ratio_text
 from batchbench.analysis.findings.text import tok
 from batchbench.analysis.findings.text import undecided as undecided_text
@@ -63,7 +64,8 @@ class Pick:
     standings: tuple[Standing, ...]
     #: Why a ranking from these runs does not carry over (a toy model, a CPU): said once, for every figure.
     scope: str | None
-    #: Why there is no pick (no engine meets the SLO at any batch size measured); None when there is one.
+    #: Why there is no pick (no engine meets the SLO at any batch size measured, or none is shown to); None when
+    #: there is one.
     none_because: str | None = None
     #: The precision the runner-up's ratio is judged at (that of the comparison it comes from).
     precision: float = DEFAULT_PRECISION
@@ -146,8 +148,11 @@ def pick(curves: Mapping[str, LayoutFindings], compared: Sequence[Comparison], *
                     key=lambda r: -(r[1].value if r[1] is not None else -1.0))
     best, best_figure, best_at = ranked[0]
     if best_figure is None:
-        why = ("no engine meets the SLO at any batch size measured: see each engine's largest batch within it"
-               if has_slo else "no engine has a valid point on its continuous curve")
+        undecided = any(at.valid and at.judgement in UNDECIDED for f in curves.values() for at in f.slo_points.values())
+        why = ("no engine has a valid point on its continuous curve" if not has_slo
+               else "no engine is shown to meet the SLO at any batch size measured: those that could had too few "
+                    "requests or repeats to decide; see each engine's largest batch within it" if undecided
+               else "no engine meets the SLO at any batch size measured: see each engine's largest batch within it")
         return Pick(metric, None, None, None, None, None, None, "alone", _standings(curves, compared, metric, None),
                     scope, why)
     second = next(((name, at) for name, value, at in ranked[1:] if value is not None), None)
