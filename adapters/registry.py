@@ -15,19 +15,20 @@ import shutil
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import batchbench.adapters
 from batchbench.adapters.auth import Auth
 from batchbench.adapters.base import Engine
 from batchbench.adapters.spec import EngineSpec
-from batchbench.core.config import BatchingConfig, Endpoint, ModelRef
+from batchbench.core.config import DEFAULT_ENDPOINT, BatchingConfig, Endpoint, ModelRef
 from batchbench.core.placement import CpuPlacement
 from batchbench.fixtures import GPU_MODEL, TINY_MODEL, shipped_model_dir
 from batchbench.workload.lora import Lora
 from batchbench.workload.tokenizer import Tokenizer
 
 LaunchMode = Literal["auto", "local", "docker"]
+LAUNCH_MODES: tuple[LaunchMode, ...] = get_args(LaunchMode)
 
 
 
@@ -95,7 +96,7 @@ class EngineOptions:
     #: started requiring that key. Shown redacted.
     auth: Auth = field(default_factory=Auth)
     #: Which route requests go to (``--endpoint``): completions (token ids) or chat completions (messages).
-    endpoint: Endpoint = "completions"
+    endpoint: Endpoint = DEFAULT_ENDPOINT
     #: The served model's tokenizer where it is known or given (``--tokenizer``): chat prompts' text, a stream's
     #: count where a server sends no usage, text prompts for a server that refuses token ids. None: not known.
     text_tokenizer: Tokenizer | None = field(default=None, repr=False)

@@ -36,7 +36,7 @@ from batchbench.adapters.launch import Launch
 from batchbench.adapters.prometheus import Samples
 from batchbench.core import codec
 from batchbench.core.clock import now
-from batchbench.core.config import ENDPOINTS, BatchingConfig, Endpoint, ModelRef
+from batchbench.core.config import DEFAULT_ENDPOINT, ENDPOINTS, BatchingConfig, Endpoint, ModelRef
 from batchbench.core.environment import cuda_visible_devices
 from batchbench.core.placement import EngineCpus
 from batchbench.core.server_metrics import ServerMetrics
@@ -147,7 +147,7 @@ class ServedEngine(Engine):
         loras: tuple[Lora, ...] = (),
         cpus: frozenset[int] | None = None,
         auth: Auth | None = None,
-        endpoint: Endpoint = "completions",
+        endpoint: Endpoint = DEFAULT_ENDPOINT,
         text_tokenizer: Tokenizer | None = None,
     ) -> None:
         super().__init__(batching, startup_timeout=startup_timeout)

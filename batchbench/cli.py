@@ -1,4 +1,6 @@
-"""``batchbench``: the command line. Each subcommand is a module of :mod:`batchbench.commands`.
+"""``batchbench``: the command line, and the one place its parser is built. Each subcommand is a module of
+:mod:`batchbench.commands` with its options' dataclass, whose fields declare the options
+(:func:`batchbench.core.options.option`), and its ``COMMAND``.
 
 ``batchbench --help`` lists them; ``batchbench COMMAND --help`` gives each one's options.
 """
@@ -14,11 +16,12 @@ import sys
 from batchbench.commands import bench, capacity, plan, report, run, selftest
 from batchbench.commands.common import interrupted_by, interrupted_status, stop_signals_as_interrupts
 from batchbench.core.exits import EXIT_WRITE
-from batchbench.core.options import typed_options
+from batchbench.core.options import Command, typed_options
 from batchbench.results.journal import WRITE_ERRNOS, ResultsWriteError
 
-#: Every subcommand module, in the order ``--help`` lists them; each has ``register(subparsers)``.
-COMMANDS = (run, bench, capacity, report, plan, selftest)
+#: Every subcommand, in the order ``--help`` lists them.
+COMMANDS: tuple[Command, ...] = (run.COMMAND, bench.COMMAND, capacity.COMMAND, *report.COMMANDS, plan.COMMAND,
+                                 selftest.COMMAND)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,9 +1,9 @@
-"""The engine options, defined once for the ``batchbench`` CLI and the pytest plugin.
+"""The engine options, declared once for the ``batchbench`` CLI and the pytest plugin.
 
-Both front ends add the same arguments (:func:`add_engine_arguments` takes argparse's
-``add_argument`` or pytest's ``addoption``, which accept the same keywords) and turn them into the
-same :class:`~batchbench.adapters.registry.EngineOptions` through :func:`engine_options`, which checks
-every engine and combination before anything starts: a bad option is a usage error in seconds.
+Both front ends register :class:`EngineArgs` and :class:`TelemetryArgs` (:func:`batchbench.core.options.add_options`
+takes argparse's parser or a pytest option group) and turn them into the same
+:class:`~batchbench.adapters.registry.EngineOptions` through :func:`engine_options`, which checks every engine and
+combination before anything starts: a bad option is a usage error in seconds.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,9 @@ from batchbench.adapters.auth import API_KEY_ENV, auth_from
 from batchbench.adapters.base import EngineError
 from batchbench.adapters.launch.images import image_problem
 from batchbench.adapters.registry import (
+    LAUNCH_MODES,
     EngineOptions,
+    LaunchMode,
     embedded_engines,
     engine_names,
     launch_mode,
@@ -28,8 +30,8 @@ from batchbench.adapters.registry import (
     parse_engine_urls,
 )
 from batchbench.analysis.accelerators import Accelerator, UnknownAccelerator, find_accelerator
-from batchbench.core.config import ENDPOINTS, BatchingConfig, Endpoint
-from batchbench.core.options import OptionGroup
+from batchbench.core.config import DEFAULT_ENDPOINT, ENDPOINTS, BatchingConfig, Endpoint
+from batchbench.core.options import OptionGroup, option
 from batchbench.core.placement import (
     NO_AFFINITY,
     ONE_CPU,
@@ -45,21 +47,53 @@ from batchbench.workload.profiles import PROFILES, Profile
 
 @dataclass(frozen=True)
 class EngineArgs(OptionGroup):
-    """The engine options as parsed (:func:`add_engine_arguments`, :func:`add_endpoint_argument`,
-    :func:`add_image_argument`): which engines, where, with what. :meth:`resolve` checks them all."""
+    """The engine options, each declared once: which engines, where, with what. :meth:`resolve` checks them all."""
 
-    engine: list[str] = field(default_factory=list)
-    engine_url: list[str] = field(default_factory=list)
-    api_key: str | None = None
-    header: list[str] = field(default_factory=list)
-    model: str | None = None
-    launch: str = "auto"
-    profile: str = "quick"
-    results_dir: Path = Path("results")
-    batching: list[str] = field(default_factory=list)
-    cpus: str | None = None
-    endpoint: Endpoint = "completions"
-    image: list[str] = field(default_factory=list)
+    engine: list[str] = option(
+        "--engine", default_factory=list, action="append", choices=engine_names,
+        help=lambda: f"engine to compare (repeatable; default: {' '.join(embedded_engines())})")
+    engine_url: list[str] = option(
+        "--engine-url", default_factory=list, action="append", metavar="NAME=URL",
+        help="reach an engine someone else runs at a URL instead of starting it (repeatable)")
+    api_key: str | None = option(
+        "--api-key", metavar="KEY",
+        help=f"sent as 'Authorization: Bearer KEY' with every request (default: ${API_KEY_ENV}); a vLLM batchbench "
+             "starts requires it. Never written to results, logs or reports")
+    header: list[str] = option(
+        "--header", default_factory=list, action="append", metavar="NAME=VALUE",
+        help="an HTTP header sent with every request (repeatable), e.g. a gateway's tenant or key header; its value "
+             "is never written anywhere")
+    model: str | None = option(
+        "--model",
+        help="model path or Hugging Face id, or a shipped model: tiny-llama, llama-3-8b-shaped (seeded random "
+             "weights, nothing downloaded; default: the 8B-shaped one on a GPU host, else the tiny one)")
+    launch: LaunchMode = option(
+        "--launch", default=EngineOptions.launch, choices=LAUNCH_MODES,
+        help="how to start engines without a URL (auto, the default: a container on a GPU host, else a local "
+             "process)")
+    profile: str = option("--profile", default="quick", choices=sorted(PROFILES),
+                          help="sizes: quick (CPU, the default) or full (GPU)")
+    results_dir: Path = option("--results-dir", default=Path("results"), type=Path,
+                               help="where results documents are written (default %(default)s)")
+    batching: list[str] = option(
+        "--batching", default_factory=list, action="append", metavar="KEY=VALUE,...",
+        help="batching config (repeatable: a grid), e.g. max_batch_size=16,chunked_prefill=false; keys: "
+             f"{', '.join(BatchingConfig.__dataclass_fields__)}; 'default' is each engine's default")
+    cpus: str | None = option(
+        "--cpus", metavar="engine=LIST,client=LIST|none",
+        help="which CPUs launched engines and the load generator run on, kept apart so neither stalls the other "
+             "(default: one CPU per load-generator process, the lowest, the engine the rest; none: unplaced, as "
+             "the OS schedules them); each results document records it")
+    endpoint: Endpoint = option(
+        "--endpoint", default=DEFAULT_ENDPOINT, choices=ENDPOINTS,
+        help="completions (the default: token-id prompts, identical for every engine) or chat "
+             "(/v1/chat/completions: messages of text of the same token lengths under the served model's "
+             "tokenizer, through its chat template; reasoning tokens timed and counted apart)")
+    image: list[str] = option(
+        "--image", default_factory=list, action="append", metavar="ENGINE=REF",
+        help="run ENGINE's container from this image instead of the one adapters/images.toml pins (repeatable; an "
+             "explicit tag, not latest), e.g. vllm=batchbench-vllm-cpu:0.32.0, built here by docker/images.sh "
+             "vllm-cpu; the rest of the engine's container spec is kept")
 
     @property
     def sizes(self) -> Profile:
@@ -73,77 +107,52 @@ class EngineArgs(OptionGroup):
                               headers=self.header, endpoint=self.endpoint, images=self.image)
 
 
+def gpu_hour_cost(text: str) -> float:
+    """``--gpu-hour-cost``: USD per GPU-hour, a finite number >= 0 (argparse reports anything else at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected USD per GPU-hour such as 3.5, not {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"a GPU-hour's price is a finite number >= 0, not {text}")
+    return value
+
+
 @dataclass(frozen=True)
 class TelemetryArgs(OptionGroup):
-    """``--gpu-hour-cost`` and ``--no-gpu-telemetry`` as parsed (:func:`add_telemetry_arguments`)."""
+    """How the GPUs the engines use are read: ``--gpu-hour-cost`` and ``--no-gpu-telemetry``."""
 
-    gpu_hour_cost: float | None = None
-    no_gpu_telemetry: bool = False
+    gpu_hour_cost: float | None = option(
+        "--gpu-hour-cost", type=gpu_hour_cost, metavar="USD",
+        help="price of one GPU-hour in USD: each run's summary gives the cost per million output tokens (the GPUs "
+             "sampled x the run's duration)")
+    no_gpu_telemetry: bool = option(
+        "--no-gpu-telemetry", default=False, action="store_true",
+        help="do not read the GPUs through NVML during runs (by default each run samples power, energy, "
+             "utilisation, memory and clocks of the engine's GPUs; without NVML the document says why not)")
 
     def gpu(self, declared: Accelerator | None = None) -> GpuOptions:
         """The telemetry options, with the GPU the user named (``--gpu``) to record in each run."""
-        return dataclasses.replace(gpu_options(self.gpu_hour_cost, self.no_gpu_telemetry),
-                                   declared=declared.name if declared is not None else None)
+        return GpuOptions(enabled=not self.no_gpu_telemetry, gpu_hour_cost=self.gpu_hour_cost,
+                          declared=declared.name if declared is not None else None)
 
 
-class NotForThisCommand(argparse.Action):
-    """An option another command takes, given to this one: a usage error that says why and where it belongs, rather
-    than argparse's "unrecognized arguments"."""
-
-    def __init__(self, option_strings: list[str], dest: str, why: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
-        self.why = why
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        parser.error(f"{option_string or self.option_strings[0]} {self.why}")
+def accelerator(text: str) -> Accelerator:
+    """A GPU of the accelerators table, named loosely (``H100`` is the H100 SXM); the known ones otherwise."""
+    try:
+        return find_accelerator(text)
+    except UnknownAccelerator as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_engine_arguments(add: Callable[..., Any]) -> None:
-    """``--engine``, ``--engine-url``, ``--api-key``, ``--header``, ``--model``, ``--launch``, ``--profile``,
-    ``--results-dir``, ``--batching``, ``--cpus``."""
-    add("--engine", action="append", default=[], choices=engine_names(),
-        help=f"engine to compare (repeatable; default: {' '.join(embedded_engines())})")
-    add("--engine-url", action="append", default=[], metavar="NAME=URL",
-        help="reach an engine someone else runs at a URL instead of starting it (repeatable)")
-    add("--api-key", default=None, metavar="KEY",
-        help=f"sent as 'Authorization: Bearer KEY' with every request (default: ${API_KEY_ENV}); a vLLM batchbench "
-             "starts requires it. Never written to results, logs or reports")
-    add("--header", action="append", default=[], metavar="NAME=VALUE",
-        help="an HTTP header sent with every request (repeatable), e.g. a gateway's tenant or key header; its "
-             "value is never written anywhere")
-    add("--model", default=None,
-        help="model path or Hugging Face id, or a shipped model: tiny-llama, llama-3-8b-shaped (seeded random "
-             "weights, nothing downloaded; default: the 8B-shaped one on a GPU host, else the tiny one)")
-    add("--launch", default=EngineArgs.launch, choices=["auto", "local", "docker"],
-        help="how to start engines without a URL (auto: a container on a GPU host, else a local process)")
-    add("--profile", default=EngineArgs.profile, choices=sorted(PROFILES), help="sizes: quick (CPU) or full (GPU)")
-    add("--results-dir", default=EngineArgs.results_dir, type=Path, help="where results documents are written")
-    add("--batching", action="append", default=[], metavar="KEY=VALUE,...",
-        help="batching config (repeatable: a grid), e.g. max_batch_size=16,chunked_prefill=false; keys: "
-             f"{', '.join(BatchingConfig.__dataclass_fields__)}; 'default' is each engine's default")
-    add("--cpus", default=None, metavar="engine=LIST,client=LIST|none",
-        help="which CPUs launched engines and the load generator run on, kept apart so neither stalls the other "
-             "(default: one CPU per load-generator process, the lowest, the engine the rest; none: unplaced, as "
-             "the OS schedules them); each results document records it")
-
-
-def add_endpoint_argument(add: Callable[..., Any]) -> None:
-    """``--endpoint``: the route requests go to, for the commands that send a workload of the user's (``bench``,
-    ``capacity``) and the pytest plugin."""
-    add("--endpoint", default=EngineArgs.endpoint, choices=ENDPOINTS,
-        help="completions (default: token-id prompts, identical for every engine) or chat (/v1/chat/completions: "
-             "messages of text of the same token lengths under the served model's tokenizer, through its chat "
-             "template; reasoning tokens timed and counted apart)")
-
-
-def add_image_argument(add: Callable[..., Any]) -> None:
-    """``--image ENGINE=REF``: the image an engine's container runs, in place of ``images.toml``'s pin (argparse's
-    ``add_argument`` or pytest's ``addoption``); :func:`engine_options` checks it with the other engine options."""
-    add("--image", action="append", default=[], metavar="ENGINE=REF",
-        help="run ENGINE's container from this image instead of the one adapters/images.toml pins (repeatable; an "
-             "explicit tag, not latest), e.g. vllm=batchbench-vllm-cpu:0.32.0, built here by docker/images.sh "
-             "vllm-cpu; the rest of the engine's container spec is kept")
+def gpu_option() -> Any:
+    """``--gpu NAME``: the GPU the runs' limit on paper is worked out for, where NVML cannot name it (a field of each
+    command that measures or reports)."""
+    return option(
+        "--gpu", type=accelerator, metavar="NAME",
+        help="the GPU the engine serves on (H100, H100-PCIe, H200, B200, A100, L40S, MI300X): the report sets each "
+             "point beside the limit on paper for it (default: the GPU NVML names in each run; an engine at a URL "
+             "may be on a GPU this host cannot see)")
 
 
 def parse_images(values: Sequence[str], selected: Sequence[str], options: EngineOptions) -> tuple[tuple[str, str], ...]:
@@ -169,53 +178,10 @@ def parse_images(values: Sequence[str], selected: Sequence[str], options: Engine
     return tuple(images.items())
 
 
-def add_telemetry_arguments(add: Callable[..., Any]) -> None:
-    """``--gpu-hour-cost`` and ``--no-gpu-telemetry``: how the GPUs the engines use are read (argparse's
-    ``add_argument`` or pytest's ``addoption``)."""
-    add("--gpu-hour-cost", type=gpu_hour_cost, default=None, metavar="USD",
-        help="price of one GPU-hour in USD: each run's summary gives the cost per million output tokens (the GPUs "
-             "sampled x the run's duration)")
-    add("--no-gpu-telemetry", action="store_true",
-        help="do not read the GPUs through NVML during runs (by default each run samples power, energy, "
-             "utilisation, memory and clocks of the engine's GPUs; without NVML the document says why not)")
-
-
-def add_gpu_argument(add: Callable[..., Any]) -> None:
-    """``--gpu NAME``: the GPU the runs' limit on paper is worked out for, where NVML cannot name it."""
-    add("--gpu", type=accelerator, default=None, metavar="NAME",
-        help="the GPU the engine serves on (H100, H100-PCIe, H200, B200, A100, L40S, MI300X): the report sets each "
-             "point beside the limit on paper for it (default: the GPU NVML names in each run; an engine at a URL "
-             "may be on a GPU this host cannot see)")
-
-
-def accelerator(text: str) -> Accelerator:
-    """A GPU of the accelerators table, named loosely (``H100`` is the H100 SXM); the known ones otherwise."""
-    try:
-        return find_accelerator(text)
-    except UnknownAccelerator as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def gpu_hour_cost(text: str) -> float:
-    """``--gpu-hour-cost``: USD per GPU-hour, a finite number >= 0 (argparse reports anything else at once)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected USD per GPU-hour such as 3.5, not {text!r}") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"a GPU-hour's price is a finite number >= 0, not {text}")
-    return value
-
-
-def gpu_options(cost: float | None, no_telemetry: bool) -> GpuOptions:
-    """The telemetry options of ``--gpu-hour-cost`` and ``--no-gpu-telemetry``."""
-    return GpuOptions(enabled=not no_telemetry, gpu_hour_cost=cost)
-
-
 def engine_options(
-    engines: Sequence[str], *, engine_urls: Sequence[str], model: str | None, launch: str, profile: Profile,
+    engines: Sequence[str], *, engine_urls: Sequence[str], model: str | None, launch: LaunchMode, profile: Profile,
     results_dir: Path, cpus: str | None = None, api_key: str | None = None, headers: Sequence[str] = (),
-    endpoint: Endpoint = "completions", images: Sequence[str] = (),
+    endpoint: Endpoint = DEFAULT_ENDPOINT, images: Sequence[str] = (),
 ) -> tuple[tuple[str, ...], EngineOptions]:
     """The selected engines (default: the embedded ones) and their options, every engine checked.
 
@@ -233,7 +199,7 @@ def engine_options(
         if name not in selected:
             raise ValueError(f"--engine-url {name}={url}: engine {name!r} is not selected (add --engine {name})")
     placement, unplaced = choose_placement(cpus)
-    options = EngineOptions(model=model, urls=urls, launch=launch,  # type: ignore[arg-type]
+    options = EngineOptions(model=model, urls=urls, launch=launch,
                             max_model_len=profile.max_model_len, log_dir=results_dir / "server-logs",
                             placement=placement, unplaced=unplaced, auth=auth_from(api_key, headers),
                             endpoint=endpoint)

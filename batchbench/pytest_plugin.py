@@ -3,7 +3,7 @@
 Registered through the ``pytest11`` entry point, so any repository with batchbench installed can
 write suites against these fixtures (``pytest --engine vllm`` in a repository of its own), and
 batchbench's own suites use nothing else. Options (``pytest --help``, group *batchbench*) are the
-CLI's (:mod:`batchbench.options`). Engines start once per session (per batching config) and are
+CLI's (:mod:`batchbench.options`, :class:`PluginArgs`). Engines start once per session (per batching config) and are
 always stopped at the end.
 
 Fixtures: ``bench`` (the session's choices), ``harness`` (started engines, measured runs),
@@ -30,40 +30,49 @@ from batchbench.adapters.base import Engine, EngineCannotRunHere
 from batchbench.adapters.registry import EngineOptions, engine_class
 from batchbench.analysis.repeats import Estimate, Expect, Repeats, decide, why_no_estimate
 from batchbench.commands.common import run_dir_name
-from batchbench.commands.report import add_gate_arguments
+from batchbench.commands.report import GateArgs
 from batchbench.core.config import BatchingConfig
+from batchbench.core.option_values import positive_int
+from batchbench.core.options import add_options, option, typed_options
 from batchbench.experiment.harness import Harness
 from batchbench.experiment.workload import with_chat_tokenizer
-from batchbench.options import (
-    add_endpoint_argument,
-    add_engine_arguments,
-    add_image_argument,
-    add_telemetry_arguments,
-    batching_grid,
-    engine_options,
-    gpu_options,
-)
+from batchbench.load.engines import MAX_LIVE_ENGINES
+from batchbench.options import EngineArgs, TelemetryArgs, batching_grid
 from batchbench.reports.build import ReportError, build_report
 from batchbench.results.claims import Claim, ClaimOutcome, write_claims
-from batchbench.workload.profiles import Profile, get_profile
+from batchbench.workload.profiles import Profile
+
+
+@dataclass(frozen=True)
+class PluginArgs:
+    """The plugin's options (``pytest --help``, group *batchbench*), each declared once: the CLI's engine, telemetry
+    and gate options, and the session's own."""
+
+    engine: EngineArgs
+    telemetry: TelemetryArgs
+    gate: GateArgs
+    max_live_engines: int = option("--max-live-engines", default=MAX_LIVE_ENGINES, type=positive_int,
+                                   help="engines kept running at once (default %(default)s)")
+    require_engines: bool = option(
+        "--require-engines", default=False, action="store_true",
+        help="fail (instead of skip) the tests of a selected engine that cannot run here: a nightly job must not "
+             "pass with nothing measured")
+    batchbench_report: bool = option(
+        "--batchbench-report", default=False, action="store_true",
+        help="at the end, build the session's report (report.html, .md, .json) in its results folder")
+    baseline: Path | None = option(
+        "--baseline", type=Path, metavar="EARLIER",
+        help="compare the session's report against an earlier results folder, results document or report.json "
+             "(implies --batchbench-report)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("batchbench")
-    add_engine_arguments(group.addoption)
-    add_endpoint_argument(group.addoption)
-    add_image_argument(group.addoption)
-    add_telemetry_arguments(group.addoption)
-    group.addoption("--max-live-engines", default=2, type=int, help="engines kept running at once")
-    group.addoption("--require-engines", action="store_true",
-                    help="fail (instead of skip) the tests of a selected engine that cannot run here: a nightly "
-                         "job must not pass with nothing measured")
-    group.addoption("--batchbench-report", action="store_true",
-                    help="at the end, build the session's report (report.html, .md, .json) in its results folder")
-    group.addoption("--baseline", type=Path, default=None, metavar="EARLIER",
-                    help="compare the session's report against an earlier results folder, results document or "
-                         "report.json (implies --batchbench-report)")
-    add_gate_arguments(group.addoption)
+    add_options(parser.getgroup("batchbench"), PluginArgs)
+
+
+def plugin_args(config: pytest.Config) -> PluginArgs:
+    """The session's options, typed (:func:`typed_options` over pytest's parsed values)."""
+    return typed_options(PluginArgs, vars(config.option))
 
 
 @dataclass(frozen=True)
@@ -100,23 +109,16 @@ def _configure(config: pytest.Config) -> None:
     """Check the options once, before anything runs: a bad value or combination is a usage error."""
     if config.option.help:
         return
-    profile = get_profile(config.getoption("--profile"))
-    results_dir: Path = config.getoption("--results-dir")
-    session_dir = run_dir_name(results_dir, "pytest")
+    args = plugin_args(config).engine
+    session_dir = run_dir_name(args.results_dir, "pytest")
     try:
-        engines, options = engine_options(
-            config.getoption("--engine"), engine_urls=config.getoption("--engine-url"),
-            model=config.getoption("--model"), launch=config.getoption("--launch"), profile=profile,
-            results_dir=results_dir, cpus=config.getoption("--cpus"), api_key=config.getoption("--api-key"),
-            headers=config.getoption("--header"), endpoint=config.getoption("--endpoint"),
-            images=config.getoption("--image"),
-        )
+        engines, options = args.resolve()
         # The suites' workloads are token ids; on a chat endpoint they are sent as text of those lengths.
         options = with_chat_tokenizer(options)
-        grid = tuple(batching_grid(config.getoption("--batching")))
+        grid = tuple(batching_grid(args.batching))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
-    config.stash[BENCH_KEY] = BenchConfig(engines, options, session_dir, profile, grid)
+    config.stash[BENCH_KEY] = BenchConfig(engines, options, session_dir, args.sizes, grid)
     config.stash[SUMMARY_KEY] = []
     CLAIMS.clear()
 
@@ -138,11 +140,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             write_claims(folder, CLAIMS)
         except OSError as exc:  # a full or read-only folder: the documents stay, the summary still counts them
             said.append(f"warning: the claims could not be written to {folder}: {exc.strerror or exc}")
-    baseline: Path | None = config.getoption("--baseline")
-    if not (config.getoption("--batchbench-report") or baseline is not None):
+    args = plugin_args(config)
+    baseline = args.baseline
+    if not (args.batchbench_report or baseline is not None):
         said.append(f"{len(written)} results documents in {folder}; their report: batchbench report {folder}")
         return
-    threshold: float = config.getoption("--threshold")
+    threshold = args.gate.threshold
     try:
         built = build_report(folder, folder / "report", baseline=baseline, threshold_pct=threshold,
                              warn=lambda message: said.append(f"warning: {message}"))
@@ -152,7 +155,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     said.append(f"{len(written)} results documents in {folder}; report: {folder / 'report' / 'report.html'}")
     if built.baseline is not None:
         said.append(f"{built.regressions} regressions beyond {threshold:g}% against {baseline}")
-        if built.regressions and config.getoption("--fail-on-regression"):
+        if built.regressions and args.gate.fail_on_regression:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -184,10 +187,9 @@ def bench(pytestconfig: pytest.Config) -> BenchConfig:
 @pytest.fixture(scope="session")
 def harness(bench: BenchConfig, pytestconfig: pytest.Config) -> Iterator[Harness]:
     """Engines started on demand, shared by every test, always stopped at the end."""
-    h = Harness(bench.engine_options, bench.profile, bench.results_dir,
-                max_live=pytestconfig.getoption("--max-live-engines"),
-                gpu=gpu_options(pytestconfig.getoption("--gpu-hour-cost"),
-                                pytestconfig.getoption("--no-gpu-telemetry")))
+    args = plugin_args(pytestconfig)
+    h = Harness(bench.engine_options, bench.profile, bench.results_dir, max_live=args.max_live_engines,
+                gpu=args.telemetry.gpu())
     try:
         yield h
     finally:
@@ -199,7 +201,7 @@ def start_engine(harness: Harness, pytestconfig: pytest.Config) -> Callable[...,
     """``start_engine(name, batching=None)``: the shared started engine, or a skip with the reason
     when this environment cannot run it (a missing package, no Docker engine); with
     ``--require-engines`` that is a failure instead."""
-    required = pytestconfig.getoption("--require-engines")
+    required = plugin_args(pytestconfig).require_engines
 
     def start(name: str, batching: BatchingConfig | None = None) -> Engine:
         if batching is not None and harness.options.url_for(name) is not None:

@@ -318,8 +318,8 @@ def test_regimes_in_order(harness: Harness, engine_name: str, benchmark: Any) ->
     # batch and the knee can come first (measured on 2 vCPUs: x1.27 to x2.1 from c=1 to 2, run to run).
     # "At the latest one step past the fit" is "that step's throughput is within PEAK_SHARE of the peak's". The
     # medians decide it where the interval of the two's ratio, pass by pass, does not contradict them: once the
-    # medians alone put vllm's knee at c=32 on a ratio of 0.899 whose interval was [0.80-0.99] (CI, 2 vCPUs),
-    # which the data could not decide; a clean curve's ratio is ~0.95 [0.84-1.08] with three passes.
+    # medians alone put a KV-limited engine's knee at c=32 on a ratio of 0.899 whose interval was [0.80-0.99]
+    # (CI, 2 vCPUs), which the data could not decide; a clean curve's ratio is ~0.95 [0.84-1.08] with 3 passes.
     levels = list(harness.profile.sweep)
     at = levels.index(design.fit)
     past = levels[min(at + 1, len(levels) - 1)]

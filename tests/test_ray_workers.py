@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 from batchbench import selftest
 from batchbench.adapters.vllm import VLLMEngine
 from batchbench.cli import main
-from batchbench.commands.workload_args import workers_option
 from batchbench.core.clock import now
 from batchbench.core.config import LoadConfig, ModelRef
 from batchbench.core.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
@@ -57,9 +56,9 @@ needs_ray = pytest.mark.skipif(ray_workers.unusable(None) == RAY_MISSING, reason
 
 
 def test_the_workers_option_takes_ray() -> None:
-    assert workers_option("ray:3") == Workers(3, "ray")
-    assert workers_option("2") == Workers(2, "processes")
-    assert workers_option("auto") == Workers(None, "processes")
+    assert Workers.parse("ray:3") == Workers(3, "ray")
+    assert Workers.parse("2") == Workers(2, "processes")
+    assert Workers.parse("auto") == Workers(None, "processes")
 
 
 @pytest.mark.parametrize(("extra", "message"), [

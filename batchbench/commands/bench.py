@@ -24,9 +24,7 @@ Exit status: 0 every run succeeded; 1 measured, but some requests or levels fail
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +35,6 @@ from batchbench.adapters.registry import EngineOptions
 from batchbench.analysis.accelerators import Accelerator
 from batchbench.commands.common import (
     check_lora_specs,
-    concurrency_list,
     interrupted_by,
     interrupted_status,
     make_run_dir,
@@ -45,77 +42,39 @@ from batchbench.commands.common import (
     serve_loras,
     served_models_at_urls,
 )
-from batchbench.commands.workload_args import add_stages_argument, add_workload_arguments
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.core.exits import EXIT_USAGE
+from batchbench.core.option_values import concurrency_list, rate_list
+from batchbench.core.options import Command, option
 from batchbench.experiment.engines import StartingEngines, place_client
 from batchbench.experiment.levels import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.experiment.progress import Progress
 from batchbench.experiment.workload import LevelKind, PreparedWorkload, WorkloadArgs, prepare_workload, timed_levels
 from batchbench.measures.slo import Slo
-from batchbench.options import (
-    EngineArgs,
-    TelemetryArgs,
-    add_endpoint_argument,
-    add_engine_arguments,
-    add_gpu_argument,
-    add_image_argument,
-    add_telemetry_arguments,
-    with_load_processes,
-)
-
-
-def rate_list(text: str) -> list[float]:
-    """``2,8,inf`` -> levels in requests/s; each more than 0 (``inf``: every request at once)."""
-    levels = []
-    for part in text.split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected requests/s separated by commas, e.g. 2,8,inf") \
-                from None
-        if math.isnan(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: a rate must be more than 0 requests/s, not {part.strip()}")
-        levels.append(value)
-    return levels
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Adds ``batchbench bench`` to the top-level parser."""
-    p = sub.add_parser("bench", help="your workload (lengths or a dataset) at each concurrency or rate, with SLOs",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_engine_arguments(p.add_argument)
-    add_endpoint_argument(p.add_argument)
-    add_image_argument(p.add_argument)
-    add_telemetry_arguments(p.add_argument)
-    add_gpu_argument(p.add_argument)
-    levels = p.add_mutually_exclusive_group()
-    levels.add_argument("--concurrency", type=concurrency_list, default=None, metavar="LIST",
-                        help="requests kept in flight; a comma list is a sweep (default: the profile's, 8 quick)")
-    levels.add_argument("--rate", type=rate_list, default=None, metavar="LIST",
-                        help="requests sent per second (inf: all at once); a comma list is a sweep")
-    add_workload_arguments(p)
-    add_stages_argument(p)
-    on_error = p.add_mutually_exclusive_group()
-    on_error.add_argument("--stop-on-error", dest="stop_on_error", action="store_true",
-                          help="stop the sweep at the first level that fails outright")
-    on_error.add_argument("--keep-going", dest="stop_on_error", action="store_false",
-                          help="measure every level even after one failed (the default)")
-    p.set_defaults(handler=main, options=BenchArgs, stop_on_error=False)
+from batchbench.options import EngineArgs, TelemetryArgs, gpu_option, with_load_processes
+from batchbench.workload.profiles import PROFILES
 
 
 @dataclass(frozen=True)
 class BenchArgs:
-    """``batchbench bench``'s options as parsed."""
+    """``batchbench bench``'s options, each declared once."""
 
     engine: EngineArgs
     telemetry: TelemetryArgs
     workload: WorkloadArgs
-    concurrency: tuple[int, ...] | None = None
-    rate: list[float] | None = None
-    stop_on_error: bool = False
-    gpu: Accelerator | None = None
+    concurrency: tuple[int, ...] | None = option(
+        "--concurrency", type=concurrency_list, metavar="LIST", exclusive="levels",
+        help="requests kept in flight; a comma list is a sweep (default: the profile's, "
+             f"{PROFILES['quick'].concurrency} quick)")
+    rate: list[float] | None = option(
+        "--rate", type=rate_list, metavar="LIST", exclusive="levels",
+        help="requests sent per second (inf: all at once); a comma list is a sweep")
+    stop_on_error: bool = option(
+        "--stop-on-error", default=False, action="store_true",
+        help="stop the sweep at the first level that fails outright",
+        negation=("--keep-going", "measure every level even after one failed (the default)"))
+    gpu: Accelerator | None = gpu_option()
 
 
 @dataclass
@@ -206,3 +165,7 @@ def main(args: BenchArgs) -> int:
               f"(status interrupted) and bench.json are in {run_dir}", file=sys.stderr)
         return interrupted_status(stop)
     return finish(run_dir, sweep.points, sweep.engine_problems, no_report=w.no_report, slo=w.slo, gpu=args.gpu)
+
+
+COMMAND = Command("bench", "your workload (lengths or a dataset) at each concurrency or rate, with SLOs", __doc__,
+                  BenchArgs, main)

@@ -18,7 +18,6 @@ Exit status: 0 a capacity was found for every engine; 1 some engine met the SLO 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from dataclasses import dataclass, field
@@ -38,63 +37,45 @@ from batchbench.commands.common import (
     serve_loras,
     served_models_at_urls,
 )
-from batchbench.commands.workload_args import add_workload_arguments, positive_number
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
 from batchbench.core.exits import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
+from batchbench.core.option_values import positive_number
+from batchbench.core.options import Command, option
 from batchbench.experiment.engines import StartingEngines, place_client
 from batchbench.experiment.levels import EngineSession, PointResult, finish, level_text, write_summary
 from batchbench.experiment.progress import Progress
 from batchbench.experiment.workload import LevelKind, PreparedWorkload, WorkloadArgs, prepare_workload
 from batchbench.measures.slo import Slo
-from batchbench.options import (
-    EngineArgs,
-    TelemetryArgs,
-    add_endpoint_argument,
-    add_engine_arguments,
-    add_gpu_argument,
-    add_image_argument,
-    add_telemetry_arguments,
-    with_load_processes,
-)
+from batchbench.options import EngineArgs, TelemetryArgs, gpu_option, with_load_processes
 
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Adds ``batchbench capacity`` to the top-level parser."""
-    p = sub.add_parser("capacity", help="the highest concurrency (or rate) that meets an SLO",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_engine_arguments(p.add_argument)
-    add_endpoint_argument(p.add_argument)
-    add_image_argument(p.add_argument)
-    add_telemetry_arguments(p.add_argument)
-    add_gpu_argument(p.add_argument)
-    p.add_argument("--by", choices=["concurrency", "rate"], default=CapacityArgs.by,
-                   help="search over requests in flight (closed loop) or requests/s (open loop)")
-    p.add_argument("--start", type=positive_number, default=CapacityArgs.start,
-                   help="first level tried (default %(default)g)")
-    p.add_argument("--max", type=positive_number, default=CapacityArgs.max_level, dest="max_level",
-                   help="highest level tried (default %(default)g)")
-    p.add_argument("--min", type=positive_number, default=None, dest="min_level",
-                   help="lowest level tried when --start fails (default 1 for concurrency, start/64 for rate)")
-    p.add_argument("--tolerance", type=positive_number, default=CapacityArgs.tolerance,
-                   help="rates: stop when the bracket is within this fraction of the capacity (default %(default)g)")
-    add_workload_arguments(p, slo_required=True)
-    p.set_defaults(handler=main, options=CapacityArgs)
+#: Where the search goes down to when ``--start`` fails and ``--min`` is not given: batch 1, or ``--start`` over this.
+_MIN_CONCURRENCY = 1.0
+_RATE_FLOOR = 64
 
 
 @dataclass(frozen=True)
 class CapacityArgs:
-    """``batchbench capacity``'s options as parsed."""
+    """``batchbench capacity``'s options, each declared once (the workload's are ``bench``'s, ``--slo`` required,
+    ``--stages`` left out)."""
 
     engine: EngineArgs
     telemetry: TelemetryArgs
     workload: WorkloadArgs
-    by: LevelKind = "concurrency"
-    start: float = 1.0
-    max_level: float = 1024.0
-    min_level: float | None = None
-    tolerance: float = 0.1
-    gpu: Accelerator | None = None
+    by: LevelKind = option("--by", default="concurrency", choices=["concurrency", "rate"],
+                           help="search over requests in flight (closed loop) or requests/s (open loop) (default "
+                                "%(default)s)")
+    start: float = option("--start", default=1.0, type=positive_number, help="first level tried (default %(default)g)")
+    max_level: float = option("--max", default=1024.0, type=positive_number,
+                              help="highest level tried (default %(default)g)")
+    min_level: float | None = option(
+        "--min", type=positive_number,
+        help=f"lowest level tried when --start fails (default {_MIN_CONCURRENCY:g} for concurrency, "
+             f"start/{_RATE_FLOOR} for rate)")
+    tolerance: float = option(
+        "--tolerance", default=0.1, type=positive_number,
+        help="rates: stop when the bracket is within this fraction of the capacity (default %(default)g)")
+    gpu: Accelerator | None = gpu_option()
 
     @property
     def slo(self) -> Slo:
@@ -105,7 +86,7 @@ class CapacityArgs:
     def search(self) -> Search:
         """The search over levels; ValueError for bounds that cannot be searched."""
         integer = self.by == "concurrency"
-        min_level = self.min_level or (1.0 if integer else self.start / 64)
+        min_level = self.min_level or (_MIN_CONCURRENCY if integer else self.start / _RATE_FLOOR)
         return Search(start=self.start, max_level=self.max_level, integer=integer, min_level=min_level,
                       tolerance=self.tolerance, repeats=self.workload.repeats)
 
@@ -208,3 +189,7 @@ def main(args: CapacityArgs) -> int:
     status = EXIT_OK if all(r.capacity is not None for r in found.results.values()) else EXIT_FAILURES
     return finish(run_dir, found.points, found.engine_problems, no_report=w.no_report, slo=args.slo,
                   status=status, gpu=args.gpu)
+
+
+COMMAND = Command("capacity", "the highest concurrency (or rate) that meets an SLO", __doc__, CapacityArgs, main,
+                  leave_out=("stages",), required=("slo",))

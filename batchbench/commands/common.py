@@ -1,19 +1,17 @@
-"""What every ``batchbench`` command shares: argument types, stop signals as interrupts, the run folder, the models
+"""What every ``batchbench`` command shares: stop signals as interrupts, the run folder, the models
 engines at URLs serve."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from batchbench.adapters.auth import EngineUnauthorized
 from batchbench.adapters.registry import EngineOptions, engine_class, model_dir
@@ -70,55 +68,6 @@ def stop_signals_as_interrupts() -> Iterator[None]:
     finally:
         for sig, previous in installed.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def concurrency_list(text: str) -> tuple[int, ...]:
-    """``1,2,4`` -> (1, 2, 4): distinct levels of at least 1, in increasing order (every command's batch sizes)."""
-    levels: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        try:
-            value = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers separated by commas, e.g. 1,4,16") \
-                from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{text!r}: a concurrency must be at least 1, not {value}")
-        levels.add(value)
-    if not levels:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers separated by commas, e.g. 1,4,16")
-    return tuple(sorted(levels))
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
-    return value
-
-
-def parsed_by(cls: type[Any]) -> Callable[[str], Any]:
-    """An argparse type from a class's ``parse`` classmethod (``Slo``, ``Lengths``): its ValueError, which
-    names the user's text, becomes argparse's usage error."""
-    def convert(text: str) -> Any:
-        try:
-            return cls.parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    convert.__name__ = cls.__name__.lower()
-    return convert
 
 
 def served_models_at_urls(engines: Sequence[str], options: EngineOptions) -> ServedModel | None:

@@ -33,9 +33,10 @@ from batchbench.analysis.accelerators import Accelerator
 from batchbench.analysis.bounds import limits
 from batchbench.analysis.planner import DEFAULT_CONTEXT, GiB, Plan, PlanError, plan
 from batchbench.analysis.theory import DTYPE_BYTES, dtype_bytes
-from batchbench.commands.common import concurrency_list, positive_int
 from batchbench.commands.plan_limits import DEFAULT_LEVELS, limit_lines, limits_json
 from batchbench.core.exits import EXIT_OK, EXIT_USAGE
+from batchbench.core.option_values import concurrency_list, positive_int
+from batchbench.core.options import Command, option
 from batchbench.fixtures import model_configs_dir, shipped_model_dir
 from batchbench.options import accelerator
 
@@ -104,58 +105,49 @@ def load_config(model: str) -> tuple[str, dict[str, Any]]:
     return name, config
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Adds ``batchbench plan`` to the top-level parser."""
-    p = sub.add_parser("plan", help="KV memory planner: from a model's config, the KV cache and the sequences "
-                       "that fit in a GPU's memory", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, metavar="CONFIG_OR_NAME",
-                   help="a config.json, a folder holding one, or a shipped config's name ('list' names them)")
-    p.add_argument("--memory", type=memory_size, default=None, metavar="SIZE",
-                   help="one GPU's memory, e.g. 80GiB or 141GB (default 80GiB, or the --gpu's memory)")
-    p.add_argument("--memory-fraction", type=fraction, default=PlanArgs.memory_fraction, metavar="F",
-                   help="share of the memory the engine may use for weights and KV cache (default %(default)g)")
-    p.add_argument("--weight-dtype", type=dtype, default=PlanArgs.weight_dtype, metavar="DTYPE",
-                   help="the weights' dtype: bf16, fp16, fp8, fp32 (default %(default)s)")
-    p.add_argument("--kv-dtype", type=dtype, default=PlanArgs.kv_dtype, metavar="DTYPE",
-                   help="the KV cache's dtype: bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, fp32 (default %(default)s)")
-    p.add_argument("--tp", type=positive_int, default=PlanArgs.tp, metavar="N",
-                   help="tensor-parallel GPUs (default %(default)s)")
-    p.add_argument("--context", type=positive_int, default=None, metavar="TOKENS",
-                   help=f"the context length sequences are planned at (max_model_len; default {DEFAULT_CONTEXT}, or "
-                   "the model's max_position_embeddings if shorter)")
-    p.add_argument("--prompt-len", type=positive_int, default=None, metavar="P",
-                   help="a workload's prompt tokens (with --output-len: where it becomes memory-bound)")
-    p.add_argument("--output-len", type=positive_int, default=None, metavar="O", help="a workload's output tokens")
-    p.add_argument("--block-size", type=positive_int, default=PlanArgs.block_size, metavar="TOKENS",
-                   help="tokens per KV-cache block (default 16, vLLM's on a GPU)")
-    p.add_argument("--gpu", type=accelerator, default=None, metavar="NAME",
-                   help="a GPU of the accelerators table (H100, H100-PCIe, H200, B200, A100, L40S, MI300X): add the "
-                   "time bounds (needs --prompt-len and --output-len)")
-    p.add_argument("--concurrency", type=concurrency_list, default=None, metavar="LIST",
-                   help="with --gpu: the batch sizes of the curve on paper, e.g. 1,8,32 (default "
-                   f"{','.join(map(str, DEFAULT_LEVELS))})")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of the steps")
-    p.set_defaults(handler=main, options=PlanArgs)
+#: One GPU's memory planned for without ``--memory`` or ``--gpu``: an 80 GiB H100's or A100's.
+DEFAULT_MEMORY = 80 * GiB
 
 
 @dataclass(frozen=True)
 class PlanArgs:
-    """``batchbench plan``'s options as parsed."""
+    """``batchbench plan``'s options, each declared once."""
 
-    model: str
-    memory: int | None = None
-    memory_fraction: float = 0.9
-    weight_dtype: str = "bf16"
-    kv_dtype: str = "bf16"
-    tp: int = 1
-    context: int | None = None
-    prompt_len: int | None = None
-    output_len: int | None = None
-    block_size: int = 16
-    gpu: Accelerator | None = None
-    concurrency: tuple[int, ...] | None = None
-    json: bool = False
+    model: str = option("--model", required=True, metavar="CONFIG_OR_NAME",
+                        help="a config.json, a folder holding one, or a shipped config's name ('list' names them)")
+    memory: int | None = option("--memory", type=memory_size, metavar="SIZE",
+                                help=f"one GPU's memory, e.g. 80GiB or 141GB (default {DEFAULT_MEMORY // GiB}GiB, or "
+                                     "the --gpu's memory)")
+    memory_fraction: float = option(
+        "--memory-fraction", default=0.9, type=fraction, metavar="F",
+        help="share of the memory the engine may use for weights and KV cache (default %(default)g)")
+    weight_dtype: str = option("--weight-dtype", default="bf16", type=dtype, metavar="DTYPE",
+                               help="the weights' dtype: bf16, fp16, fp8, fp32 (default %(default)s)")
+    kv_dtype: str = option("--kv-dtype", default="bf16", type=dtype, metavar="DTYPE",
+                           help="the KV cache's dtype: bf16, fp16, fp8, fp8_e4m3, fp8_e5m2, fp32 (default %(default)s)")
+    tp: int = option("--tp", default=1, type=positive_int, metavar="N",
+                     help="tensor-parallel GPUs (default %(default)s)")
+    context: int | None = option(
+        "--context", type=positive_int, metavar="TOKENS",
+        help=f"the context length sequences are planned at (max_model_len; default {DEFAULT_CONTEXT}, or the model's "
+             "max_position_embeddings if shorter)")
+    prompt_len: int | None = option(
+        "--prompt-len", type=positive_int, metavar="P",
+        help="a workload's prompt tokens (with --output-len: where it becomes memory-bound)")
+    output_len: int | None = option("--output-len", type=positive_int, metavar="O",
+                                    help="a workload's output tokens")
+    block_size: int = option("--block-size", default=16, type=positive_int, metavar="TOKENS",
+                             help="tokens per KV-cache block (default %(default)s, vLLM's on a GPU)")
+    gpu: Accelerator | None = option(
+        "--gpu", type=accelerator, metavar="NAME",
+        help="a GPU of the accelerators table (H100, H100-PCIe, H200, B200, A100, L40S, MI300X): add the time bounds "
+             "(needs --prompt-len and --output-len)")
+    concurrency: tuple[int, ...] | None = option(
+        "--concurrency", type=concurrency_list, metavar="LIST",
+        help=f"with --gpu: the batch sizes of the curve on paper, e.g. 1,8,32 (default "
+             f"{','.join(map(str, DEFAULT_LEVELS))})")
+    json: bool = option("--json", default=False, action="store_true",
+                        help="print the plan as JSON instead of the steps")
 
 
 def _gib(n: int) -> str:
@@ -234,7 +226,7 @@ def main(args: PlanArgs) -> int:
         print("batchbench plan: --gpu needs --prompt-len and --output-len: a step's time depends on the context it "
               "reads", file=sys.stderr)
         return EXIT_USAGE
-    memory = args.memory if args.memory is not None else args.gpu.memory_bytes if args.gpu else 80 * GiB
+    memory = args.memory if args.memory is not None else args.gpu.memory_bytes if args.gpu else DEFAULT_MEMORY
     try:
         name, config = load_config(args.model)
         result = plan(config, model=name, memory_bytes=memory, memory_fraction=args.memory_fraction,
@@ -256,3 +248,7 @@ def main(args: PlanArgs) -> int:
     else:
         print("\n".join(lines(result) + limit_lines(bounds, curve)))
     return EXIT_OK
+
+
+COMMAND = Command("plan", "KV memory planner: from a model's config, the KV cache and the sequences that fit in a "
+                  "GPU's memory", __doc__, PlanArgs, main)

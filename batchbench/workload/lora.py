@@ -81,6 +81,10 @@ class LoraSpec:
         return read_rank(self.path, self.name)
 
 
+#: The first adapter's share of the traffic under ``skewed`` without a share of its own.
+SKEWED_SHARE = 0.6
+
+
 @dataclass(frozen=True)
 class TrafficSplit:
     """How requests are shared among the adapters: relative weights, one per adapter (empty: even)."""
@@ -91,14 +95,15 @@ class TrafficSplit:
 
     @classmethod
     def parse(cls, text: str) -> TrafficSplit:
-        """``even``, ``skewed[:SHARE]`` (the first adapter takes SHARE of the traffic, default 0.6, the rest
-        share the remainder evenly) or ``W1:W2:...`` (relative weights). ValueError naming ``--lora-split``."""
+        """``even``, ``skewed[:SHARE]`` (the first adapter takes SHARE of the traffic, default
+        :data:`SKEWED_SHARE`, the rest share the remainder evenly) or ``W1:W2:...`` (relative weights). ValueError
+        naming ``--lora-split``."""
         kind, _, rest = text.strip().partition(":")
         try:
             if kind == "even" and not rest:
                 return cls()
             if kind == "skewed":
-                share = float(rest) if rest else 0.6
+                share = float(rest) if rest else SKEWED_SHARE
                 if not 0 < share < 1:
                     raise ValueError(f"the share must be between 0 and 1, not {share}")
                 return cls(skewed_share=share)
