@@ -15,7 +15,7 @@ import sys
 
 from batchbench.commands import bench, capacity, plan, report, run, selftest
 from batchbench.commands.common import interrupted_by, interrupted_status, stop_signals_as_interrupts
-from batchbench.core.exits import EXIT_WRITE
+from batchbench.core.exits import EXIT_USAGE, EXIT_WRITE, UsageError
 from batchbench.core.options import Command, typed_options
 from batchbench.results.journal import WRITE_ERRNOS, ResultsWriteError
 
@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     with stop_signals_as_interrupts():
         try:
             return int(handler(options))
+        except UsageError as exc:
+            print(f"batchbench: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         except KeyboardInterrupt as stop:  # outside a command's own measuring (its report, its checks)
             print(f"batchbench: {interrupted_by(stop)}", file=sys.stderr)
             return interrupted_status(stop)

@@ -41,6 +41,7 @@ from batchbench.commands.common import (
     one_batching,
     serve_loras,
     served_models_at_urls,
+    usage_errors,
 )
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
@@ -126,14 +127,10 @@ class _Stop(Exception):
 def main(args: BenchArgs) -> int:
     w = args.workload
     profile = args.engine.sizes
-    try:
+    with usage_errors():
         replay = timed_levels(w, args.concurrency, args.rate)
-    except ValueError as exc:
-        print(f"batchbench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    kind: LevelKind = "rate" if args.rate is not None or replay is not None else "concurrency"
-    levels = replay or args.rate or [float(c) for c in args.concurrency or (profile.concurrency,)]
-    try:
+        kind: LevelKind = "rate" if args.rate is not None or replay is not None else "concurrency"
+        levels = replay or args.rate or [float(c) for c in args.concurrency or (profile.concurrency,)]
         engines, options = args.engine.resolve()
         batching = one_batching(args.engine.batching, "bench", engines)
         served = served_models_at_urls(engines, options)
@@ -141,16 +138,10 @@ def main(args: BenchArgs) -> int:
         check_lora_specs(w.loras, engines, batching)
         options = dataclasses.replace(options, text_tokenizer=work.tokenizer)
         options = with_load_processes(options, args.engine.cpus, work.most_workers(kind, levels))
-    except ValueError as exc:
-        print(f"batchbench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     if (run_dir := make_run_dir(args.engine.results_dir, "bench")) is None:
         return EXIT_USAGE
-    try:
+    with usage_errors():
         options = serve_loras(w.loras, options, run_dir, w.seed)
-    except ValueError as exc:
-        print(f"batchbench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     for note in work.notes:
         print(f"batchbench: {note}")
     sweep = Sweep()

@@ -36,6 +36,7 @@ from batchbench.commands.common import (
     one_batching,
     serve_loras,
     served_models_at_urls,
+    usage_errors,
 )
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
@@ -153,7 +154,7 @@ def main(args: CapacityArgs) -> int:
     w = args.workload
     profile = args.engine.sizes
     kind: LevelKind = args.by
-    try:
+    with usage_errors():
         engines, options = args.engine.resolve()
         batching = one_batching(args.engine.batching, "capacity", engines)
         args.search()  # its bounds are checked before anything starts
@@ -163,16 +164,10 @@ def main(args: CapacityArgs) -> int:
         options = dataclasses.replace(options, text_tokenizer=work.tokenizer)
         options = with_load_processes(options, args.engine.cpus,
                                       work.most_workers(kind, [args.start, args.max_level]))
-    except ValueError as exc:
-        print(f"batchbench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     if (run_dir := make_run_dir(args.engine.results_dir, "capacity")) is None:
         return EXIT_USAGE
-    try:
+    with usage_errors():
         options = serve_loras(w.loras, options, run_dir, w.seed)
-    except ValueError as exc:
-        print(f"batchbench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     print(f"batchbench: SLO {args.slo}")
     for note in work.notes:
         print(f"batchbench: {note}")

@@ -1,4 +1,4 @@
-"""What every ``batchbench`` command shares: stop signals as interrupts, the run folder, the models
+"""What every ``batchbench`` command shares: usage errors, stop signals as interrupts, the run folder, the models
 engines at URLs serve."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from batchbench.adapters.registry import EngineOptions, engine_class, model_dir
 from batchbench.adapters.served import ServedModel, fetch_served_models, pick_served_model
 from batchbench.core import eventloop
 from batchbench.core.config import BatchingConfig
-from batchbench.core.exits import EXIT_INTERRUPTED
+from batchbench.core.exits import EXIT_INTERRUPTED, UsageError
 from batchbench.workload.lora import Lora, LoraSpec, materialize
 
 #: The signals a job scheduler stops a job with (Slurm, Kubernetes, a CI timeout: SIGTERM; a closed terminal:
@@ -68,6 +68,17 @@ def stop_signals_as_interrupts() -> Iterator[None]:
     finally:
         for sig, previous in installed.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def usage_errors() -> Iterator[None]:
+    """The options' checks, where a ValueError is the user's mistake (each names the option and the fix): raised as
+    :class:`UsageError`, which :func:`batchbench.cli.main` says in one line with exit status 2. Only around the
+    checks: a ValueError anywhere else is a bug and keeps its traceback."""
+    try:
+        yield
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def served_models_at_urls(engines: Sequence[str], options: EngineOptions) -> ServedModel | None:

@@ -56,7 +56,13 @@ from batchbench.analysis.main_job import (
     TimeLimit,
 )
 from batchbench.analysis.repeats import DEFAULT_PRECISION
-from batchbench.commands.common import interrupted_by, interrupted_status, make_run_dir, served_models_at_urls
+from batchbench.commands.common import (
+    interrupted_by,
+    interrupted_status,
+    make_run_dir,
+    served_models_at_urls,
+    usage_errors,
+)
 from batchbench.core import eventloop
 from batchbench.core.config import SCRAPE_INTERVAL_S, LoadConfig
 from batchbench.core.exits import EXIT_ENGINE, EXIT_FAILURES, EXIT_OK, EXIT_USAGE
@@ -155,16 +161,13 @@ def _prepared(engines: tuple[str, ...], options: EngineOptions, *, named: bool) 
 
 def main(args: RunArgs) -> int:
     profile = args.engine.sizes
-    try:
+    with usage_errors():
         engines, options = args.engine.resolve()
         if args.engine.batching:
             raise ValueError("--batching: the main job runs each engine's default configuration; "
                              "use the suites (pytest --batching ...) for a config grid")
         served = served_models_at_urls(engines, options)
         options = with_chat_tokenizer(options, served)
-    except ValueError as exc:
-        print(f"batchbench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     if not (engines := _prepared(engines, options, named=bool(args.engine.engine))):
         return EXIT_ENGINE
     # The clock starts once every engine's one-time build is done: a build is not the job's time.
