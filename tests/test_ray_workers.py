@@ -67,6 +67,7 @@ def test_the_workers_option_takes_ray() -> None:
     (["--ray-address", "127.0.0.1:6379"], "--ray-address is the cluster of --workers ray:N"),
     (["--workers", "ray:2", "--ray-address", "head"], "is not HOST:PORT"),
     (["--workers", "ray:2", "--ray-address", "127.0.0.1:9"], "nothing answers at the Ray address 127.0.0.1:9"),
+    (["--workers", "ray:2", "--ray-address", "ray://127.0.0.1:10001"], "Ray Client cannot carry the workers' record"),
 ])
 def test_a_bad_ray_option_is_a_usage_error_within_seconds(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:

@@ -134,7 +134,7 @@ def worker_lines(reports: list[WorkerReport]) -> list[str]:
     lines = []
     on_ray = [r for r in reports if r.pool == "ray"]
     if on_ray:
-        hosts = sorted({r.host for r in on_ray})
+        hosts = sorted({_where(r) for r in on_ray})
         offsets = [abs(r.clock_offset_s) for r in on_ray if r.clock_offset_s is not None]
         rtts = [r.clock_rtt_s for r in on_ray if r.clock_rtt_s is not None]
         clocks = (f"; clocks within {1e3 * max(offsets):.2f} ms of the driver's (±{1e3 * max(rtts) / 2:.2f} ms)"
@@ -143,12 +143,17 @@ def worker_lines(reports: list[WorkerReport]) -> list[str]:
                      f"({', '.join(hosts)}){clocks}")
     for r in reports:
         if r.start_late_s is not None and r.start_late_s > LATE_START_S:
-            lines.append(f"worker {r.index} ({r.host}) began {1e3 * r.start_late_s:.1f} ms after the start instant")
+            lines.append(f"worker {r.index} ({_where(r)}) began {1e3 * r.start_late_s:.1f} ms after the start instant")
         if r.lost is not None:
             at = f" at {r.lost_at_s:.1f} s" if r.lost_at_s is not None else ""
-            lines.append(f"worker {r.index} ({r.host}) was LOST{at}: {r.lost}; {r.records} of its {r.requests} "
+            lines.append(f"worker {r.index} ({_where(r)}) was LOST{at}: {r.lost}; {r.records} of its {r.requests} "
                          "records came back, the rest are failed (worker_died)")
     return lines
+
+
+def _where(report: WorkerReport) -> str:
+    """A worker's host, and its IP where Ray gave one: across a network, the address to look for."""
+    return f"{report.host} {report.ip}" if report.ip else report.host
 
 
 class EngineSession:

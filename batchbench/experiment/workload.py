@@ -176,8 +176,9 @@ class WorkloadArgs(OptionGroup):
              "on a Ray cluster, spread over its nodes (load/ray_workers.py, needs pip install 'batchbench[ray]')")
     ray_address: str | None = option(
         "--ray-address", metavar="ADDR",
-        help="with --workers ray:N: the Ray cluster's address (host:port of its head's GCS, or ray://host:10001 for "
-             "Ray Client); default: $RAY_ADDRESS where set (ray job submit sets it), else a Ray started on this "
+        help="with --workers ray:N: the Ray cluster's address, HOST:PORT of its head's GCS (batchbench runs on a node "
+             "of the cluster: 'ray start --address HEAD:6379 --num-cpus 0' here first; Ray Client's ray:// cannot "
+             "stream records); default: $RAY_ADDRESS where set (ray job submit sets it), else a Ray started on this "
              "host for the command")
     slice: float | None = option(
         "--slice", type=positive_seconds, metavar="SECONDS",

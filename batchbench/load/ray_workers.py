@@ -71,12 +71,24 @@ from batchbench.workload.requests import Workload
 
 #: What to install when Ray is missing.
 RAY_MISSING = "workers on Ray need Ray: pip install 'batchbench[ray]'"
+#: Through Ray Client an actor's generator call returns one object, not a stream (Ray 2.60.0: ``ClientObjectRef``
+#: has no ``__anext__``; found by tests/test_ray_cluster.py), so the workers' records cannot stream to the driver:
+#: the driver runs on a node of the cluster instead, as ``ray job submit`` and a KubeRay RayJob run it.
+RAY_CLIENT_REFUSED = ("--ray-address {address}: Ray Client cannot carry the workers' record streams (its calls return "
+                      "one object, not a stream), so batchbench must run on a node of the cluster: on this host "
+                      "'ray start --address HEAD:6379 --num-cpus 0' (no workers land on it), then --ray-address "
+                      "HEAD:6379; or 'ray job submit', which sets $RAY_ADDRESS")
 #: A worker's records reach the driver at most this long after they finish (one batch per delivery).
 BATCH_S = 0.05
 #: A worker with nothing to deliver says it is alive this often.
 HEARTBEAT_S = 0.5
 #: A worker that delivers nothing, not even a heartbeat, for this long is lost (or the request timeout, if less).
 SILENCE_S = 10.0
+#: How often the driver checks that the cluster's head (its GCS, which every Ray call goes through) answers, and how
+#: long it may not before the run ends: Ray itself waits 60 s for a lost GCS, then ends the driver's process outright
+#: (its core worker's ``gcs_rpc_server_reconnect_timeout_s``), which would leave the run's journal unfolded.
+HEAD_PROBE_S = 1.0
+HEAD_SILENCE_S = 3.0
 #: Round trips to each worker to estimate its clock's offset (the one of least delay is kept).
 CLOCK_PROBES = 7
 #: The start instant is at least this far ahead when it is sent, so every worker has it in time.
@@ -107,11 +119,12 @@ def unusable(address: str | None) -> str | None:
         return RAY_MISSING
     if address is None or address == "auto":
         return None
+    if address.startswith("ray://"):
+        return RAY_CLIENT_REFUSED.format(address=address)
     try:
         host, port = _host_port(address)
     except ValueError:
-        return (f"--ray-address {address!r} is not HOST:PORT (the head's GCS port, 6379 unless changed) or "
-                "ray://HOST:PORT (Ray Client, 10001)")
+        return f"--ray-address {address!r} is not HOST:PORT (the head's GCS port, 6379 unless changed)"
     try:
         with socket.create_connection((host, port), timeout=PROBE_S):
             return None
@@ -120,7 +133,7 @@ def unusable(address: str | None) -> str | None:
 
 
 def _host_port(address: str) -> tuple[str, int]:
-    url = yarl.URL(address if "://" in address else f"ray://{address}")
+    url = yarl.URL(f"gcs://{address}")
     if not url.host or url.explicit_port is None:
         raise ValueError(address)
     return url.host, url.explicit_port
@@ -334,7 +347,8 @@ class _Remote:
 
     @property
     def where(self) -> str:
-        return f"worker {self.index} (host {self.hello.get('host', '?')}, pid {self.hello.get('pid', '?')})"
+        return (f"worker {self.index} (host {self.hello.get('host', '?')}, ip {self.hello.get('ip', '?')}, pid "
+                f"{self.hello.get('pid', '?')})")
 
 
 class RayWorkerPool(Pool):
@@ -351,6 +365,9 @@ class RayWorkerPool(Pool):
         self._group: Any = None
         self._ray: Any = None
         self._host_ip = ""
+        #: The head's GCS (host, port), and why the run ended without it (None: it answered throughout).
+        self._gcs: tuple[str, int] | None = None
+        self.head_lost: str | None = None
 
     @property
     def start_lead_s(self) -> float:
@@ -381,7 +398,8 @@ class RayWorkerPool(Pool):
     def reports(self) -> list[WorkerReport]:
         return [WorkerReport(
             index=r.index, pool="ray", host=r.hello.get("host", "?"), node=r.hello.get("node"),
-            pid=r.hello.get("pid"), cpus=r.cpus, requests=len(r.part.requests), records=len(r.finished),
+            ip=r.hello.get("ip"), pid=r.hello.get("pid"), cpus=r.cpus, requests=len(r.part.requests),
+            records=len(r.finished),
             clock_offset_s=r.offset_s, clock_rtt_s=r.rtt_s, start_late_s=r.start_late_s, cpu_s=r.cpu_s,
             client=r.load, lost=r.lost, lost_at_s=r.lost_at_s) for r in self._remotes]
 
@@ -393,6 +411,7 @@ class RayWorkerPool(Pool):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._host_ip = ray.util.get_node_ip_address()
+        self._gcs = _host_port(ray.get_runtime_context().gcs_address)
         run = uuid.uuid4().hex[:8]
         self._group = placement_group([{"CPU": 1}] * n, strategy="SPREAD", name=f"batchbench-{run}")
         CLEANUP.register(id(self), self._remove, f"the {n} Ray workers of a run")
@@ -454,14 +473,40 @@ class RayWorkerPool(Pool):
         for remote in self._remotes:
             remote.task = asyncio.create_task(self._follow(remote, start_wall, silence))
         tasks = [r.task for r in self._remotes if r.task is not None]
+        watch = asyncio.create_task(self._watch_head())
         try:
             await asyncio.wait(tasks)  # not gather: cancelled, it would cancel them before the last records came
         except asyncio.CancelledError:
             await self._stop()
             raise
+        finally:
+            await eventloop.cancel_and_wait(watch)
         for task in tasks:
-            task.result()  # a failure of the driver's own (a lost worker is not one: it is recorded)
+            if not task.cancelled():  # cancelled: its worker was lost with the head, and is recorded so
+                task.result()  # a failure of the driver's own (a lost worker is not one: it is recorded)
         return self.records
+
+    async def _watch_head(self) -> None:
+        """End the run when the cluster's head stops answering for :data:`HEAD_SILENCE_S`: every worker still
+        sending is lost (its requests not yet delivered become failed records naming the head), and no further
+        Ray call is made, since each would wait for the head."""
+        if self._gcs is None:
+            return
+        silent_since: float | None = None
+        while True:
+            await asyncio.sleep(HEAD_PROBE_S)
+            if await _answers(*self._gcs):
+                silent_since = None
+                continue
+            silent_since = now() if silent_since is None else silent_since
+            if now() - silent_since >= HEAD_SILENCE_S:
+                break
+        host, port = self._gcs
+        self.head_lost = f"the cluster's head (its GCS at {host}:{port}) stopped answering for {HEAD_SILENCE_S:g}s"
+        for remote in self._remotes:
+            if remote.task is not None and not remote.task.done():
+                remote.task.cancel()
+                self._lose(remote, self.head_lost)
 
     async def _follow(self, remote: _Remote, start_wall: float, silence_s: float) -> None:
         """Take in one worker's deliveries until it is done or lost."""
@@ -490,8 +535,9 @@ class RayWorkerPool(Pool):
 
     def _lose(self, remote: _Remote, why: str) -> None:
         remote.lost, remote.lost_at_s = why, now() - self.t0
-        with contextlib.suppress(Exception):  # it may be gone already: make sure it is
-            self._ray.kill(remote.actor, no_restart=True)
+        if self.head_lost is None:
+            with contextlib.suppress(Exception):  # it may be gone already: make sure it is
+                self._ray.kill(remote.actor, no_restart=True)
         self.lose(remote.part, remote.finished, remote.lost_at_s,
                   f"{remote.where} was lost ({why}) before this request's record came back")
 
@@ -513,8 +559,12 @@ class RayWorkerPool(Pool):
         self._remove()
 
     def _remove(self) -> None:
-        """Kill every actor and remove the placement group, at once (also from SIGTERM's handler: CLEANUP)."""
+        """Kill every actor and remove the placement group, at once (also from SIGTERM's handler: CLEANUP). Not
+        once the head is lost: each call would wait for it, and the cluster's fate is out of the driver's reach."""
         CLEANUP.discard(id(self))
+        if self.head_lost is not None:
+            self._group = None
+            return
         for remote in self._remotes:
             with contextlib.suppress(Exception):
                 self._ray.kill(remote.actor, no_restart=True)
@@ -523,6 +573,18 @@ class RayWorkerPool(Pool):
             with contextlib.suppress(Exception):
                 remove_placement_group(self._group)
             self._group = None
+
+
+async def _answers(host: str, port: int) -> bool:
+    """Whether something accepts a connection at ``host:port`` within :data:`HEAD_PROBE_S`."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), HEAD_PROBE_S)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
 
 
 def refusal(hello: dict[str, Any], url: str, driver_ip: str) -> str | None:

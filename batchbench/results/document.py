@@ -251,6 +251,9 @@ class WorkerReport:
         "local processes (--workers N) or Ray actors (--workers ray:N)"))
     host: str = field(metadata=field_doc("the host name it ran on"))
     node: str | None = field(default=None, metadata=field_doc("its Ray node's id; null: a local process"))
+    ip: str | None = field(default=None, metadata=field_doc(
+        "its node's IP address as Ray reports it, the address the engine saw its requests come from; null: a local "
+        "process"))
     pid: int | None = None
     cpus: list[int] | None = field(default=None, metadata=field_doc("the CPUs it ran on, read back; null: not known"))
     requests: int = field(default=0, metadata=field_doc("requests of its part"))
