@@ -36,7 +36,7 @@ docker_up() {
     fi
     echo "ci: Docker Engine $(docker version -f '{{.Server.Version}} (API {{.Server.APIVersion}})'), $(docker info -f \
         'storage {{.Driver}}, cgroup v{{.CgroupVersion}}' 2>/dev/null)"
-    docker/images.sh base protocol vllm-cpu || return 1
+    docker/images.sh base protocol vllm-cpu ray || return 1
     echo "ci: Docker Engine and images ready in $((SECONDS - started))s"
 }
 
