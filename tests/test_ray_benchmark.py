@@ -91,8 +91,9 @@ def placed() -> Iterator[tuple[str, Any, set[int], str]]:
     with selftest.fast_server(SETTINGS, cpu=where.server) as url, selftest.pinned(where.client):
         server = {pid for pid in ray_workers._descendants(os.getpid())
                   if b"protocol.fast" in Path(f"/proc/{pid}/cmdline").read_bytes()}
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-        cluster.add_node(num_cpus=1)
+        # Two logical CPUs a node: the scale benchmark places four workers; two spread one on each.
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+        cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
         try:
             yield url, cluster, server, where.describe()
@@ -165,7 +166,7 @@ def test_one_local_worker_against_two_on_ray(placed: tuple[str, Any, set[int], s
     def ms(value: float | None, spec: str = "+.3f") -> str:
         return "-" if value is None else format(value, spec)
 
-    print(f"\n{where}; Ray: 2 nodes of 1 CPU each, on the client's CPU")
+    print(f"\n{where}; Ray: 2 nodes of 2 logical CPUs each, on the client's CPU")
     print(f"{'load':>15} {'layout':>6} {'chunks/s':>9} {'us CPU/chunk':>12} {'(driver/workers/ray)':>22} "
           f"{'TTFT err':>9} {'ITL err':>8} {'lag p99':>8}  verdict")
     for row in rows:
@@ -183,3 +184,60 @@ def test_one_local_worker_against_two_on_ray(placed: tuple[str, Any, set[int], s
     benchmark.extra_info.update({"placement": where, "rows": [row.__dict__ for row in rows]})
     assert {(row.load, row.layout) for row in rows} == {(load, layout) for load in LOADS
                                                        for layout in ("local", "ray")}
+
+
+#: The scale benchmark's load: short requests (one token: a record per chunk) from many streams, more records a
+#: second than one driver journals, so what limits the run is the client side, not the server's pacing.
+SCALE_LOAD = (Arrival("closed", concurrency=256), 1, 3.0)
+SCALE_WORKERS = (1, 2, 4)
+
+
+@pytest.mark.skipif("BATCHBENCH_BENCH_ROUNDS" not in os.environ,
+                    reason="a measurement for docs/ray.md, run on request: BATCHBENCH_BENCH_ROUNDS=N pytest "
+                           "tests/test_ray_benchmark.py -s (it asserts nothing CI needs)")
+def test_records_per_second_from_one_two_and_four_workers(placed: tuple[str, Any, set[int], str],
+                                                          benchmark: Any) -> None:
+    """The same short-request load from 1, 2 and 4 Ray workers (and one local load generator), each run's records
+    a second and where its client CPU went: the driver's per record, the workers' per record, Ray's daemons'. The
+    model (docs/ray.md): the client side carries at most (client CPUs) / (CPU per record) records a second, the
+    driver's share of that CPU on one core bounding it whatever N is."""
+    url, cluster, server, where = placed
+    arrival, tokens, seconds = SCALE_LOAD
+    rows: list[Row] = []
+
+    async def measure() -> None:
+        async with VLLMEngine(model=ModelRef(selftest.MODEL), url=url) as engine:
+            with tempfile.TemporaryDirectory(prefix="batchbench-ray-scale-") as tmp:
+                for k in range(ROUNDS):
+                    layouts = [0, *SCALE_WORKERS] if k % 2 == 0 else [*reversed(SCALE_WORKERS), 0]
+                    for n in layouts:
+                        request_s = SETTINGS.ttft_s + (tokens - 1) * SETTINGS.interval_s
+                        count = arrival.concurrency * (math.ceil(seconds / request_s) + 1)
+                        workload = WorkloadSpec(f"scale-{k}", count, prompt=Lengths.fixed(4),
+                                                output=Lengths.fixed(tokens), arrival=arrival, seed=k).build()
+                        config = (LoadConfig(request_timeout_s=60.0, send_until_s=seconds) if n == 0 else
+                                  LoadConfig(request_timeout_s=60.0, send_until_s=seconds, workers=n,
+                                             worker_pool="ray", ray_address=cluster.address))
+                        before = _cpu_s(ray_workers._descendants(os.getpid()) - server)
+                        cpu = time.process_time()
+                        result = await run(engine, workload, results_dir=Path(tmp), reset_cache=False, load=config)
+                        cpu = time.process_time() - cpu
+                        after = _cpu_s(set(before))
+                        ray_s = sum(after[p] - before[p] for p in before if after[p] >= before[p] > 0)
+                        rows.append(_row("closed c=256, 1 token", "local" if n == 0 else f"ray:{n}", k, result,
+                                         await selftest.server_truth(url), cpu, ray_s, arrival))
+
+    benchmark.pedantic(lambda: eventloop.run(measure()), rounds=1, iterations=1)
+    print(f"\n{where}; Ray: 2 nodes of 2 logical CPUs each, on the client's CPU")
+    print(f"{'layout':>7} {'records/s':>9} {'driver us/rec':>13} {'workers us/rec':>14} {'ray us/rec':>10} "
+          f"{'client CPU/s':>12} {'model rec/s':>11}  verdict")
+    for row in rows:
+        per = [1e6 * x / row.records for x in (row.driver_cpu_s, row.worker_cpu_s, row.ray_cpu_s)]
+        records_s = row.records / (row.chunks / row.chunks_per_s)
+        busy = row.client_cpu_s / (row.chunks / row.chunks_per_s)
+        # One client CPU shared by everything on the client side: it carries 1 / (CPU per record) records a second.
+        model = 1e6 / sum(per)
+        print(f"{row.layout:>7} {records_s:9.0f} {per[0]:13.0f} {per[1]:14.0f} {per[2]:10.0f} {busy:12.2f} "
+              f"{model:11.0f}  {row.verdict}")
+    benchmark.extra_info.update({"placement": where, "rows": [row.__dict__ for row in rows]})
+    assert {row.layout for row in rows} == {"local", *(f"ray:{n}" for n in SCALE_WORKERS)}
