@@ -52,7 +52,7 @@ class Flag:
 
 
 def option(*flags: str, help: str | Callable[[], str], default: Any = None,
-           default_factory: Callable[[], Any] | Any = dataclasses.MISSING, exclusive: str | None = None,
+           default_factory: Any = dataclasses.MISSING, exclusive: str | None = None,
            negation: tuple[str, str] | None = None, **keywords: Any) -> Any:
     """A dataclass field that is also a command-line option (default None: not given). A positional argument (a
     bare name) and an option with ``required=True`` have no default. ``%(default)s`` in ``help`` shows the field's
@@ -102,7 +102,9 @@ def add_options(target: Any, cls: type[Any], *, leave_out: Collection[str] = (),
         here(*flag.flags, dest=f.name, help=text, **keywords)
         if flag.negation is not None:
             negated, why = flag.negation
-            here(negated, dest=f.name, action="store_false", help=why)
+            # The same default as the flag's: argparse's store_false would default to True, and only the order of
+            # the two actions would keep it from showing.
+            here(negated, dest=f.name, action="store_false", default=keywords.get("default"), help=why)
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
@@ -110,11 +112,6 @@ def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return f.default
-
-
-def default_of(cls: type[Any], name: str) -> Any:
-    """The default of option ``name`` of ``cls``: for help text written outside the declaration."""
-    return _default(next(f for f in dataclasses.fields(cls) if f.name == name))
 
 
 def typed_options(cls: type[T], values: Mapping[str, Any]) -> T:
