@@ -6,34 +6,35 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _read(text: str, convert: Callable[[str], T], expected: str) -> T:
+    """``convert(text)``, or argparse's usage error saying what was expected instead of the text."""
+    try:
+        return convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, not {text!r}") from None
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    value = _read(text, int, "a whole number")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    value = _read(text, int, "a whole number")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
     return value
 
 
 def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    value = _read(text, float, "a number of seconds")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
     return value
@@ -41,10 +42,7 @@ def positive_seconds(text: str) -> float:
 
 def positive_number(text: str) -> float:
     """A number more than 0 (a level, a gamma shape, a tolerance)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    value = _read(text, float, "a number")
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a finite number more than 0, not {text}")
     return value
@@ -52,10 +50,7 @@ def positive_number(text: str) -> float:
 
 def share(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05: a precision target, more than 0 and below 1."""
-    try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a share such as 5% or 0.05, not {text!r}") from None
+    value = _read(text, lambda t: float(t[:-1]) / 100 if t.endswith("%") else float(t), "a share such as 5% or 0.05")
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must be more than 0 and less than 100%, not {text}")
     return value

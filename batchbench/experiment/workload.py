@@ -76,19 +76,8 @@ class Workers:
     def parse(cls, text: str) -> Workers:
         """``N`` or ``auto`` processes of this host, or ``ray:N`` actors on a Ray cluster."""
         if text.startswith("ray:"):
-            return cls(_whole(text[4:]), "ray")
-        return cls(None if text == "auto" else _whole(text))
-
-
-def _whole(text: str) -> int:
-    """A worker count: a whole number of at least 1 (ValueError naming the text)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a whole number, auto or ray:N, not {text!r}") from None
-    if value < 1:
-        raise ValueError(f"must be at least 1, not {value}")
-    return value
+            return cls(positive_int(text[4:]), "ray")
+        return cls(None if text == "auto" else positive_int(text))
 
 
 _LENGTHS = "a number (fixed), uniform:LOW:HIGH, lognormal:MEDIAN:SIGMA[:LOW:HIGH] or mixed:SHORT:LONG:PERIOD"
