@@ -38,7 +38,7 @@ from batchbench.core import eventloop
 from batchbench.core.config import LoadConfig, ModelRef
 from batchbench.load import ray_workers
 from batchbench.load.runner import MeasuredRun, run
-from batchbench.workload.requests import Arrival, Lengths, WorkloadSpec
+from batchbench.workload.requests import Arrival, Lengths, Workload, WorkloadSpec
 
 ROUNDS = int(os.environ.get("BATCHBENCH_BENCH_ROUNDS", "1"))
 SETTINGS = selftest.Settings()
@@ -121,6 +121,31 @@ def _row(load: str, layout: str, k: int, result: MeasuredRun, truth: dict[str, A
         verdict="valid" if judged.valid else "INVALID: " + "; ".join(judged.reasons))
 
 
+def _workload(name: str, arrival: Arrival, tokens: int, seconds: float, seed: int) -> Workload:
+    """Open loop: the rate for ``seconds``. Closed loop: enough requests to keep every stream busy until the
+    deadline, no more (the driver builds, hashes and ships every request of the workload)."""
+    request_s = SETTINGS.ttft_s + (tokens - 1) * SETTINGS.interval_s
+    n = (int(arrival.rate * seconds) if arrival.open_loop
+         else arrival.concurrency * (math.ceil(seconds / request_s) + 1))
+    return WorkloadSpec(name, n, prompt=Lengths.fixed(4), output=Lengths.fixed(tokens), arrival=arrival,
+                        seed=seed).build()
+
+
+async def _measured(engine: VLLMEngine, workload: Workload, config: LoadConfig, tmp: Path, url: str, server: set[int],
+                    load: str, layout: str, k: int, arrival: Arrival) -> Row:
+    """One run, its client CPU split into this process's and Ray's, against the server's own account of it."""
+    await selftest.server_truth(url)  # the server forgets what came before: its account is of this run
+    # Ray's processes alive from before the run to after it (its daemons and idle workers; the run's own actors
+    # report their CPU themselves).
+    before = _cpu_s(ray_workers._descendants(os.getpid()) - server)
+    cpu = time.process_time()
+    result = await run(engine, workload, results_dir=tmp, reset_cache=False, load=config)
+    cpu = time.process_time() - cpu
+    after = _cpu_s(set(before))
+    ray_s = sum(after[p] - before[p] for p in before if after[p] >= before[p] > 0)
+    return _row(load, layout, k, result, await selftest.server_truth(url), cpu, ray_s, arrival)
+
+
 def test_one_local_worker_against_two_on_ray(placed: tuple[str, Any, set[int], str], benchmark: Any) -> None:
     url, cluster, server, where = placed
     rows: list[Row] = []
@@ -137,29 +162,13 @@ def test_one_local_worker_against_two_on_ray(placed: tuple[str, Any, set[int], s
                     for load, (arrival, tokens, seconds) in LOADS.items():
                         layouts = ["local", "ray"] if k % 2 == 0 else ["ray", "local"]
                         for layout in layouts:
-                            # Closed loop: enough requests to keep every stream busy until the deadline, no more
-                            # (the driver builds, hashes and ships every request of the workload).
-                            request_s = SETTINGS.ttft_s + (tokens - 1) * SETTINGS.interval_s
-                            n = (int(arrival.rate * seconds) if arrival.open_loop
-                                 else arrival.concurrency * (math.ceil(seconds / request_s) + 1))
-                            workload = WorkloadSpec(f"bench-{k}", n, prompt=Lengths.fixed(4),
-                                                    output=Lengths.fixed(tokens), arrival=arrival, seed=k).build()
+                            workload = _workload(f"bench-{k}", arrival, tokens, seconds, k)
                             config = LoadConfig(request_timeout_s=60.0, send_until_s=seconds)
                             if layout == "ray":
                                 config = LoadConfig(request_timeout_s=60.0, send_until_s=seconds, workers=2,
                                                     worker_pool="ray", ray_address=cluster.address)
-                            await selftest.server_truth(url)
-                            # Ray's processes alive from before the run to after it (its daemons and idle
-                            # workers; the run's own actors report their CPU themselves).
-                            before = _cpu_s(ray_workers._descendants(os.getpid()) - server)
-                            cpu = time.process_time()
-                            result = await run(engine, workload, results_dir=Path(tmp), reset_cache=False,
-                                               load=config)
-                            cpu = time.process_time() - cpu
-                            after = _cpu_s(set(before))
-                            ray_s = sum(after[p] - before[p] for p in before if after[p] >= before[p] > 0)
-                            rows.append(_row(load, layout, k, result, await selftest.server_truth(url), cpu, ray_s,
-                                             arrival))
+                            rows.append(await _measured(engine, workload, config, Path(tmp), url, server,
+                                                        load, layout, k, arrival))
 
     benchmark.pedantic(lambda: eventloop.run(measure()), rounds=1, iterations=1)
 
@@ -211,31 +220,24 @@ def test_records_per_second_from_one_two_and_four_workers(placed: tuple[str, Any
                 for k in range(ROUNDS):
                     layouts = [0, *SCALE_WORKERS] if k % 2 == 0 else [*reversed(SCALE_WORKERS), 0]
                     for n in layouts:
-                        request_s = SETTINGS.ttft_s + (tokens - 1) * SETTINGS.interval_s
-                        count = arrival.concurrency * (math.ceil(seconds / request_s) + 1)
-                        workload = WorkloadSpec(f"scale-{k}", count, prompt=Lengths.fixed(4),
-                                                output=Lengths.fixed(tokens), arrival=arrival, seed=k).build()
+                        workload = _workload(f"scale-{k}", arrival, tokens, seconds, k)
                         config = (LoadConfig(request_timeout_s=60.0, send_until_s=seconds) if n == 0 else
                                   LoadConfig(request_timeout_s=60.0, send_until_s=seconds, workers=n,
                                              worker_pool="ray", ray_address=cluster.address))
-                        before = _cpu_s(ray_workers._descendants(os.getpid()) - server)
-                        cpu = time.process_time()
-                        result = await run(engine, workload, results_dir=Path(tmp), reset_cache=False, load=config)
-                        cpu = time.process_time() - cpu
-                        after = _cpu_s(set(before))
-                        ray_s = sum(after[p] - before[p] for p in before if after[p] >= before[p] > 0)
-                        rows.append(_row("closed c=256, 1 token", "local" if n == 0 else f"ray:{n}", k, result,
-                                         await selftest.server_truth(url), cpu, ray_s, arrival))
+                        rows.append(await _measured(engine, workload, config, Path(tmp), url, server,
+                                                    "closed c=256, 1 token", "local" if n == 0 else f"ray:{n}", k,
+                                                    arrival))
 
     benchmark.pedantic(lambda: eventloop.run(measure()), rounds=1, iterations=1)
     print(f"\n{where}; Ray: 2 nodes of 2 logical CPUs each, on the client's CPU")
     print(f"{'layout':>7} {'records/s':>9} {'driver us/rec':>13} {'workers us/rec':>14} {'ray us/rec':>10} "
-          f"{'client CPU/s':>12} {'model rec/s':>11}  verdict")
+          f"{'client CPU/s':>12} {'rec/s a CPU':>11}  verdict")
     for row in rows:
         per = [1e6 * x / row.records for x in (row.driver_cpu_s, row.worker_cpu_s, row.ray_cpu_s)]
         records_s = row.records / (row.chunks / row.chunks_per_s)
         busy = row.client_cpu_s / (row.chunks / row.chunks_per_s)
-        # One client CPU shared by everything on the client side: it carries 1 / (CPU per record) records a second.
+        # The records a second one CPU of the client side carries at this run's CPU per record (docs/ray.md's model:
+        # records/s = client CPUs busy / CPU per record).
         model = 1e6 / sum(per)
         print(f"{row.layout:>7} {records_s:9.0f} {per[0]:13.0f} {per[1]:14.0f} {per[2]:10.0f} {busy:12.2f} "
               f"{model:11.0f}  {row.verdict}")
